@@ -1,0 +1,336 @@
+"""One recipe, three forms, one oracle.
+
+A :class:`Recipe` bundles a per-shard body written with named-axis
+collectives, the global-view program that ``jit`` partitions automatically,
+the ``PartitionSpec`` of each input and output, and a NumPy oracle. Its
+methods run the body as ``jax.pmap`` and as ``jax.shard_map``, the program
+under ``jax.jit`` with ``NamedSharding``, and the oracle on the host, all on
+the same global-view arrays, so their results compare directly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+from collections.abc import Mapping
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import PartitionSpec as P
+
+from collectives import _devices
+from collectives import _layout
+from collectives._layout import Axes
+from collectives._layout import AxisArg
+
+FORMS: tuple[str, ...] = ("pmap", "shard_map", "jit")
+"""The three forms every recipe runs in, legacy first."""
+
+KINDS = frozenset({"float", "int", "bool", "complex"})
+
+Shape = tuple[int, ...]
+
+
+def dtype_kind(dtype: Any) -> str:
+    """``"float"``, ``"int"``, ``"bool"`` or ``"complex"`` for a dtype."""
+    dtype = np.dtype(dtype)
+    if jnp.issubdtype(dtype, jnp.bool_):
+        return "bool"
+    if jnp.issubdtype(dtype, jnp.integer):
+        return "int"
+    if jnp.issubdtype(dtype, jnp.complexfloating):
+        return "complex"
+    if jnp.issubdtype(dtype, jnp.floating):
+        return "float"
+    return dtype.name
+
+
+def is_shape(x: Any) -> bool:
+    """Whether ``x`` is a shape (a tuple of ints), the leaf of a shape tree."""
+    return isinstance(x, tuple) and all(isinstance(i, int) for i in x)
+
+
+def _no_terms(axes: Axes) -> int:
+    del axes
+    return 0
+
+
+def _canonical(x: Any) -> np.ndarray:
+    """``x`` on the host with the dtype JAX would give it (x64 off: 32 bits)."""
+    arr = np.asarray(x)
+    return arr.astype(jax.dtypes.canonicalize_dtype(arr.dtype), copy=False)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Recipe:
+    """A collective written once and run in every form against an oracle.
+
+    Attributes:
+      name: the registry name, e.g. ``"psum"``.
+      summary: one line for ``python -m collectives list``.
+      body: the per-shard function, ``body(*blocks, axis=...)``, written with
+        ``lax`` collectives over ``axis`` (a mesh axis name or a tuple).
+      program: the global-view function for the jit form,
+        ``program(*arrays, axes=...)``; ``jit`` inserts the collectives.
+      oracle: the NumPy reference on global arrays, ``oracle(*arrays, axes=...)``.
+      in_specs: ``in_specs(axes)`` gives one spec (or spec tree) per argument.
+      out_specs: ``out_specs(axes)`` gives the spec tree of the outputs.
+      example_shapes: ``example_shapes(axes, dims)`` gives one shape (or
+        shape tree) per argument that the recipe accepts, built from the small
+        positive ints ``dims`` (at least two).
+      arg_names: the argument names used in error messages.
+      n_terms: ``n_terms(axes)`` is how many rounded operations feed each
+        output element (0 for pure data movement); it scales the tolerance.
+      kinds: the dtype kinds the recipe accepts (``float``, ``int``, ``bool``,
+        ``complex``).
+      validate: optional extra check, ``validate(axes, args)``, that raises a
+        ``ValueError`` for inputs the specs alone cannot rule out.
+      check_vma: passed to ``jax.shard_map``.
+      pmap_body: the body for the pmap form where legacy pmap code differs
+        from shard_map code (default: ``body``). Under pmap, mesh axes after
+        the first are mapped with ``vmap``, which batches some collectives
+        (gathers, scatters, permutes) only one axis at a time, and pmap has
+        no varying/invariant types.
+    """
+
+    name: str
+    summary: str
+    body: Callable[..., Any]
+    program: Callable[..., Any]
+    oracle: Callable[..., Any]
+    in_specs: Callable[[Axes], tuple[Any, ...]]
+    out_specs: Callable[[Axes], Any]
+    example_shapes: Callable[[Axes, Sequence[int]], tuple[Any, ...]]
+    arg_names: tuple[str, ...] = ("x",)
+    n_terms: Callable[[Axes], int] = _no_terms
+    kinds: frozenset[str] = KINDS
+    validate: Callable[[Axes, Sequence[Any]], None] | None = None
+    check_vma: bool = True
+    pmap_body: Callable[..., Any] | None = None
+
+    # -- the public forms -------------------------------------------------
+
+    def pmap(self, *args: Any, mesh: jax.sharding.Mesh | None = None,
+             axis: AxisArg = None) -> Any:
+        """Run the body under ``jax.pmap`` (the legacy form); global view in/out.
+
+        The first mesh axis is mapped over devices with ``pmap``; further mesh
+        axes are mapped with ``vmap(axis_name=...)`` on each device, since
+        nested ``pmap`` raises on JAX >= 0.8. Outputs declared replicated are
+        checked copy by copy.
+
+        Raises:
+          ReplicationError: an output declared replicated differs between
+            device copies.
+        """
+        axes = self._prepare(args, mesh, axis)
+        fn = _pmap_callable(self, axes)
+        in_specs = self.in_specs(axes)
+        stacked = [
+            _map_leaves(arg, spec,
+                        lambda leaf, s, _: _stack_leaf(leaf, s, axes.mesh),
+                        f"{self.name}: argument {name}")
+            for arg, spec, name in zip(args, in_specs, self.arg_names, strict=True)
+        ]
+        out = fn(*stacked)
+        leaves, treedef = jax.tree_util.tree_flatten(out)
+        specs = _layout.leaf_specs(self.out_specs(axes), out, f"{self.name} outputs")
+        results = []
+        for index, (leaf, spec) in enumerate(zip(leaves, specs, strict=True)):
+            describe = functools.partial(
+                "{}: pmap output {} of {}".format, self.name, index, len(leaves))
+            results.append(jnp.asarray(
+                _layout.from_stacked(np.asarray(leaf), axes.mesh, spec, describe)))
+        return treedef.unflatten(results)
+
+    def shard_map(self, *args: Any, mesh: jax.sharding.Mesh | None = None,
+                  axis: AxisArg = None) -> Any:
+        """Run the body under ``jax.jit(jax.shard_map(...))``; global view in/out."""
+        axes = self._prepare(args, mesh, axis)
+        return _build(self, "shard_map", axes)(*self.place(*args, axes=axes))
+
+    def jit(self, *args: Any, mesh: jax.sharding.Mesh | None = None,
+            axis: AxisArg = None) -> Any:
+        """Run the global program under ``jax.jit`` with ``NamedSharding``."""
+        axes = self._prepare(args, mesh, axis)
+        return _build(self, "jit", axes)(*self.place(*args, axes=axes))
+
+    def reference(self, *args: Any, mesh: jax.sharding.Mesh | None = None,
+                  axis: AxisArg = None) -> Any:
+        """The NumPy oracle on the host: what every form must return."""
+        axes = self._prepare(args, mesh, axis)
+        host = jax.tree_util.tree_map(_canonical, args)
+        return self.oracle(*host, axes=axes)
+
+    # -- helpers other modules build on ------------------------------------
+
+    def axes(self, mesh: jax.sharding.Mesh | None = None,
+             axis: AxisArg = None) -> Axes:
+        """Resolve ``mesh`` (default: 1-D over all devices) and ``axis``."""
+        return _layout.resolve_axes(
+            _devices.default_mesh() if mesh is None else mesh, axis)
+
+    def forms(self, mesh: jax.sharding.Mesh | None = None,
+              axis: AxisArg = None) -> dict[str, Callable[..., Any]]:
+        """The three forms and the oracle as callables bound to one mesh/axis."""
+        bound = dict(mesh=mesh, axis=axis)
+        return {
+            "pmap": functools.partial(self.pmap, **bound),
+            "shard_map": functools.partial(self.shard_map, **bound),
+            "jit": functools.partial(self.jit, **bound),
+            "reference": functools.partial(self.reference, **bound),
+        }
+
+    def compiled(self, form: str, axes: Axes) -> Callable[..., Any]:
+        """The cached jitted callable of the ``"shard_map"`` or ``"jit"`` form.
+
+        It takes arrays already placed by :meth:`place`, so benchmarks and HLO
+        inspection see the collective and nothing else.
+        """
+        if form not in ("shard_map", "jit"):
+            raise ValueError(
+                f"form: expected 'shard_map' or 'jit', got {form!r}. The pmap form "
+                "has no placed-array callable; use Recipe.pmap.")
+        return _build(self, form, axes)
+
+    def place(self, *args: Any, axes: Axes) -> tuple[Any, ...]:
+        """Put global arrays on the mesh with the recipe's input shardings."""
+        specs = self.in_specs(axes)
+        return tuple(jax.device_put(arg, _layout.shardings(axes.mesh, spec))
+                     for arg, spec in zip(args, specs, strict=True))
+
+    def example_args(self, mesh: jax.sharding.Mesh | None = None,
+                     axis: AxisArg = None, *, dtype: Any = "float32",
+                     dims: Sequence[int] = (2, 3), seed: int = 0,
+                     exact: bool = False) -> tuple[Any, ...]:
+        """Valid NumPy arguments for this recipe, for demos and checks.
+
+        Args:
+          mesh, axis: as for the forms.
+          dtype: the dtype of every argument.
+          dims: small positive ints that size the arrays (the recipe
+            multiplies them by mesh axis sizes where it shards).
+          seed: seed of the NumPy generator.
+          exact: draw small integers (exactly representable in every float
+            dtype, with exact sums), so every form must match bit for bit.
+        """
+        axes = self.axes(mesh, axis)
+        rng = np.random.default_rng(seed)
+        shapes = self.example_shapes(axes, tuple(dims))
+        return tuple(jax.tree_util.tree_map(
+            lambda shape: random_array(rng, shape, dtype, exact=exact),
+            shape_tree, is_leaf=is_shape) for shape_tree in shapes)
+
+    def _prepare(self, args: Sequence[Any], mesh: jax.sharding.Mesh | None,
+                 axis: AxisArg) -> Axes:
+        axes = self.axes(mesh, axis)
+        if len(args) != len(self.arg_names):
+            names = ", ".join(self.arg_names)
+            raise TypeError(
+                f"{self.name}: takes {len(self.arg_names)} argument(s) ({names}), got "
+                f"{len(args)}. Fix: pass exactly {names}.")
+        in_specs = self.in_specs(axes)
+        for arg, spec, name in zip(args, in_specs, self.arg_names, strict=True):
+            _map_leaves(arg, spec,
+                        lambda leaf, s, where: self._check_leaf(leaf, s, where, axes),
+                        f"{self.name}: argument {name}")
+        if self.validate is not None:
+            self.validate(axes, args)
+        return axes
+
+    def _check_leaf(self, leaf: Any, spec: P, what: str, axes: Axes) -> None:
+        _layout.check_against_spec(what, leaf, spec, axes.mesh)
+        shape, dtype = _layout.shape_dtype(leaf)
+        kind = dtype_kind(dtype)
+        if kind not in self.kinds:
+            hint = ("x.astype(jnp.int32)" if kind == "bool"
+                    else "x.real or x.astype(jnp.float32)")
+            raise TypeError(
+                f"{what} has dtype {dtype}, which {self.name} does not accept; it "
+                f"takes {', '.join(sorted(self.kinds))} arrays. Fix: cast first, "
+                f"e.g. {hint}.")
+        if 0 in shape:
+            raise ValueError(
+                f"{what} has shape {shape} with no elements; the forms need at "
+                "least one element on every device. Fix: skip the call for empty "
+                "inputs.")
+
+
+def _map_leaves(arg: Any, spec: Any, fn: Callable[[Any, P, str], Any],
+                what: str) -> Any:
+    """``fn(leaf, leaf_spec, where)`` over one argument's leaves, tree kept."""
+    pairs, treedef = jax.tree_util.tree_flatten_with_path(arg)
+    specs = _layout.leaf_specs(spec, arg, what)
+    return treedef.unflatten([
+        fn(leaf, leaf_spec, what + jax.tree_util.keystr(path))
+        for (path, leaf), leaf_spec in zip(pairs, specs, strict=True)])
+
+
+def _replicated(spec: P) -> bool:
+    return all(entry is None for entry in spec)
+
+
+def _stack_leaf(leaf: Any, spec: P, mesh: jax.sharding.Mesh) -> np.ndarray:
+    """pmap's view of one input: stacked, or as is when fully replicated."""
+    host = _canonical(leaf)
+    return host if _replicated(spec) else _layout.to_stacked(host, mesh, spec)
+
+
+@functools.cache
+def _pmap_callable(recipe: Recipe, axes: Axes) -> Callable[..., Any]:
+    mesh = axes.mesh
+    names = tuple(mesh.axis_names)
+    in_axes = tuple(
+        jax.tree_util.tree_map(lambda s: None if _replicated(s) else 0, spec,
+                               is_leaf=lambda s: isinstance(s, P))
+        for spec in recipe.in_specs(axes))
+    fn = functools.partial(recipe.pmap_body or recipe.body, axis=axes.axis)
+    for name in reversed(names[1:]):
+        fn = jax.vmap(fn, in_axes=in_axes, axis_name=name)
+    first_column = mesh.devices[(slice(None),) + (0,) * (len(names) - 1)]
+    return jax.pmap(fn, axis_name=names[0], in_axes=in_axes,
+                    devices=list(first_column))
+
+
+@functools.cache
+def _build(recipe: Recipe, form: str, axes: Axes) -> Callable[..., Any]:
+    in_specs = recipe.in_specs(axes)
+    out_specs = recipe.out_specs(axes)
+    if form == "shard_map":
+        return jax.jit(jax.shard_map(
+            functools.partial(recipe.body, axis=axes.axis), mesh=axes.mesh,
+            in_specs=in_specs, out_specs=out_specs, check_vma=recipe.check_vma))
+    return jax.jit(
+        functools.partial(recipe.program, axes=axes),
+        in_shardings=_layout.shardings(axes.mesh, in_specs),
+        out_shardings=_layout.shardings(axes.mesh, out_specs))
+
+
+def random_array(rng: np.random.Generator, shape: Shape, dtype: Any,
+                 *, exact: bool = False) -> np.ndarray:
+    """A NumPy array of ``shape`` and ``dtype`` for examples and checks.
+
+    With ``exact=True`` floats are small integers, which every float dtype
+    holds exactly and whose short sums stay exact, so results are comparable
+    bit for bit.
+    """
+    dtype = np.dtype(jax.dtypes.canonicalize_dtype(dtype))
+    kind = dtype_kind(dtype)
+    if kind == "bool":
+        return rng.integers(0, 2, size=shape).astype(dtype)
+    if kind == "int" or exact:
+        values = rng.integers(-8, 9, size=shape)
+        if kind == "complex":
+            values = values + 1j * rng.integers(-8, 9, size=shape)
+        return values.astype(dtype)
+    values = rng.standard_normal(size=shape)
+    if kind == "complex":
+        values = values + 1j * rng.standard_normal(size=shape)
+    return values.astype(dtype)
+
+
+RecipeMap = Mapping[str, Recipe]

@@ -1,0 +1,231 @@
+"""Point-to-point recipes: ``ppermute_ring`` and ``axis_index``, and the body
+utilities :func:`permute` and :func:`ring_shift`.
+
+``lax.ppermute`` sends each device's block to one other device. Two rules
+users trip on: a device that no pair sends to receives zeros, and a
+permutation may not repeat a source or a destination.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from collectives import _compat
+from collectives._forms import Recipe
+from collectives._layout import Axes
+from collectives._layout import axis_tuple
+from collectives._layout import grid_shape
+from collectives._layout import make_spec
+from collectives._registry import register
+
+
+def check_permutation(perm: Sequence[tuple[int, int]], n: int) -> list[tuple[int, int]]:
+    """Validate ``(source, destination)`` pairs for a ``ppermute`` over ``n`` devices.
+
+    Args:
+      perm: pairs of device indices along the axis.
+      n: the axis size.
+
+    Returns:
+      The pairs as a list of int tuples.
+
+    Raises:
+      TypeError: ``perm`` is not a sequence of pairs of ints.
+      ValueError: an index is out of ``range(n)``, or a source or a
+        destination appears twice.
+
+    Examples:
+      >>> from collectives import check_permutation
+      >>> check_permutation([(0, 1), (1, 0)], 2)
+      [(0, 1), (1, 0)]
+      >>> check_permutation([(0, 1), (1, 1)], 2)
+      Traceback (most recent call last):
+      ...
+      ValueError: perm: destination 1 appears twice in [(0, 1), (1, 1)]; ...
+    """
+    pairs = []
+    for pair in perm:
+        try:
+            src, dst = pair
+        except (TypeError, ValueError):
+            raise TypeError(
+                f"perm: every entry must be a (source, destination) pair, got "
+                f"{pair!r} in {list(perm)!r}.") from None
+        for value in (src, dst):
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+                raise TypeError(
+                    f"perm: device indices must be ints, got {value!r} in {pair!r}.")
+            if not 0 <= value < n:
+                raise ValueError(
+                    f"perm: index {value} in {tuple(pair)!r} is out of range for an "
+                    f"axis of {n} devices. Fix: use indices 0..{n - 1}.")
+        pairs.append((int(src), int(dst)))
+    for position, role in ((0, "source"), (1, "destination")):
+        seen: set[int] = set()
+        for pair in pairs:
+            if pair[position] in seen:
+                raise ValueError(
+                    f"perm: {role} {pair[position]} appears twice in {pairs}; "
+                    "ppermute sends each block to one device and each device "
+                    "receives at most one block. Fix: list every device at most "
+                    f"once as a {role}.")
+            seen.add(pair[position])
+    return pairs
+
+
+def _in_mesh_order(axis, pairs: list[tuple[int, int]]):
+    """Rewrite a permutation over several axes to the mesh's axis order.
+
+    ``lax.ppermute`` over a tuple of axes numbers devices in *mesh* order,
+    whatever the tuple's order (JAX 0.8 raises for other orders; 0.10 and
+    later silently use mesh order), while ``axis_index`` and ``all_gather``
+    follow the tuple's order. Renumbering here makes ``permute(x, ("j", "i"),
+    perm)`` mean what ``axis_index(("j", "i"))`` says.
+    """
+    names = axis_tuple(axis)
+    mesh_order = _compat.context_mesh_axis_names()
+    if len(names) < 2 or not set(names) <= set(mesh_order):
+        return axis, pairs
+    ordered = tuple(n for n in mesh_order if n in names)
+    if ordered == names:
+        return axis, pairs
+    sizes = [lax.axis_size(n) for n in names]
+    where = [names.index(n) for n in ordered]
+
+    def renumber(index: int) -> int:
+        digits = np.unravel_index(index, sizes)
+        return int(np.ravel_multi_index([digits[w] for w in where],
+                                        [sizes[w] for w in where]))
+
+    return ordered, [(renumber(s), renumber(d)) for s, d in pairs]
+
+
+def permute(x, axis, perm: Sequence[tuple[int, int]]):
+    """``lax.ppermute`` with the permutation checked first; call inside a body.
+
+    Devices that no pair sends to receive zeros, as in ``lax.ppermute``.
+
+    Args:
+      x: the block on this device (any pytree of arrays).
+      axis: the mesh axis name, or a tuple of them; indices then run over the
+        axes together, the first one major, as ``lax.axis_index(axis)`` counts
+        (whatever the mesh's own axis order).
+      perm: ``(source, destination)`` pairs of indices along ``axis``.
+
+    Returns:
+      The block received from the device whose pair names this one.
+
+    Raises:
+      ValueError: see :func:`check_permutation`.
+    """
+    pairs = check_permutation(perm, lax.axis_size(axis))
+    return lax.ppermute(x, *_in_mesh_order(axis, pairs))
+
+
+def ring_shift(x, axis, shift: int = 1):
+    """Send each block ``shift`` places along a ring; call inside a body.
+
+    Device ``d`` receives the block of device ``(d - shift) % n``, so
+    ``ring_shift(ring_shift(x, a, k), a, -k) == x``.
+
+    Args:
+      x: the block on this device (any pytree of arrays).
+      axis: the mesh axis name, or a tuple of them.
+      shift: how many places to move, negative for the other direction.
+
+    Returns:
+      The block from ``shift`` places back along the ring.
+
+    Examples:
+      >>> import jax, numpy as np
+      >>> import collectives as cx
+      >>> mesh = cx.make_mesh((8,), "i")
+      >>> f = jax.shard_map(lambda x: cx.ring_shift(x, "i", 1), mesh=mesh,
+      ...                   in_specs=jax.P("i"), out_specs=jax.P("i"))
+      >>> np.asarray(f(np.arange(8))).tolist()
+      [7, 0, 1, 2, 3, 4, 5, 6]
+    """
+    if isinstance(shift, bool) or not isinstance(shift, (int, np.integer)):
+        raise TypeError(f"shift: expected an int, got {shift!r}.")
+    n = lax.axis_size(axis)
+    pairs = [(s, (s + int(shift)) % n) for s in range(n)]
+    return lax.ppermute(x, *_in_mesh_order(axis, pairs))
+
+
+# -- ppermute_ring ------------------------------------------------------------
+
+def ppermute_ring_body(x, *, axis):
+    # x: [k, m] on each device -> [k, m] from the previous device on the ring
+    return ring_shift(x, axis, 1)
+
+
+def ppermute_ring_pmap_body(x, *, axis):
+    # vmap permutes one axis at a time, so step the ring digit by digit: shift
+    # along the innermost axis, and where that wrapped around (index 0) take
+    # the block one step further along the next axis out.
+    names = axis_tuple(axis)
+    out = ring_shift(x, names[-1], 1)
+    wrapped = lax.axis_index(names[-1]) == 0
+    for name in reversed(names[:-1]):
+        out = jnp.where(wrapped, ring_shift(out, name, 1), out)
+        wrapped = wrapped & (lax.axis_index(name) == 0)
+    return out
+
+
+def ppermute_ring_program(x, *, axes: Axes):
+    # A roll by one block; jit lowers it to a collective-permute.
+    return jnp.roll(x, x.shape[0] // axes.size, axis=0)
+
+
+def ppermute_ring_oracle(x, *, axes: Axes):
+    return np.roll(x, x.shape[0] // axes.size, axis=0)
+
+
+# -- axis_index ---------------------------------------------------------------
+
+def axis_index_body(x, *, axis):
+    # x: [k, m] on each device -> x + this device's index along `axis`
+    return x + lax.axis_index(axis).astype(x.dtype)
+
+
+def _shard_indices(xp, x, n: int):
+    index = xp.repeat(xp.arange(n, dtype=x.dtype), x.shape[0] // n)
+    return index.reshape((-1,) + (1,) * (x.ndim - 1))
+
+
+def axis_index_program(x, *, axes: Axes):
+    # Row r of the global array lives on device r // k: add that index.
+    return x + _shard_indices(jnp, x, axes.size)
+
+
+def axis_index_oracle(x, *, axes: Axes):
+    return (x + _shard_indices(np, x, axes.size)).astype(x.dtype)
+
+
+def _in_specs(axes: Axes):
+    return (make_spec(axes.on, axes.batch),)
+
+
+def _out_specs(axes: Axes):
+    return make_spec(axes.on, axes.batch)
+
+
+def _shapes(axes: Axes, dims):
+    return (grid_shape(axes, dims),)
+
+
+ppermute_ring = register(Recipe(
+    name="ppermute_ring", summary="each device sends its block to the next (+1)",
+    body=ppermute_ring_body, program=ppermute_ring_program,
+    oracle=ppermute_ring_oracle, in_specs=_in_specs, out_specs=_out_specs,
+    example_shapes=_shapes, pmap_body=ppermute_ring_pmap_body))
+
+axis_index = register(Recipe(
+    name="axis_index", summary="each device adds its index along the axis",
+    body=axis_index_body, program=axis_index_program, oracle=axis_index_oracle,
+    in_specs=_in_specs, out_specs=_out_specs, example_shapes=_shapes,
+    n_terms=lambda axes: 1, kinds=frozenset({"float", "int", "complex"})))

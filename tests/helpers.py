@@ -1,0 +1,22 @@
+"""Shared helpers for the test suite."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RECIPES_DIR = ROOT / "recipes"
+
+
+def run_python(*args, cwd=None, timeout=300, env=None, check=True):
+    """Run ``python *args`` in a fresh process; return the CompletedProcess."""
+    full_env = {**os.environ, **(env or {})}
+    full_env.pop("JAX_NUM_CPU_DEVICES", None)
+    result = subprocess.run([sys.executable, *args], capture_output=True, text=True,
+                            timeout=timeout, cwd=cwd, env=full_env)
+    if check and result.returncode != 0:
+        raise AssertionError(
+            f"python {' '.join(map(str, args))} exited {result.returncode}\n"
+            f"--- stdout ---\n{result.stdout}\n--- stderr ---\n{result.stderr}")
+    return result

@@ -1,0 +1,54 @@
+"""``python -m collectives``: list, show, run, check."""
+
+import collectives as cx
+from helpers import run_python
+
+
+def test_list_names_every_recipe_with_a_summary():
+    out = run_python("-m", "collectives", "list").stdout
+    lines = out.strip().splitlines()
+    assert len(lines) == len(cx.RECIPES)
+    for name, recipe in cx.RECIPES.items():
+        assert any(line.startswith(name + " ") and recipe.summary in line
+                   for line in lines), name
+
+
+def test_check_prints_a_table_and_passes():
+    out = run_python("-m", "collectives", "check", "psum", "all_gather",
+                     "--dtype", "float32", "int32").stdout
+    assert "recipe" in out and "max error" in out
+    rows = [line for line in out.splitlines() if line.startswith(("psum", "all_g"))]
+    # 2 recipes x 4 mesh configurations x 2 dtypes
+    assert len(rows) == 16 and all(line.endswith(" ok") for line in rows)
+    assert "pmap+shard_map+jit" in rows[0]
+    assert "16 agree, 0 disagree" in out
+
+
+def test_check_with_one_mesh():
+    out = run_python("-m", "collectives", "check", "ppermute_ring", "--mesh", "2x4",
+                     "--axis", "j,i").stdout
+    assert "ppermute_ring" in out and "2x4" in out and "j,i" in out
+    assert "1 agree, 0 disagree" in out
+
+
+def test_check_unknown_recipe_fails_clearly():
+    result = run_python("-m", "collectives", "check", "nope", check=False)
+    assert result.returncode != 0
+    assert "no recipe named 'nope'" in result.stderr
+
+
+def test_show_prints_the_source():
+    out = run_python("-m", "collectives", "show", "psum").stdout
+    assert "def psum_body" in out and "lax.psum(x, axis)" in out
+    assert "def psum_oracle" in out
+
+
+def test_run_prints_every_form():
+    out = run_python("-m", "collectives", "run", "pmax", "--mesh", "4x2").stdout
+    for form in ("pmap:", "shard_map:", "jit:", "reference:"):
+        assert form in out
+
+
+def test_unknown_recipe_in_show():
+    result = run_python("-m", "collectives", "show", "psumm", check=False)
+    assert result.returncode == 2 and "Known recipes" in result.stderr

@@ -1,0 +1,53 @@
+"""Every core recipe: pmap == shard_map == jit == the NumPy oracle, on drawn cases."""
+
+import jax
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import collectives as cx
+from collectives.testing import assert_forms_agree
+from collectives.testing.strategies import meshes
+from collectives.testing.strategies import recipe_cases
+
+CORE = ("psum", "pmean", "pmax", "pmin", "all_gather", "all_gather_stacked",
+        "psum_scatter", "all_to_all", "ppermute_ring", "axis_index")
+
+
+def test_core_names_are_registered():
+    assert set(CORE) <= set(cx.RECIPES)
+
+
+@pytest.mark.parametrize("name", CORE)
+@given(data=st.data())
+def test_forms_match_oracle_exactly(name, data):
+    recipe = cx.RECIPES[name]
+    case = data.draw(recipe_cases(recipe))
+    # The drawn values are small integers, exact in every dtype, and their
+    # sums over at most 8 devices stay exact (|sum| <= 64 < 2**8, even in
+    # bfloat16), so every form must match the oracle bit for bit.
+    assert_forms_agree(recipe, *case.args, mesh=case.mesh, axis=case.axis,
+                       rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("name", CORE)
+@given(mesh=meshes(), seed=st.integers(0, 2**16),
+       dtype=st.sampled_from(["float32", "float16", "bfloat16"]))
+def test_forms_match_oracle_within_policy(name, mesh, seed, dtype):
+    # Gaussian data: the sums round, so the tolerance policy applies.
+    recipe = cx.RECIPES[name]
+    args = recipe.example_args(mesh, dtype=dtype, seed=seed, dims=(2, 3))
+    assert_forms_agree(recipe, *args, mesh=mesh)
+
+
+@pytest.mark.parametrize("name", CORE)
+def test_float64_under_x64(name):
+    recipe = cx.RECIPES[name]
+    mesh = cx.make_mesh((4, 2), ("i", "j"))
+    with jax.enable_x64(True):
+        args = recipe.example_args(mesh, dtype="float64", seed=1)
+        assert args[0].dtype == np.float64
+        report = assert_forms_agree(recipe, *args, mesh=mesh)
+        for form in cx.FORMS:
+            assert report.results[form].dtype == np.float64, form

@@ -1,0 +1,91 @@
+"""Wrong use of the forms gives a clear error naming argument, value and fix."""
+
+import numpy as np
+import pytest
+
+import collectives as cx
+
+
+@pytest.fixture(scope="module")
+def mesh_2d():
+    return cx.make_mesh((4, 2), ("i", "j"))
+
+
+@pytest.mark.parametrize("form", [*cx.FORMS, "reference"])
+def test_shape_not_divisible_by_the_mesh_axis(form):
+    x = np.ones((12, 3), np.float32)
+    with pytest.raises(ValueError) as info:
+        getattr(cx.RECIPES["psum"], form)(x)
+    message = str(info.value)
+    assert "argument x" in message and "dimension 0 has size 12" in message
+    assert "divisible by 8" in message and "multiple of 8" in message
+
+
+@pytest.mark.parametrize("form", cx.FORMS)
+def test_unknown_axis_lists_the_mesh_axes(form, mesh_2d):
+    x = np.ones((8, 2), np.float32)
+    with pytest.raises(ValueError) as info:
+        getattr(cx.RECIPES["psum"], form)(x, mesh=mesh_2d, axis="k")
+    message = str(info.value)
+    assert "'k' is not an axis of the mesh" in message and "('i', 'j')" in message
+
+
+def test_repeated_axis_is_rejected(mesh_2d):
+    with pytest.raises(ValueError, match="appears twice"):
+        cx.RECIPES["psum"].jit(np.ones((8, 2)), mesh=mesh_2d, axis=("i", "i"))
+
+
+def test_wrong_number_of_arguments():
+    with pytest.raises(TypeError, match=r"takes 1 argument\(s\) \(x\), got 2"):
+        cx.RECIPES["psum"].shard_map(np.ones(8), np.ones(8))
+
+
+def test_spec_longer_than_the_array(mesh_2d):
+    # On a 2-D mesh psum shards dim 1 over the other axis: a 1-D x cannot fit.
+    with pytest.raises(ValueError) as info:
+        cx.RECIPES["psum"].shard_map(np.ones(8), mesh=mesh_2d, axis="i")
+    assert "names 2 dimensions" in str(info.value)
+    assert "shape (8,)" in str(info.value)
+
+
+def test_bool_psum_suggests_a_cast():
+    with pytest.raises(TypeError) as info:
+        cx.RECIPES["psum"].shard_map(np.ones(8, bool))
+    assert "dtype bool" in str(info.value) and "astype(jnp.int32)" in str(info.value)
+
+
+def test_psum_scatter_block_must_split_again():
+    with pytest.raises(ValueError, match=r"multiple of 8\*\*2 = 64"):
+        cx.RECIPES["psum_scatter"].shard_map(np.ones((16, 2), np.float32))
+
+
+def test_all_to_all_columns_must_split():
+    with pytest.raises(ValueError, match="multiple of 8"):
+        cx.RECIPES["all_to_all"].jit(np.ones((8, 3), np.float32))
+
+
+def test_empty_arrays_are_rejected_in_every_form():
+    for form in (*cx.FORMS, "reference"):
+        with pytest.raises(ValueError, match="no elements"):
+            getattr(cx.RECIPES["psum"], form)(np.ones((8, 0), np.float32))
+
+
+def test_mesh_must_be_a_mesh():
+    with pytest.raises(TypeError, match=r"jax\.sharding\.Mesh"):
+        cx.RECIPES["psum"].jit(np.ones(8), mesh=(8,))
+
+
+@pytest.mark.parametrize(
+    ("perm", "error", "words"),
+    [
+        ([(0, 1), (1, 1)], ValueError, "destination 1 appears twice"),
+        ([(0, 1), (0, 2)], ValueError, "source 0 appears twice"),
+        ([(0, 8)], ValueError, "out of range"),
+        ([(0, -1)], ValueError, "out of range"),
+        ([(0,)], TypeError, "pair"),
+        ([(0.5, 1)], TypeError, "ints"),
+    ],
+)
+def test_bad_permutations(perm, error, words):
+    with pytest.raises(error, match=words):
+        cx.check_permutation(perm, 8)
