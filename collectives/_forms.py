@@ -59,6 +59,11 @@ def _no_terms(axes: Axes) -> int:
     return 0
 
 
+def _any_axes(axes: Axes) -> str | None:
+    del axes
+    return None
+
+
 def _canonical(x: Any) -> np.ndarray:
     """``x`` on the host with the dtype JAX would give it (x64 off: 32 bits)."""
     arr = np.asarray(x)
@@ -90,6 +95,10 @@ class Recipe:
       validate: optional extra check, ``validate(axes, args)``, that raises a
         ``ValueError`` for inputs the specs alone cannot rule out.
       check_vma: passed to ``jax.shard_map``.
+      axes_check: ``axes_check(axes)`` returns ``None`` when the recipe can
+        run over these axes, else a sentence saying what it needs (e.g. "needs
+        a 2-D mesh: a data axis and a model axis"); the forms raise it as a
+        ``ValueError`` and ``check`` skips such configurations.
       pmap_body: the body for the pmap form where legacy pmap code differs
         from shard_map code (default: ``body``). Under pmap, mesh axes after
         the first are mapped with ``vmap``, which batches some collectives
@@ -110,6 +119,7 @@ class Recipe:
     kinds: frozenset[str] = KINDS
     validate: Callable[[Axes, Sequence[Any]], None] | None = None
     check_vma: bool = True
+    axes_check: Callable[[Axes], str | None] = _any_axes
     pmap_body: Callable[..., Any] | None = None
 
     # -- the public forms -------------------------------------------------
@@ -228,6 +238,11 @@ class Recipe:
     def _prepare(self, args: Sequence[Any], mesh: jax.sharding.Mesh | None,
                  axis: AxisArg) -> Axes:
         axes = self.axes(mesh, axis)
+        problem = self.axes_check(axes)
+        if problem is not None:
+            raise ValueError(
+                f"{self.name}: cannot run over mesh {dict(axes.mesh.shape)} with "
+                f"axis={axes.axis!r}: {problem}")
         if len(args) != len(self.arg_names):
             names = ", ".join(self.arg_names)
             raise TypeError(

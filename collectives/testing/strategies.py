@@ -56,14 +56,18 @@ def meshes(draw: st.DrawFn, max_devices: int | None = None,
     return _mesh(draw(st.sampled_from(shapes)))
 
 
-def collective_axes(mesh: jax.sharding.Mesh) -> st.SearchStrategy[Any]:
-    """An ``axis`` argument for ``mesh``: ``None`` (all axes), one axis name,
-    or a tuple of axis names in either order."""
+def _axis_options(mesh: jax.sharding.Mesh) -> list[Any]:
     names = tuple(mesh.axis_names)
     options: list[Any] = [None, *names]
     if len(names) > 1:
         options += [names, tuple(reversed(names))]
-    return st.sampled_from(options)
+    return options
+
+
+def collective_axes(mesh: jax.sharding.Mesh) -> st.SearchStrategy[Any]:
+    """An ``axis`` argument for ``mesh``: ``None`` (all axes), one axis name,
+    or a tuple of axis names in either order."""
+    return st.sampled_from(_axis_options(mesh))
 
 
 def exact_values(draw: st.DrawFn, shape: tuple[int, ...], dtype: Any
@@ -103,8 +107,17 @@ def recipe_cases(draw: st.DrawFn, recipe: Recipe, *,
     usable = [d for d in dtypes if dtype_kind(d) in recipe.kinds]
     if not usable:
         raise ValueError(f"recipe {recipe.name!r} accepts none of dtypes {dtypes}.")
-    mesh = draw(meshes(max_devices=max_devices))
-    axis = draw(collective_axes(mesh))
+    limit = jax.device_count() if max_devices is None else max_devices
+    candidates = [
+        (mesh, axis)
+        for shape in MESH_SHAPES if int(np.prod(shape)) <= limit
+        for mesh in [_mesh(shape)]
+        for axis in _axis_options(mesh)
+        if recipe.axes_check(recipe.axes(mesh, axis)) is None]
+    if not candidates:
+        raise ValueError(f"recipe {recipe.name!r} runs on none of the meshes "
+                         f"{MESH_SHAPES} within {limit} devices.")
+    mesh, axis = draw(st.sampled_from(candidates))
     dtype = draw(st.sampled_from(usable))
     count = draw(st.sampled_from(list(ndim)))
     dims = tuple(draw(st.integers(1, max_dim)) for _ in range(max(count, 1)))
