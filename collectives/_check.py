@@ -1,20 +1,25 @@
-"""``check``: every recipe, every form, against the oracle, on standard meshes."""
+"""``check`` and ``run``: every recipe, every form, against the oracle."""
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import time
 from collections.abc import Callable
 from collections.abc import Iterable
+from collections.abc import Mapping
 from collections.abc import Sequence
 from typing import Any
 
 import jax
+import numpy as np
 
+from collectives._arrays import dtype_kind
 from collectives._devices import make_mesh
 from collectives._registry import RECIPES
 
 MeshConfig = tuple[tuple[int, ...], tuple[str, ...], Any]
+FormsFor = Callable[[Any, jax.sharding.Mesh, Any], Mapping[str, Callable[..., Any]]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,6 +67,9 @@ def check(
     dtypes: Sequence[str] = ("float32",),
     configs: Sequence[MeshConfig] | None = None,
     seed: int = 0,
+    exact: bool = False,
+    forms: FormsFor | None = None,
+    on_report: Callable[[CheckResult, tuple[Any, ...], Any], None] | None = None,
     progress: Callable[[CheckResult], None] | None = None,
 ) -> list[CheckResult]:
     """Run recipes in every form against the NumPy oracle.
@@ -72,6 +80,12 @@ def check(
       configs: ``(mesh_shape, mesh_names, axis)`` triples; default
         :func:`standard_configs`.
       seed: seed for the random inputs.
+      exact: integer-valued inputs, so every form must match bit for bit.
+      forms: ``forms(recipe, mesh, axis)`` gives the callables to compare
+        (default: ``recipe.forms(mesh, axis)``); the multi-process launcher
+        passes forms that feed each process its own part of the data.
+      on_report: called with each passing row, its inputs and the
+        :class:`~collectives.testing.Agreement` (e.g. to save the results).
       progress: called with each result as soon as it is known.
 
     Returns:
@@ -87,7 +101,6 @@ def check(
       [('psum', '8', True)]
     """
     # Local import: the assertions live with the test toolkit.
-    from collectives._forms import dtype_kind
     from collectives.testing import assert_forms_agree
 
     chosen = list(RECIPES) if names is None else list(names)
@@ -95,6 +108,7 @@ def check(
         if name not in RECIPES:
             raise KeyError(
                 f"no recipe named {name!r}; known recipes: {', '.join(RECIPES)}.")
+    forms_for = forms or (lambda recipe, mesh, axis: recipe.forms(mesh, axis))
     rows = []
     for name in chosen:
         recipe = RECIPES[name]
@@ -107,20 +121,148 @@ def check(
                 if dtype_kind(dtype) not in recipe.kinds:
                     continue
                 start = time.perf_counter()
+                report = None
                 try:
-                    args = recipe.example_args(mesh, axis, dtype=dtype, seed=seed)
-                    report = assert_forms_agree(recipe, *args, mesh=mesh, axis=axis)
+                    args = recipe.example_args(mesh, axis, dtype=dtype, seed=seed,
+                                               exact=exact)
+                    report = assert_forms_agree(
+                        forms_for(recipe, mesh, axis), *args,
+                        n_terms=recipe.n_terms(axes))
                     ok, detail = True, ""
-                    forms, error = report.forms, max(report.max_error.values())
+                    done, error = report.forms, max(report.max_error.values())
                 except Exception as err:  # reported in the table, not raised
                     ok, detail = False, f"{type(err).__name__}: {err}"
-                    forms, error = (), float("nan")
+                    done, error = (), float("nan")
                 row = CheckResult(
                     recipe=name, mesh="x".join(map(str, shape)),
-                    axis=",".join(axes.names), dtype=str(dtype), forms=forms,
+                    axis=",".join(axes.names), dtype=str(dtype), forms=done,
                     max_error=error, ok=ok, detail=detail,
                     seconds=time.perf_counter() - start)
                 rows.append(row)
+                if report is not None and on_report is not None:
+                    on_report(row, args, report)
                 if progress is not None:
                     progress(row)
     return rows
+
+
+# -- the command line: shared by ``check`` and ``launch ... -- check`` --------
+
+MESH_NAMES = ("i", "j", "k", "l")
+"""Axis names of the meshes the command line builds from ``--mesh``."""
+
+
+def parse_mesh(text: str) -> tuple[int, ...]:
+    """``--mesh 4x2`` -> ``(4, 2)``."""
+    try:
+        shape = tuple(int(part) for part in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--mesh {text!r}: expected sizes joined by 'x', e.g. 8 or 4x2") from None
+    if not shape or min(shape) < 1:
+        raise argparse.ArgumentTypeError(f"--mesh {text!r}: sizes must be >= 1")
+    if len(shape) > len(MESH_NAMES):
+        raise argparse.ArgumentTypeError(
+            f"--mesh {text!r}: at most {len(MESH_NAMES)} axes")
+    return shape
+
+
+def add_mesh_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--mesh`` and ``--axis``."""
+    parser.add_argument("--mesh", type=parse_mesh,
+                        help="mesh shape, e.g. 8 or 4x2 (axes named i, j, ...)")
+    parser.add_argument("--axis", help="collective axes, e.g. i or i,j "
+                                       "(default: every mesh axis)")
+
+
+def add_check_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``check``."""
+    parser.add_argument("names", nargs="*", help="recipes to check (default: all)")
+    parser.add_argument("--dtype", nargs="+", default=["float32"],
+                        help="input dtypes (default: float32)")
+    add_mesh_arguments(parser)
+    parser.add_argument("--exact", action="store_true",
+                        help="integer-valued inputs: forms must agree bit for bit")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seed of the inputs (default: %(default)s)")
+
+
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``run``."""
+    parser.add_argument("name")
+    add_mesh_arguments(parser)
+    parser.add_argument("--dtype", default="int32",
+                        help="input dtype (default: %(default)s; patterns with "
+                             "gradients need a float, e.g. float32)")
+
+
+def axis_from_args(args: argparse.Namespace) -> tuple[str, ...] | None:
+    return tuple(args.axis.split(",")) if args.axis else None
+
+
+def configs_from_args(args: argparse.Namespace) -> list[MeshConfig]:
+    """``--mesh``/``--axis`` as one config, else the standard set."""
+    if not args.mesh:
+        if args.axis:
+            raise ValueError("--axis needs --mesh (the standard set of meshes "
+                             "fixes its own axes). Fix: add e.g. --mesh 4x2.")
+        return standard_configs()
+    return [(args.mesh, MESH_NAMES[: len(args.mesh)], axis_from_args(args))]
+
+
+def print_check(args: argparse.Namespace, *, forms: FormsFor | None = None,
+                on_report: Callable[..., None] | None = None
+                ) -> list[CheckResult]:
+    """Run ``check`` from parsed arguments, printing the table as it goes.
+
+    Raises:
+      KeyError: an unknown recipe name.
+      ValueError: ``--axis`` without ``--mesh``.
+    """
+    configs = configs_from_args(args)
+    width = max(len("recipe"), *map(len, args.names or RECIPES))
+    header = (f"{'recipe':<{width}} {'mesh':<5} {'axis':<5} {'dtype':<10} "
+              f"{'forms':<18} {'max error':>10}  status")
+    print(header)
+    print("-" * len(header))
+
+    def show(row: CheckResult) -> None:
+        done = "+".join(f for f in row.forms if f != "reference") or "-"
+        print(f"{row.recipe:<{width}} {row.mesh:<5} {row.axis:<5} {row.dtype:<10} "
+              f"{done:<18} {row.max_error:>10.3g}  {'ok' if row.ok else 'FAIL'}",
+              flush=True)
+
+    rows = check(args.names or None, dtypes=args.dtype, seed=args.seed,
+                 exact=args.exact, configs=configs, forms=forms,
+                 on_report=on_report, progress=show)
+    failed = [row for row in rows if not row.ok]
+    print("-" * len(header))
+    print(f"{summarize(rows)} (each form vs the NumPy oracle)")
+    for row in failed:
+        print(f"\nFAIL {row.recipe} mesh={row.mesh} axis={row.axis} "
+              f"dtype={row.dtype}:\n{row.detail}")
+    return rows
+
+
+def summarize(rows: Sequence[CheckResult]) -> str:
+    failed = sum(not row.ok for row in rows)
+    return f"{len(rows) - failed} agree, {failed} disagree"
+
+
+def print_run(args: argparse.Namespace, *, forms: FormsFor | None = None) -> None:
+    """Run one recipe in every form on small integer data and print it all."""
+    if args.name not in RECIPES:
+        raise KeyError(f"no recipe named {args.name!r}; known recipes: "
+                       f"{', '.join(RECIPES)}.")
+    recipe = RECIPES[args.name]
+    shape = args.mesh or (jax.device_count(),)
+    mesh = make_mesh(shape, MESH_NAMES[: len(shape)])
+    axis = axis_from_args(args)
+    inputs = recipe.example_args(mesh, axis, dtype=args.dtype, exact=True)
+    bound = (forms or (lambda r, m, a: r.forms(m, a)))(recipe, mesh, axis)
+    np.set_printoptions(linewidth=100, threshold=200)
+    for name, value in zip(recipe.arg_names, inputs, strict=True):
+        print(f"{name} =\n{value}\n")
+    for form, fn in bound.items():
+        print(f"{form}:\n{jax.tree_util.tree_map(np.asarray, fn(*inputs))}\n",
+              flush=True)

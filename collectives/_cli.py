@@ -7,20 +7,10 @@ import inspect
 import sys
 from collections.abc import Sequence
 
-import numpy as np
+from collectives._check import add_check_arguments
+from collectives._check import add_run_arguments
 
 DEFAULT_DEVICES = 8
-
-
-def _parse_mesh(text: str) -> tuple[int, ...]:
-    try:
-        shape = tuple(int(part) for part in text.lower().split("x"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"--mesh {text!r}: expected sizes joined by 'x', e.g. 8 or 4x2") from None
-    if not shape or min(shape) < 1:
-        raise argparse.ArgumentTypeError(f"--mesh {text!r}: sizes must be >= 1")
-    return shape
 
 
 def _device_options() -> argparse.ArgumentParser:
@@ -42,10 +32,6 @@ def _setup(args: argparse.Namespace) -> None:
     if args.x64:
         jax.config.update("jax_enable_x64", True)
     use_cpu_devices(args.devices)
-
-
-def _mesh_names(shape: tuple[int, ...]) -> tuple[str, ...]:
-    return ("i", "j", "k", "l")[: len(shape)]
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -81,57 +67,25 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    _setup(args)
-    from collectives import make_mesh
-
-    recipe = _lookup(args.name)
-    if recipe is None:
+    if _lookup(args.name) is None:
         return 2
-    shape = args.mesh or (args.devices,)
-    mesh = make_mesh(shape, _mesh_names(shape))
-    axis = tuple(args.axis.split(",")) if args.axis else None
-    inputs = recipe.example_args(mesh, axis, dtype=args.dtype, exact=True)
-    np.set_printoptions(linewidth=100, threshold=200)
-    for name, value in zip(recipe.arg_names, inputs, strict=True):
-        print(f"{name} =\n{value}\n")
-    import jax
+    _setup(args)
+    from collectives._check import print_run
 
-    for form, fn in recipe.forms(mesh=mesh, axis=axis).items():
-        print(f"{form}:\n{jax.tree_util.tree_map(np.asarray, fn(*inputs))}\n")
+    print_run(args)
     return 0
 
 
 def cmd_check(args: argparse.Namespace) -> int:
     _setup(args)
-    from collectives._check import check
-    from collectives._check import standard_configs
+    from collectives._check import print_check
 
-    configs = None
-    if args.mesh:
-        names = _mesh_names(args.mesh)
-        axis = tuple(args.axis.split(",")) if args.axis else None
-        configs = [(args.mesh, names, axis)]
-    header = (f"{'recipe':<22} {'mesh':<5} {'axis':<5} {'dtype':<9} "
-              f"{'forms':<26} {'max error':>10}  status")
-    print(header)
-    print("-" * len(header))
-
-    def show(row) -> None:
-        forms = "+".join(f for f in row.forms if f != "reference") or "-"
-        print(f"{row.recipe:<22} {row.mesh:<5} {row.axis:<5} {row.dtype:<9} "
-              f"{forms:<26} {row.max_error:>10.3g}  {'ok' if row.ok else 'FAIL'}",
-              flush=True)
-
-    rows = check(args.names or None, dtypes=args.dtype, progress=show,
-                 configs=configs or standard_configs())
-    failed = [row for row in rows if not row.ok]
-    print("-" * len(header))
-    print(f"{len(rows) - len(failed)} agree, {len(failed)} disagree "
-          "(each form vs the NumPy oracle and vs the pmap form)")
-    for row in failed:
-        print(f"\nFAIL {row.recipe} mesh={row.mesh} axis={row.axis} "
-              f"dtype={row.dtype}:\n{row.detail}")
-    return 1 if failed else 0
+    try:
+        rows = print_check(args)
+    except (KeyError, ValueError) as err:
+        print(f"error: {err.args[0]}", file=sys.stderr)
+        return 2
+    return 0 if rows and all(row.ok for row in rows) else 1
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -151,24 +105,21 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("run", parents=[devices],
                        help="run one recipe in every form on small integer data")
-    p.add_argument("name")
-    p.add_argument("--mesh", type=_parse_mesh, help="mesh shape, e.g. 8 or 4x2")
-    p.add_argument("--axis", help="collective axes, e.g. i or i,j (default: all)")
-    p.add_argument("--dtype", default="int32")
+    add_run_arguments(p)
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("check", parents=[devices],
                        help="every recipe in every form vs the NumPy oracle")
-    p.add_argument("names", nargs="*", help="recipes to check (default: all)")
-    p.add_argument("--dtype", nargs="+", default=["float32"],
-                   help="input dtypes (default: float32)")
-    p.add_argument("--mesh", type=_parse_mesh,
-                   help="one mesh shape instead of the standard set")
-    p.add_argument("--axis", help="with --mesh: collective axes, e.g. i,j")
+    add_check_arguments(p)
     p.set_defaults(func=cmd_check)
+
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except BrokenPipeError:  # e.g. `python -m collectives list | head`
+        sys.stderr.close()
+        return 0

@@ -14,11 +14,23 @@ What differs across that span, and what each name here papers over:
     ``lax.all_gather(..., to="invarying")`` from 0.10
     (:func:`all_gather_invariant`).
 * Whether JAX's backends have started (:func:`backends_initialized`).
+* Behaviour the sharp-edge tests branch on: shard_map's input check on
+    explicit meshes (:data:`SHARD_MAP_CHECKS_EXPLICIT_INPUT_SPECS`) and
+    ppermute's axis-order check (:data:`PPERMUTE_CHECKS_AXIS_ORDER`,
+    :func:`ppermute_axis_order_unchecked`).
+* The multi-process runtime: ``jax.distributed.initialize`` takes
+    ``shutdown_timeout_seconds`` from 0.10 only (:func:`initialize_distributed`);
+    XLA:CPU has ``--xla_cpu_collective_timeout_seconds`` from 0.10 only
+    (:func:`cpu_collective_timeout_flags`); gloo listens on the host name's
+    address unless told otherwise (:func:`use_loopback_gloo`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 import re
+from collections.abc import Iterator
 from collections.abc import Sequence
 from typing import Any
 
@@ -46,6 +58,18 @@ MAKE_MESH_DEFAULTS_TO_EXPLICIT = JAX_VERSION >= (0, 9, 0)
 NESTED_PMAP_SUPPORTED = False
 """Nested ``jax.pmap`` raises on every supported JAX (pmap runs on shard_map
 since 0.8: "The context mesh ... should match the mesh passed to shard_map")."""
+
+SHARD_MAP_CHECKS_EXPLICIT_INPUT_SPECS = JAX_VERSION >= (0, 9, 0)
+"""On a mesh with ``Explicit`` axes, ``shard_map`` raises when an input's
+sharding differs from ``in_specs`` ("in_specs passed to shard_map: ... does
+not match the specs of the input"); 0.8.0 accepts and reshards. Seen on
+0.8.0 (accepts), 0.10.2 and 0.12.0.1 (raise)."""
+
+PPERMUTE_CHECKS_AXIS_ORDER = JAX_VERSION >= (0, 12, 0)
+"""``lax.ppermute`` over a tuple of axes not in mesh order raises a
+RuntimeError from 0.12 (the ``jax_raise_on_ppermute_sort_diff`` flag; with
+it off, devices are numbered in the tuple's order); up to 0.11 it silently
+numbers devices in mesh order (seen on 0.8.0 and 0.10.2)."""
 
 _HAS_PCAST = hasattr(lax, "pcast")  # from 0.9
 _HAS_ALL_GATHER_INVARIANT = hasattr(lax, "all_gather_invariant")  # up to 0.9
@@ -96,6 +120,94 @@ def make_jax_mesh(
                        devices=list(devices))
 
 
+@contextlib.contextmanager
+def ppermute_axis_order_unchecked() -> Iterator[None]:
+    """Turn off JAX's ppermute axis-order check (0.12+) inside the block.
+
+    Only to show what unchecked JAX versions compute; a no-op where the check
+    does not exist.
+    """
+    if not PPERMUTE_CHECKS_AXIS_ORDER:
+        yield
+        return
+    previous = jax.config.jax_raise_on_ppermute_sort_diff
+    jax.config.update("jax_raise_on_ppermute_sort_diff", False)
+    try:
+        yield
+    finally:
+        jax.config.update("jax_raise_on_ppermute_sort_diff", previous)
+
+
 def context_mesh_axis_names() -> tuple[str, ...]:
     """Axis names of the mesh in scope (inside shard_map or pmap), in mesh order."""
     return tuple(jax.sharding.get_abstract_mesh().axis_names)
+
+
+# -- the multi-process runtime (jax.distributed) ------------------------------
+
+HAS_SHUTDOWN_TIMEOUT = ("shutdown_timeout_seconds"
+                        in inspect.signature(jax.distributed.initialize).parameters)
+"""``jax.distributed.initialize(shutdown_timeout_seconds=...)`` exists (0.10+)."""
+
+HAS_CPU_COLLECTIVE_TIMEOUT_FLAG = JAX_VERSION >= (0, 10, 0)
+"""XLA:CPU knows ``--xla_cpu_collective_timeout_seconds`` (0.10+; an unknown
+flag in ``XLA_FLAGS`` aborts the process)."""
+
+
+def initialize_distributed(
+        coordinator_address: str, num_processes: int, process_id: int, *,
+        bind_address: str, initialization_timeout: int, heartbeat_timeout: int,
+        shutdown_timeout: int,
+) -> None:
+    """``jax.distributed.initialize`` with every timeout bounded, on every version.
+
+    ``shutdown_timeout`` is dropped where JAX has no such parameter (0.8).
+    """
+    kwargs: dict[str, Any] = dict(
+        coordinator_address=coordinator_address, num_processes=num_processes,
+        process_id=process_id, coordinator_bind_address=bind_address,
+        initialization_timeout=int(initialization_timeout),
+        heartbeat_timeout_seconds=int(heartbeat_timeout))
+    if HAS_SHUTDOWN_TIMEOUT:
+        kwargs["shutdown_timeout_seconds"] = int(shutdown_timeout)
+    jax.distributed.initialize(**kwargs)
+
+
+def cpu_collective_timeout_flags(seconds: int) -> list[str]:
+    """``XLA_FLAGS`` entries that bound how long a CPU collective waits for peers."""
+    flags = [f"--xla_cpu_collective_call_terminate_timeout_seconds={int(seconds)}"]
+    if HAS_CPU_COLLECTIVE_TIMEOUT_FLAG:
+        flags.append(f"--xla_cpu_collective_timeout_seconds={int(seconds)}")
+    return flags
+
+
+def use_loopback_gloo() -> None:
+    """Make the CPU backend's gloo collectives listen on 127.0.0.1 only.
+
+    JAX builds gloo with no host name, so gloo listens on whatever address the
+    machine's host name resolves to. This re-registers the CPU backend factory
+    (before the backends start) with ``hostname="127.0.0.1"``; the factory is
+    the same on JAX 0.8 to 0.12.
+
+    Raises:
+      RuntimeError: JAX's backends have already started.
+    """
+    from jax._src import distributed as _distributed
+    from jax._src.lib import _jax as _jaxlib
+
+    if backends_initialized():
+        raise RuntimeError(
+            "use_loopback_gloo() came too late: JAX's backends already started. "
+            "Fix: call it before the first JAX operation.")
+
+    def make_cpu_client() -> Any:
+        collectives = None
+        if (_distributed.global_state.client is not None
+                and jax.config.jax_cpu_collectives_implementation == "gloo"):
+            collectives = _jaxlib.make_gloo_tcp_collectives(
+                distributed_client=_distributed.global_state.client,
+                hostname="127.0.0.1")
+        return _xla_bridge.make_cpu_client(collectives=collectives)
+
+    _xla_bridge.register_backend_factory("cpu", make_cpu_client, priority=0,
+                                         fail_quietly=False)

@@ -111,9 +111,10 @@ def make_mesh(
       A ``jax.sharding.Mesh`` with ``Auto`` axis types.
 
     Raises:
-      TypeError: ``shape`` or ``names`` has entries of the wrong type.
-      ValueError: sizes are not positive, names repeat, the two lengths
-        differ, or more devices are asked for than exist.
+      TypeError: ``shape``, ``names`` or ``devices`` has entries of the
+        wrong type.
+      ValueError: sizes are not positive, names are empty or repeat, the two
+        lengths differ, or more devices are asked for than exist.
 
     Examples:
       >>> import collectives as cx
@@ -139,12 +140,22 @@ def make_mesh(
             f"make_mesh(shape={sizes}): every axis size must be at least 1, got "
             f"{bad[0]}. Fix: use positive sizes."
         )
+    if any(not name for name in axis_names):
+        raise ValueError(
+            f"make_mesh(names={axis_names}): axis names must be non-empty strings. "
+            "Fix: name every axis, e.g. ('data', 'model').")
     if len(set(axis_names)) != len(axis_names):
         raise ValueError(
             f"make_mesh(names={axis_names}): axis names must be distinct. "
             "Fix: give every mesh axis its own name."
         )
     pool = list(jax.devices() if devices is None else devices)
+    for device in pool:
+        if not isinstance(device, jax.Device):
+            raise TypeError(
+                f"make_mesh(devices=...): every entry must be a jax.Device, got "
+                f"{device!r} of type {type(device).__name__}. Fix: pass devices "
+                "from jax.devices(), e.g. devices=jax.devices()[:4].")
     need = math.prod(sizes)
     if need > len(pool):
         kind = pool[0].platform if pool else "any"

@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable
-from collections.abc import Mapping
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,35 +23,19 @@ from jax.sharding import PartitionSpec as P
 
 from collectives import _devices
 from collectives import _layout
+from collectives._arrays import KINDS
+from collectives._arrays import brief
+from collectives._arrays import canonical
+from collectives._arrays import check_dims
+from collectives._arrays import check_fits_canonical
+from collectives._arrays import dtype_kind
+from collectives._arrays import is_shape
+from collectives._arrays import random_array
 from collectives._layout import Axes
 from collectives._layout import AxisArg
 
 FORMS: tuple[str, ...] = ("pmap", "shard_map", "jit")
 """The three forms every recipe runs in, legacy first."""
-
-KINDS = frozenset({"float", "int", "bool", "complex"})
-
-Shape = tuple[int, ...]
-
-
-def dtype_kind(dtype: Any) -> str:
-    """``"float"``, ``"int"``, ``"bool"`` or ``"complex"`` for a dtype."""
-    dtype = np.dtype(dtype)
-    if jnp.issubdtype(dtype, jnp.bool_):
-        return "bool"
-    if jnp.issubdtype(dtype, jnp.integer):
-        return "int"
-    if jnp.issubdtype(dtype, jnp.complexfloating):
-        return "complex"
-    if jnp.issubdtype(dtype, jnp.floating):
-        return "float"
-    return dtype.name
-
-
-def is_shape(x: Any) -> bool:
-    """Whether ``x`` is a shape (a tuple of ints), the leaf of a shape tree."""
-    return isinstance(x, tuple) and all(isinstance(i, int) for i in x)
-
 
 def _no_terms(axes: Axes) -> int:
     del axes
@@ -62,12 +45,6 @@ def _no_terms(axes: Axes) -> int:
 def _any_axes(axes: Axes) -> str | None:
     del axes
     return None
-
-
-def _canonical(x: Any) -> np.ndarray:
-    """``x`` on the host with the dtype JAX would give it (x64 off: 32 bits)."""
-    arr = np.asarray(x)
-    return arr.astype(jax.dtypes.canonicalize_dtype(arr.dtype), copy=False)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -138,24 +115,9 @@ class Recipe:
             device copies.
         """
         axes = self._prepare(args, mesh, axis)
-        fn = _pmap_callable(self, axes)
-        in_specs = self.in_specs(axes)
-        stacked = [
-            _map_leaves(arg, spec,
-                        lambda leaf, s, _: _stack_leaf(leaf, s, axes.mesh),
-                        f"{self.name}: argument {name}")
-            for arg, spec, name in zip(args, in_specs, self.arg_names, strict=True)
-        ]
-        out = fn(*stacked)
-        leaves, treedef = jax.tree_util.tree_flatten(out)
-        specs = _layout.leaf_specs(self.out_specs(axes), out, f"{self.name} outputs")
-        results = []
-        for index, (leaf, spec) in enumerate(zip(leaves, specs, strict=True)):
-            describe = functools.partial(
-                "{}: pmap output {} of {}".format, self.name, index, len(leaves))
-            results.append(jnp.asarray(
-                _layout.from_stacked(np.asarray(leaf), axes.mesh, spec, describe)))
-        return treedef.unflatten(results)
+        out = _pmap_callable(self, axes)(*stack_args(self, axes, args))
+        return jax.tree_util.tree_map(jnp.asarray,
+                                      unstack_outputs(self, axes, out, "pmap"))
 
     def shard_map(self, *args: Any, mesh: jax.sharding.Mesh | None = None,
                   axis: AxisArg = None) -> Any:
@@ -173,7 +135,7 @@ class Recipe:
                   axis: AxisArg = None) -> Any:
         """The NumPy oracle on the host: what every form must return."""
         axes = self._prepare(args, mesh, axis)
-        host = jax.tree_util.tree_map(_canonical, args)
+        host = jax.tree_util.tree_map(canonical, args)
         return self.oracle(*host, axes=axes)
 
     # -- helpers other modules build on ------------------------------------
@@ -187,6 +149,7 @@ class Recipe:
     def forms(self, mesh: jax.sharding.Mesh | None = None,
               axis: AxisArg = None) -> dict[str, Callable[..., Any]]:
         """The three forms and the oracle as callables bound to one mesh/axis."""
+        self.axes(mesh, axis)  # a bad mesh or axis fails here, not at the call
         bound = dict(mesh=mesh, axis=axis)
         return {
             "pmap": functools.partial(self.pmap, **bound),
@@ -208,7 +171,13 @@ class Recipe:
         return _build(self, form, axes)
 
     def place(self, *args: Any, axes: Axes) -> tuple[Any, ...]:
-        """Put global arrays on the mesh with the recipe's input shardings."""
+        """Put global arrays on the mesh with the recipe's input shardings.
+
+        Raises:
+          TypeError, ValueError: as for the forms, for arguments that do not
+            fit the recipe's specs.
+        """
+        self._check_args(args, axes)
         specs = self.in_specs(axes)
         return tuple(jax.device_put(arg, _layout.shardings(axes.mesh, spec))
                      for arg, spec in zip(args, specs, strict=True))
@@ -229,8 +198,9 @@ class Recipe:
             dtype, with exact sums), so every form must match bit for bit.
         """
         axes = self.axes(mesh, axis)
+        dims = check_dims(dims)
         rng = np.random.default_rng(seed)
-        shapes = self.example_shapes(axes, tuple(dims))
+        shapes = self.example_shapes(axes, dims)
         return tuple(jax.tree_util.tree_map(
             lambda shape: random_array(rng, shape, dtype, exact=exact),
             shape_tree, is_leaf=is_shape) for shape_tree in shapes)
@@ -243,19 +213,42 @@ class Recipe:
             raise ValueError(
                 f"{self.name}: cannot run over mesh {dict(axes.mesh.shape)} with "
                 f"axis={axes.axis!r}: {problem}")
+        self._check_args(args, axes)
+        if self.validate is not None:
+            self.validate(axes, args)
+        return axes
+
+    def _check_args(self, args: Sequence[Any], axes: Axes) -> None:
         if len(args) != len(self.arg_names):
             names = ", ".join(self.arg_names)
             raise TypeError(
                 f"{self.name}: takes {len(self.arg_names)} argument(s) ({names}), got "
                 f"{len(args)}. Fix: pass exactly {names}.")
         in_specs = self.in_specs(axes)
-        for arg, spec, name in zip(args, in_specs, self.arg_names, strict=True):
+        for index, (arg, spec, name) in enumerate(
+                zip(args, in_specs, self.arg_names, strict=True)):
+            self._check_structure(index, arg, spec, name, axes)
             _map_leaves(arg, spec,
                         lambda leaf, s, where: self._check_leaf(leaf, s, where, axes),
                         f"{self.name}: argument {name}")
-        if self.validate is not None:
-            self.validate(axes, args)
-        return axes
+
+    def _check_structure(self, index: int, arg: Any, spec: Any, name: str,
+                         axes: Axes) -> None:
+        """An argument the recipe takes as one array must be one array."""
+        if not isinstance(spec, P):
+            return  # a spec tree: leaf_specs checks the structure
+        try:
+            expected = self.example_shapes(axes, (2, 3))[index]
+        except Exception:  # a recipe that cannot say: no check
+            return
+        treedef = jax.tree_util.tree_structure(arg)
+        if is_shape(expected) and not (
+                treedef.num_leaves == 1 and jax.tree_util.treedef_is_leaf(treedef)):
+            raise TypeError(
+                f"{self.name}: argument {name} must be one array (e.g. of shape "
+                f"{expected}), got {type(arg).__name__} {brief(arg)}, a pytree "
+                f"with {treedef.num_leaves} leaves. Fix: pass a NumPy or JAX "
+                f"array, e.g. np.asarray({name}).")
 
     def _check_leaf(self, leaf: Any, spec: P, what: str, axes: Axes) -> None:
         _layout.check_against_spec(what, leaf, spec, axes.mesh)
@@ -268,6 +261,7 @@ class Recipe:
                 f"{what} has dtype {dtype}, which {self.name} does not accept; it "
                 f"takes {', '.join(sorted(self.kinds))} arrays. Fix: cast first, "
                 f"e.g. {hint}.")
+        check_fits_canonical(leaf, dtype, what)
         if 0 in shape:
             raise ValueError(
                 f"{what} has shape {shape} with no elements; the forms need at "
@@ -285,24 +279,59 @@ def _map_leaves(arg: Any, spec: Any, fn: Callable[[Any, P, str], Any],
         for (path, leaf), leaf_spec in zip(pairs, specs, strict=True)])
 
 
+def stack_args(recipe: Recipe, axes: Axes, args: Sequence[Any],
+               stack_leaf: Callable[[Any, P], Any] | None = None) -> list[Any]:
+    """The arguments in pmap's stacked view (``(*mesh.shape, *block)`` leaves,
+    fully replicated leaves as they are, for ``in_axes=None``)."""
+    if stack_leaf is None:
+        stack_leaf = functools.partial(_stack_leaf, mesh=axes.mesh)
+    return [_map_leaves(arg, spec, lambda leaf, s, _: stack_leaf(leaf, s),
+                        f"{recipe.name}: argument {name}")
+            for arg, spec, name in zip(args, recipe.in_specs(axes), recipe.arg_names,
+                                       strict=True)]
+
+
+def unstack_outputs(recipe: Recipe, axes: Axes, out: Any, label: str,
+                    host: Callable[[Any, P], np.ndarray] | None = None) -> Any:
+    """Stacked outputs back to the global view, checking declared replication.
+
+    ``host(leaf, spec)`` brings a leaf to the host as the full stacked array
+    (default ``np.asarray``); ``label`` names the form in error messages.
+    """
+    leaves, treedef = jax.tree_util.tree_flatten(out)
+    specs = _layout.leaf_specs(recipe.out_specs(axes), out, f"{recipe.name} outputs")
+    results = []
+    for index, (leaf, spec) in enumerate(zip(leaves, specs, strict=True)):
+        describe = functools.partial("{}: {} output {} of {}".format, recipe.name,
+                                     label, index, len(leaves))
+        stacked = np.asarray(leaf) if host is None else host(leaf, spec)
+        results.append(_layout.from_stacked(stacked, axes.mesh, spec, describe))
+    return treedef.unflatten(results)
+
+
 def _replicated(spec: P) -> bool:
     return all(entry is None for entry in spec)
 
 
 def _stack_leaf(leaf: Any, spec: P, mesh: jax.sharding.Mesh) -> np.ndarray:
     """pmap's view of one input: stacked, or as is when fully replicated."""
-    host = _canonical(leaf)
+    host = canonical(leaf)
     return host if _replicated(spec) else _layout.to_stacked(host, mesh, spec)
+
+
+def stacked_in_axes(recipe: Recipe, axes: Axes) -> tuple[Any, ...]:
+    """``in_axes`` for :func:`stack_args`'s output: 0, or None where replicated."""
+    return tuple(
+        jax.tree_util.tree_map(lambda s: None if _replicated(s) else 0, spec,
+                               is_leaf=lambda s: isinstance(s, P))
+        for spec in recipe.in_specs(axes))
 
 
 @functools.cache
 def _pmap_callable(recipe: Recipe, axes: Axes) -> Callable[..., Any]:
     mesh = axes.mesh
     names = tuple(mesh.axis_names)
-    in_axes = tuple(
-        jax.tree_util.tree_map(lambda s: None if _replicated(s) else 0, spec,
-                               is_leaf=lambda s: isinstance(s, P))
-        for spec in recipe.in_specs(axes))
+    in_axes = stacked_in_axes(recipe, axes)
     fn = functools.partial(recipe.pmap_body or recipe.body, axis=axes.axis)
     for name in reversed(names[1:]):
         fn = jax.vmap(fn, in_axes=in_axes, axis_name=name)
@@ -325,27 +354,3 @@ def _build(recipe: Recipe, form: str, axes: Axes) -> Callable[..., Any]:
         out_shardings=_layout.shardings(axes.mesh, out_specs))
 
 
-def random_array(rng: np.random.Generator, shape: Shape, dtype: Any,
-                 *, exact: bool = False) -> np.ndarray:
-    """A NumPy array of ``shape`` and ``dtype`` for examples and checks.
-
-    With ``exact=True`` floats are small integers, which every float dtype
-    holds exactly and whose short sums stay exact, so results are comparable
-    bit for bit.
-    """
-    dtype = np.dtype(jax.dtypes.canonicalize_dtype(dtype))
-    kind = dtype_kind(dtype)
-    if kind == "bool":
-        return rng.integers(0, 2, size=shape).astype(dtype)
-    if kind == "int" or exact:
-        values = rng.integers(-8, 9, size=shape)
-        if kind == "complex":
-            values = values + 1j * rng.integers(-8, 9, size=shape)
-        return values.astype(dtype)
-    values = rng.standard_normal(size=shape)
-    if kind == "complex":
-        values = values + 1j * rng.standard_normal(size=shape)
-    return values.astype(dtype)
-
-
-RecipeMap = Mapping[str, Recipe]

@@ -7,7 +7,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from collectives._forms import dtype_kind
+from collectives._arrays import dtype_kind
 
 _WIDE = {"float": np.float64, "int": np.int64, "complex": np.complex128,
          "bool": np.bool_}

@@ -8,6 +8,7 @@ permutation may not repeat a source or a destination.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from collections.abc import Sequence
 
 import jax.numpy as jnp
@@ -34,9 +35,10 @@ def check_permutation(perm: Sequence[tuple[int, int]], n: int) -> list[tuple[int
       The pairs as a list of int tuples.
 
     Raises:
-      TypeError: ``perm`` is not a sequence of pairs of ints.
-      ValueError: an index is out of ``range(n)``, or a source or a
-        destination appears twice.
+      TypeError: ``perm`` is not a sequence of pairs of ints, or ``n`` is not
+        an int.
+      ValueError: an index is out of ``range(n)``, a source or a
+        destination appears twice, or ``n`` is smaller than 1.
 
     Examples:
       >>> from collectives import check_permutation
@@ -47,6 +49,21 @@ def check_permutation(perm: Sequence[tuple[int, int]], n: int) -> list[tuple[int
       ...
       ValueError: perm: destination 1 appears twice in [(0, 1), (1, 1)]; ...
     """
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
+        raise TypeError(
+            f"n: the axis size must be an int, got {n!r} of type "
+            f"{type(n).__name__}. Fix: pass lax.axis_size(axis) or the mesh axis "
+            "size.")
+    if n < 1:
+        raise ValueError(
+            f"n: the axis size must be at least 1, got {n}. Fix: pass "
+            "lax.axis_size(axis) or the mesh axis size.")
+    if isinstance(perm, (str, bytes, Mapping)) or not isinstance(
+            perm, (Sequence, np.ndarray)):
+        raise TypeError(
+            f"perm: expected a sequence of (source, destination) pairs, got "
+            f"{perm!r} of type {type(perm).__name__}. Fix: pass e.g. "
+            f"[(0, 1), (1, 0)].")
     pairs = []
     for pair in perm:
         try:
@@ -81,10 +98,11 @@ def _in_mesh_order(axis, pairs: list[tuple[int, int]]):
     """Rewrite a permutation over several axes to the mesh's axis order.
 
     ``lax.ppermute`` over a tuple of axes numbers devices in *mesh* order,
-    whatever the tuple's order (JAX 0.8 raises for other orders; 0.10 and
-    later silently use mesh order), while ``axis_index`` and ``all_gather``
-    follow the tuple's order. Renumbering here makes ``permute(x, ("j", "i"),
-    perm)`` mean what ``axis_index(("j", "i"))`` says.
+    whatever the tuple's order (JAX 0.8 to 0.11, silently), or raises for
+    other orders (JAX 0.12, ``_compat.PPERMUTE_CHECKS_AXIS_ORDER``), while
+    ``axis_index`` and ``all_gather`` follow the tuple's order. Renumbering
+    here makes ``permute(x, ("j", "i"), perm)`` mean what
+    ``axis_index(("j", "i"))`` says.
     """
     names = axis_tuple(axis)
     mesh_order = _compat.context_mesh_axis_names()
@@ -104,6 +122,27 @@ def _in_mesh_order(axis, pairs: list[tuple[int, int]]):
     return ordered, [(renumber(s), renumber(d)) for s, d in pairs]
 
 
+def body_axis_size(axis, fn: str) -> int:
+    """``lax.axis_size(axis)`` inside a body, or an error naming the axes in
+    scope; ``fn`` is the public function to name in the message."""
+    names = axis if isinstance(axis, tuple) else (axis,)
+    if not names or not all(isinstance(name, str) for name in names):
+        raise TypeError(
+            f"{fn}: axis must be a mesh axis name or a tuple of them, got "
+            f"{axis!r}.")
+    try:
+        return lax.axis_size(axis)
+    except NameError:
+        try:
+            in_scope = _compat.context_mesh_axis_names()
+        except Exception:  # no mesh in scope at all
+            in_scope = ()
+        raise ValueError(
+            f"{fn}: axis {axis!r} is not bound here (mesh axes in scope: "
+            f"{in_scope}). Fix: call {fn} inside a shard_map or pmap body, with "
+            "axis names of its mesh (or pmap's axis_name).") from None
+
+
 def permute(x, axis, perm: Sequence[tuple[int, int]]):
     """``lax.ppermute`` with the permutation checked first; call inside a body.
 
@@ -120,9 +159,11 @@ def permute(x, axis, perm: Sequence[tuple[int, int]]):
       The block received from the device whose pair names this one.
 
     Raises:
-      ValueError: see :func:`check_permutation`.
+      ValueError: see :func:`check_permutation`; or ``axis`` is not bound
+        (not an axis of the enclosing shard_map/pmap, or called outside one).
+      TypeError: see :func:`check_permutation`.
     """
-    pairs = check_permutation(perm, lax.axis_size(axis))
+    pairs = check_permutation(perm, body_axis_size(axis, "permute"))
     return lax.ppermute(x, *_in_mesh_order(axis, pairs))
 
 
@@ -140,6 +181,11 @@ def ring_shift(x, axis, shift: int = 1):
     Returns:
       The block from ``shift`` places back along the ring.
 
+    Raises:
+      TypeError: ``shift`` is not an int.
+      ValueError: ``axis`` is not bound (not an axis of the enclosing
+        shard_map/pmap, or called outside one).
+
     Examples:
       >>> import jax, numpy as np
       >>> import collectives as cx
@@ -150,8 +196,9 @@ def ring_shift(x, axis, shift: int = 1):
       [7, 0, 1, 2, 3, 4, 5, 6]
     """
     if isinstance(shift, bool) or not isinstance(shift, (int, np.integer)):
-        raise TypeError(f"shift: expected an int, got {shift!r}.")
-    n = lax.axis_size(axis)
+        raise TypeError(f"shift: expected an int, got {shift!r}. Fix: pass a "
+                        "whole number of places, e.g. 1 or -1.")
+    n = body_axis_size(axis, "ring_shift")
     pairs = [(s, (s + int(shift)) % n) for s in range(n)]
     return lax.ppermute(x, *_in_mesh_order(axis, pairs))
 
