@@ -1,17 +1,35 @@
-"""Test your own sharded code: assertions and the tolerance policy.
+"""Test your own sharded code: assertions, the tolerance policy, profiles.
 
-``collectives.testing.strategies`` (hypothesis) and the pytest plugin live in
-submodules so that importing this module needs only jax and numpy.
+* :func:`assert_forms_agree` runs several forms of one computation (a
+  :class:`~collectives.Recipe`, or your own pmap / shard_map / jit callables
+  and a NumPy reference) and reports which form disagrees, where, by how much
+  and under which tolerance.
+* :func:`assert_replicated` and :func:`assert_sharded_as` check where a
+  ``jax.Array`` lives, reading every device's buffer.
+* :func:`tolerance` is the one tolerance policy.
+* ``collectives.testing.strategies`` has hypothesis strategies that draw
+  only valid meshes, specs, shapes and arrays (needs ``hypothesis``).
+* ``collectives.testing.plugin`` is the pytest plugin (``--cpu-devices``,
+  ``mesh_1d``/``mesh_2d`` fixtures, ``@pytest.mark.devices(n)``), loaded
+  automatically through its entry point.
+
+Importing this module needs only jax and numpy.
 """
 
 from collectives.testing._assertions import Agreement
 from collectives.testing._assertions import assert_forms_agree
 from collectives.testing._assertions import compare_arrays
+from collectives.testing._placement import assert_replicated
+from collectives.testing._placement import assert_sharded_as
+from collectives.testing._profiles import register_profiles
 from collectives.testing._tolerance import tolerance
 
 __all__ = [
     "Agreement",
     "assert_forms_agree",
+    "assert_replicated",
+    "assert_sharded_as",
     "compare_arrays",
+    "register_profiles",
     "tolerance",
 ]

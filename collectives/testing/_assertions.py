@@ -10,9 +10,9 @@ from typing import Any
 import jax
 import numpy as np
 
+from collectives._arrays import dtype_kind
 from collectives._forms import FORMS
 from collectives._forms import Recipe
-from collectives._forms import dtype_kind
 from collectives._layout import AxisArg
 from collectives.testing._tolerance import describe_tolerance
 from collectives.testing._tolerance import tolerance
@@ -63,11 +63,37 @@ def _input_scale(args: Any) -> float:
     return scale
 
 
+def _scalar(value: Any) -> str:
+    """A scalar for messages, at its dtype's precision: ``0.90347016``, not
+    ``np.float32(0.90347016)``."""
+    return str(np.asarray(value)[()])
+
+
 def compare_arrays(got: Any, want: Any, *, rtol: float, atol: float
                    ) -> tuple[float, str | None]:
     """Max abs difference, and a description of the worst element if too big.
 
-    NaNs match NaNs and infinities must match exactly.
+    An element passes when ``|got - want| <= atol + rtol * |want|``. NaNs
+    match NaNs and infinities must match exactly.
+
+    Args:
+      got, want: array-likes of the same shape.
+      rtol, atol: the tolerance; ``0, 0`` compares exactly.
+
+    Returns:
+      ``(max_abs_difference, None)`` when every element passes, else
+      ``(max_abs_difference, description)`` naming how many elements differ,
+      the worst index, both values, the difference and what was allowed.
+
+    Examples:
+      >>> import numpy as np
+      >>> from collectives.testing import compare_arrays
+      >>> error, why = compare_arrays(np.array([1.0, 2.5]), np.array([1.0, 2.0]),
+      ...                             rtol=0, atol=0)
+      >>> error
+      0.5
+      >>> print(why)
+      1 of 2 elements differ; worst at index (1,): got 2.5, want 2.0 (|diff| 0.5 ...
     """
     g = np.asarray(got)
     w = np.asarray(want)
@@ -96,7 +122,7 @@ def compare_arrays(got: Any, want: Any, *, rtol: float, atol: float
         index = tuple(int(i) for i in worst)
         return max_err, (
             f"{int(bad.sum())} of {bad.size} elements differ; worst at index "
-            f"{index}: got {g[index]!r}, want {w[index]!r} (|diff| "
+            f"{index}: got {_scalar(g[index])}, want {_scalar(w[index])} (|diff| "
             f"{diff[index]:.6g} > allowed {allowed[index]:.3g})")
     return max_err, None
 
@@ -127,6 +153,51 @@ def _result_dtype(results: Mapping[str, Any]) -> np.dtype:
     return np.asarray(leaves[0]).dtype
 
 
+def _bind_forms(recipe_or_forms: Any, mesh: Any, axis: Any
+                ) -> tuple[dict[str, Callable[..., Any]], str, Recipe | None]:
+    """The forms to run, a label for messages, and the recipe if there is one."""
+    if isinstance(recipe_or_forms, Recipe):
+        recipe = recipe_or_forms
+        forms = dict(recipe.forms(mesh=mesh, axis=axis))
+        return forms, f"recipe {recipe.name!r}", recipe
+    if not isinstance(recipe_or_forms, Mapping):
+        raise TypeError(
+            "recipe_or_forms: expected a collectives.Recipe or a mapping of form "
+            f"names to callables, got {type(recipe_or_forms).__name__}. Fix: pass "
+            "e.g. {'shard_map': f, 'jit': g, 'reference': numpy_f}.")
+    forms = dict(recipe_or_forms)
+    if len(forms) < 2:
+        raise ValueError(
+            f"recipe_or_forms: need at least two forms to compare, got "
+            f"{list(forms)}. Fix: pass e.g. {{'shard_map': f, 'reference': ref}}.")
+    for name, fn in forms.items():
+        if not isinstance(name, str) or not callable(fn):
+            raise TypeError(f"recipe_or_forms[{name!r}]: expected a str name and a "
+                            f"callable, got {fn!r}.")
+    if mesh is not None or axis is not None:
+        raise TypeError(
+            "assert_forms_agree: mesh= and axis= configure a Recipe's forms; your "
+            "own callables must bind their mesh themselves. Fix: drop mesh=/axis=, "
+            "or pass e.g. functools.partial(f, mesh=mesh).")
+    return forms, "forms", None
+
+
+def _describe_tolerance(dtype: np.dtype, rtol: float, atol: float, *,
+                        given: tuple[bool, bool], n_terms: int, scale: float,
+                        pairwise: bool) -> str:
+    parts = [describe_tolerance(dtype, rtol, atol)]
+    if not all(given):
+        parts.append(f"policy tolerance({dtype.name}, n_terms={n_terms})")
+        if not given[1] and atol:
+            parts.append(f"atol scaled by the largest |input| {scale:g}")
+    if any(given):
+        names = [n for n, g in zip(("rtol", "atol"), given, strict=True) if g]
+        parts.append(f"{' and '.join(names)} given")
+    if pairwise:
+        parts.append("forms compared with each other are allowed twice this")
+    return "; ".join(parts)
+
+
 def assert_forms_agree(
     recipe_or_forms: Recipe | Mapping[str, Callable[..., Any]],
     *args: Any,
@@ -138,13 +209,21 @@ def assert_forms_agree(
 ) -> Agreement:
     """Run every form on ``args`` and assert they agree with the oracle and each other.
 
+    With a ``"reference"`` (a recipe always has one: its NumPy oracle), each
+    form is compared with it; without one, each form is compared with the
+    first, at twice the tolerance. Forms must also agree on output structure,
+    shapes and dtypes.
+
     Args:
       recipe_or_forms: a :class:`~collectives.Recipe`, or a mapping from form
         name to a callable taking ``*args`` and returning global-view arrays,
-        e.g. ``{"shard_map": f, "jit": g, "reference": numpy_f}``. At least two
-        entries; ``"reference"`` (the oracle) is compared with every form.
+        e.g. ``{"shard_map": f, "jit": g, "reference": numpy_f}``: any two or
+        more of ``pmap``, ``shard_map``, ``jit``, ``reference`` (other names
+        are forms too). ``"reference"``, the oracle, is compared with every
+        form.
       *args: the global-view arguments.
-      mesh, axis: passed to the recipe's forms (ignored for callables).
+      mesh, axis: passed to the recipe's forms (a TypeError for callables,
+        which bind their own mesh).
       rtol, atol: override the tolerance policy (``atol`` is then absolute);
         by default ``tolerance(dtype, n_terms)`` with ``atol`` scaled by the
         largest input magnitude.
@@ -155,9 +234,13 @@ def assert_forms_agree(
       An :class:`Agreement` with the per-form errors and results.
 
     Raises:
-      AssertionError: a form differs from the reference or from another form
-        in structure, shape, dtype or value; the message names the form, the
-        output, the worst index, both values and the tolerance.
+      AssertionError: a form differs from the reference (or from the first
+        form) in structure, shape, dtype or value. The message first names
+        the forms that disagree and those that agree, then one line per
+        output: the worst index, both values, the difference and what was
+        allowed; then the tolerance used and the inputs.
+      TypeError, ValueError: ``recipe_or_forms`` is neither a recipe nor a
+        mapping of at least two callables.
 
     Examples:
       >>> import numpy as np
@@ -167,28 +250,17 @@ def assert_forms_agree(
       >>> report = assert_forms_agree(cx.RECIPES["psum"], x)
       >>> report.forms
       ('pmap', 'shard_map', 'jit', 'reference')
+      >>> assert_forms_agree({"jit": lambda x: x.sum(0) * 2,
+      ...                     "reference": lambda x: x.sum(0)}, x)
+      Traceback (most recent call last):
+      ...
+      AssertionError: forms: jit disagrees with the reference.
+        jit vs reference, output: 2 of 2 elements differ; worst at index (1,): ...
     """
-    if isinstance(recipe_or_forms, Recipe):
-        recipe = recipe_or_forms
-        forms: Mapping[str, Callable[..., Any]] = recipe.forms(mesh=mesh, axis=axis)
-        if n_terms is None:
-            n_terms = recipe.n_terms(recipe.axes(mesh, axis))
-        label = f"recipe {recipe.name!r}"
-    elif isinstance(recipe_or_forms, Mapping):
-        forms = dict(recipe_or_forms)
-        if len(forms) < 2:
-            raise ValueError(
-                f"recipe_or_forms: need at least two forms to compare, got "
-                f"{list(forms)}. Fix: pass e.g. {{'shard_map': f, 'reference': ref}}.")
-        for name, fn in forms.items():
-            if not callable(fn):
-                raise TypeError(f"recipe_or_forms[{name!r}]: expected a callable, got "
-                                f"{fn!r}.")
-        label = "forms"
-    else:
-        raise TypeError(
-            "recipe_or_forms: expected a collectives.Recipe or a mapping of form "
-            f"names to callables, got {type(recipe_or_forms).__name__}.")
+    forms, label, recipe = _bind_forms(recipe_or_forms, mesh, axis)
+    if recipe is not None and n_terms is None:
+        n_terms = recipe.n_terms(recipe.axes(mesh, axis))
+    n_terms = 1 if n_terms is None else n_terms
     order = [n for n in (*FORMS, *forms) if n in forms and n != REFERENCE]
     order = list(dict.fromkeys(order)) + ([REFERENCE] if REFERENCE in forms else [])
     results: dict[str, Any] = {}
@@ -199,53 +271,92 @@ def assert_forms_agree(
             err.add_note(f"(raised by form {name!r} of {label})")
             raise
     dtype = _result_dtype(results)
-    default_rtol, unit_atol = tolerance(dtype, 1 if n_terms is None else n_terms)
+    default_rtol, unit_atol = tolerance(dtype, n_terms)
+    scale = _input_scale(args)
+    given = (rtol is not None, atol is not None)
     rtol = default_rtol if rtol is None else float(rtol)
-    atol = unit_atol * _input_scale(args) if atol is None else float(atol)
-    problems: list[str] = []
-    max_error: dict[str, float] = {}
+    atol = unit_atol * scale if atol is None else float(atol)
     computed = [n for n in order if n != REFERENCE]
-    first = computed[0] if computed else None
-    for name in computed[1:]:
-        errors, found = _compare_results(name, results[name], first, results[first],
-                                         2 * rtol, 2 * atol, check_dtype=True)
-        problems += found
-        max_error[name] = errors
-    if REFERENCE in results:
-        for name in computed:
-            errors, found = _compare_results(name, results[name], REFERENCE,
-                                             results[REFERENCE], rtol, atol,
-                                             check_dtype=False)
+    has_reference = REFERENCE in results
+    against = REFERENCE if has_reference else computed[0]
+    factor = 1 if has_reference else 2
+    problems: list[str] = []
+    wrong: list[str] = []
+    max_error: dict[str, float] = {} if has_reference else {against: 0.0}
+    for name in computed:
+        if name == against:
+            continue
+        error, found = _compare_results(name, results[name], against,
+                                        results[against], factor * rtol,
+                                        factor * atol)
+        max_error[name] = error
+        if found:
+            wrong.append(name)
             problems += found
-            max_error[name] = errors
-    elif first is not None:
-        max_error[first] = 0.0
+    problems += _dtype_problems(computed, results)
     if problems:
+        agree = [n for n in computed if n not in wrong and n != against]
+        one = len(wrong) == 1
+        if not wrong:
+            head = "forms differ in dtype"
+        elif has_reference:
+            head = (f"{', '.join(wrong)} {'disagrees' if one else 'disagree'} with "
+                    "the reference")
+        else:
+            head = (f"{', '.join(wrong)} {'differs' if one else 'differ'} from "
+                    f"{against} (no reference given)")
+        if agree:
+            head += f"; {', '.join(agree)} {'agrees' if len(agree) == 1 else 'agree'}"
+        tol = _describe_tolerance(dtype, rtol, atol, given=given, n_terms=n_terms,
+                                  scale=scale, pairwise=not has_reference)
         raise AssertionError(
-            f"{label}: forms disagree ({describe_tolerance(dtype, rtol, atol)}; "
-            f"inputs {_describe_args(args)}):\n  " + "\n  ".join(problems))
+            f"{label}: {head}.\n  " + "\n  ".join(problems)
+            + f"\n  tolerance: {tol}\n  inputs: {_describe_args(args)}")
     return Agreement(forms=tuple(order), max_error=max_error, rtol=rtol, atol=atol,
                      results=results)
 
 
+def _dtype_problems(computed: list[str], results: Mapping[str, Any]) -> list[str]:
+    """Forms must return the same dtypes (the reference may compute wider)."""
+    problems = []
+    first = computed[0]
+    first_leaves = jax.tree_util.tree_flatten_with_path(results[first])[0]
+    for name in computed[1:]:
+        leaves = jax.tree_util.tree_flatten_with_path(results[name])[0]
+        if len(leaves) != len(first_leaves):
+            continue  # reported as a structure difference
+        for (path, a), (_, b) in zip(leaves, first_leaves, strict=True):
+            if np.dtype(a.dtype) != np.dtype(b.dtype):
+                problems.append(
+                    f"{name} vs {first}, {_output(path)}: dtype "
+                    f"{np.dtype(a.dtype).name} != {np.dtype(b.dtype).name}")
+    return problems
+
+
+def _output(path: Any) -> str:
+    """``output`` for a single array, ``output['loss']`` inside a pytree."""
+    return "output" + jax.tree_util.keystr(path)
+
+
 def _compare_results(name: str, result: Any, other: str, other_result: Any,
-                     rtol: float, atol: float, *, check_dtype: bool
-                     ) -> tuple[float, list[str]]:
+                     rtol: float, atol: float) -> tuple[float, list[str]]:
     """The worst difference between two results and every problem found."""
-    leaves, tree = jax.tree_util.tree_flatten(result)
-    other_leaves, other_tree = jax.tree_util.tree_flatten(other_result)
+    tree = jax.tree_util.tree_structure(result)
+    other_tree = jax.tree_util.tree_structure(other_result)
     if tree != other_tree:
         return float("inf"), [f"{name}: output structure {tree} != {other}'s "
                               f"{other_tree}"]
+    leaves = jax.tree_util.tree_flatten_with_path(result)[0]
+    other_leaves = jax.tree_util.tree_flatten_with_path(other_result)[0]
     worst = 0.0
     problems = []
-    for index, (a, b) in enumerate(zip(leaves, other_leaves, strict=True)):
-        if check_dtype and np.dtype(a.dtype) != np.dtype(b.dtype):
-            problems.append(f"{name} vs {other}, output {index}: dtype "
-                            f"{np.dtype(a.dtype).name} != {np.dtype(b.dtype).name}")
-            continue
+    for (path, a), (_, b) in zip(leaves, other_leaves, strict=True):
         err, why = compare_arrays(a, b, rtol=rtol, atol=atol)
         worst = max(worst, err)
         if why:
-            problems.append(f"{name} vs {other}, output {index}: {why}")
+            reshaped = np.size(a) == np.size(b) and np.shape(a) != np.shape(b)
+            if "pmap" in (name, other) and reshaped:
+                why += ("; a pmap form must return the global view: reshape pmap's "
+                        "(devices, *block) output to the global shape")
+            problems.append(f"{name} vs {other}, {_output(path)}: {why}")
     return worst, problems

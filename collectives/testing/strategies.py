@@ -1,90 +1,166 @@
 """Hypothesis strategies that draw only valid sharded test cases.
 
-Every strategy here draws meshes that fit the available devices, axis names
-that exist in the mesh and shapes that divide evenly, so a failing example is
-a real bug, never a malformed input.
+Every strategy here draws meshes that fit the available devices, partition
+specs whose axes exist in the mesh (each mesh axis used at most once), global
+shapes that divide evenly by the mesh axes that shard them, and array values
+that the dtype holds, so a failing example is a real bug, never a malformed
+input. The strategies are small ``@composite`` functions; combine them
+freely::
+
+    @given(sharded_arrays(mesh=meshes(names=("data",)), spec=P("data")))
+    def test_my_function(case):
+        mesh, spec, x = case          # x: a NumPy array whose dim 0 splits over "data"
+        ...
+
+Requires ``hypothesis`` (in the ``test`` extra). Device counts are looked up
+when a strategy draws, not when it is built, so building strategies at import
+time never starts JAX's backends.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
+from collections.abc import Callable
 from collections.abc import Sequence
 from typing import Any
+from typing import NamedTuple
 
 import jax
 import numpy as np
 from hypothesis import strategies as st
-from hypothesis.extra import numpy as hnp
+from jax.sharding import Mesh
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
-from collectives._devices import make_mesh
+from collectives._arrays import dtype_kind
+from collectives._arrays import is_shape
 from collectives._forms import Recipe
-from collectives._forms import dtype_kind
-from collectives._forms import is_shape
+from collectives.testing._layouts import MESH_NAMES
+from collectives.testing._layouts import MESH_SHAPES
+from collectives.testing._layouts import MESH_SHAPES_3D
+from collectives.testing._layouts import _axis_options
+from collectives.testing._layouts import _check_spec
+from collectives.testing._layouts import _mesh
+from collectives.testing._layouts import collective_axes
+from collectives.testing._layouts import meshes
+from collectives.testing._layouts import partition_specs
+from collectives.testing._layouts import sharded_shapes
+from collectives.testing._values import arrays
+from collectives.testing._values import exact_values
 
-MESH_SHAPES: tuple[tuple[int, ...], ...] = (
-    (1,), (2,), (4,), (8,), (2, 2), (2, 4), (4, 2))
-"""Mesh shapes drawn by default: 1-D up to 8 devices, and 2-D."""
-
-MESH_NAMES = ("i", "j", "k")
+__all__ = [
+    "DTYPES",
+    "MESH_NAMES",
+    "MESH_SHAPES",
+    "MESH_SHAPES_3D",
+    "RecipeCase",
+    "ShardedCase",
+    "arrays",
+    "collective_axes",
+    "exact_values",
+    "meshes",
+    "partition_specs",
+    "recipe_cases",
+    "sharded_arrays",
+    "sharded_shapes",
+]
 
 DTYPES: tuple[str, ...] = ("float32", "int32", "float16", "bfloat16")
 """Dtypes drawn by default (float64 needs x64; test it separately)."""
 
 
-@functools.cache
-def _mesh(shape: tuple[int, ...]) -> jax.sharding.Mesh:
-    return make_mesh(shape, MESH_NAMES[: len(shape)])
+class ShardedCase(NamedTuple):
+    """A drawn ``(mesh, spec, array)``: ``array`` is global and shards evenly.
+
+    Unpacks as ``mesh, spec, x = case``.
+    """
+
+    mesh: Mesh
+    spec: P
+    array: np.ndarray
+
+    @property
+    def sharding(self) -> NamedSharding:
+        """``NamedSharding(mesh, spec)``."""
+        return NamedSharding(self.mesh, self.spec)
+
+    def put(self) -> jax.Array:
+        """The array placed on the mesh: ``jax.device_put(array, sharding)``."""
+        return jax.device_put(self.array, self.sharding)
+
+
+SpecArg = P | Callable[[Mesh], P] | st.SearchStrategy[P] | None
 
 
 @st.composite
-def meshes(draw: st.DrawFn, max_devices: int | None = None,
-           ndim: int | None = None) -> jax.sharding.Mesh:
-    """Meshes from :data:`MESH_SHAPES` that fit the devices, axes ``i, j``.
+def sharded_arrays(draw: st.DrawFn, *,
+                   mesh: Mesh | st.SearchStrategy[Mesh] | None = None,
+                   spec: SpecArg = None, ndim: int | None = None,
+                   dtype: Any = "float32", exact: bool = False,
+                   max_devices: int | None = None, min_block: int = 1,
+                   max_block: int = 3, min_value: float | None = None,
+                   max_value: float | None = None) -> ShardedCase:
+    """A mesh, a partition spec and a global array that the spec shards evenly.
 
     Args:
-      max_devices: the most devices a mesh may use (default: all devices).
-      ndim: only meshes with this many axes (default: any).
+      mesh: a fixed mesh or a strategy of meshes (default ``meshes(max_devices)``).
+      spec: a fixed spec, ``spec(mesh)`` giving one, a strategy of specs, or
+        ``None`` to draw any valid spec (``partition_specs``).
+      ndim: the array rank (default: ``len(spec)`` for a fixed spec, else
+        drawn from 1 to 3).
+      dtype: a dtype or a strategy of dtypes (see :func:`arrays`).
+      exact: small integer values only (see :func:`arrays`).
+      max_devices: the most devices a drawn mesh may use.
+      min_block, max_block: bounds on each block dimension.
+      min_value, max_value: bounds on the values (see :func:`arrays`).
+
+    Returns:
+      A strategy of :class:`ShardedCase`.
+
+    Raises:
+      ValueError: (when drawing) a given spec names an axis the mesh lacks.
+
+    Examples:
+      >>> import jax
+      >>> from hypothesis import given
+      >>> from collectives.testing.strategies import sharded_arrays
+      >>> @given(sharded_arrays(dtype="bfloat16", exact=True))
+      ... def check(case):
+      ...     mesh, spec, x = case
+      ...     assert jax.device_put(x, case.sharding).shape == x.shape
+      >>> check()
     """
-    limit = jax.device_count() if max_devices is None else max_devices
-    shapes = [s for s in MESH_SHAPES
-              if int(np.prod(s)) <= limit and (ndim is None or len(s) == ndim)]
-    if not shapes:
-        raise ValueError(
-            f"meshes(max_devices={limit}, ndim={ndim}): no mesh shape fits; "
-            f"shapes known: {MESH_SHAPES}.")
-    return _mesh(draw(st.sampled_from(shapes)))
+    if mesh is None:
+        mesh = meshes(max_devices)
+    if isinstance(mesh, st.SearchStrategy):
+        mesh = draw(mesh)
+    if not isinstance(mesh, Mesh):
+        raise TypeError(f"sharded_arrays(mesh=...): expected a Mesh or a strategy of "
+                        f"meshes, got {mesh!r}.")
+    if spec is None:
+        rank = draw(st.integers(1, 3)) if ndim is None else ndim
+        spec = draw(partition_specs(mesh, rank))
+    else:
+        if isinstance(spec, st.SearchStrategy):
+            spec = draw(spec)
+        elif callable(spec) and not isinstance(spec, P):
+            spec = spec(mesh)
+        spec = _check_spec(mesh, spec, "sharded_arrays(spec=...)")
+        rank = max(len(spec), 1) if ndim is None else ndim
+    shape = draw(sharded_shapes(mesh, spec, rank, min_block=min_block,
+                                max_block=max_block))
+    array = draw(arrays(shape, dtype, exact=exact, min_value=min_value,
+                        max_value=max_value))
+    return ShardedCase(mesh, spec, array)
 
 
-def _axis_options(mesh: jax.sharding.Mesh) -> list[Any]:
-    names = tuple(mesh.axis_names)
-    options: list[Any] = [None, *names]
-    if len(names) > 1:
-        options += [names, tuple(reversed(names))]
-    return options
-
-
-def collective_axes(mesh: jax.sharding.Mesh) -> st.SearchStrategy[Any]:
-    """An ``axis`` argument for ``mesh``: ``None`` (all axes), one axis name,
-    or a tuple of axis names in either order."""
-    return st.sampled_from(_axis_options(mesh))
-
-
-def exact_values(draw: st.DrawFn, shape: tuple[int, ...], dtype: Any
-                 ) -> np.ndarray:
-    """Small integers in ``[-8, 8]`` as ``dtype``: exact in every float dtype."""
-    dtype = np.dtype(jax.dtypes.canonicalize_dtype(dtype))
-    low = 0 if dtype_kind(dtype) == "bool" else -8
-    high = 1 if dtype_kind(dtype) == "bool" else 8
-    values = draw(hnp.arrays(np.int8, shape, elements=st.integers(low, high)))
-    return values.astype(dtype)
-
+# -- recipes -----------------------------------------------------------------
 
 @dataclasses.dataclass(frozen=True)
 class RecipeCase:
     """A drawn case: run ``recipe`` on ``args`` over ``mesh`` and ``axis``."""
 
-    mesh: jax.sharding.Mesh
+    mesh: Mesh
     axis: Any
     dtype: str
     args: tuple[Any, ...]
