@@ -31,6 +31,8 @@ from collectives._permute import check_permutation
 from collectives._permute import permute
 from collectives._permute import ring_shift
 from collectives._registry import RECIPES
+from collectives.hlo import CollectiveStats
+from collectives.hlo import collective_stats
 
 __version__ = "0.1.0"
 
@@ -39,10 +41,12 @@ __all__ = [
     "RECIPES",
     "Axes",
     "CheckResult",
+    "CollectiveStats",
     "Recipe",
     "ReplicationError",
     "check",
     "check_permutation",
+    "collective_stats",
     "make_mesh",
     "permute",
     "ring_shift",

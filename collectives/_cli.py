@@ -1,4 +1,4 @@
-"""``python -m collectives``: list, show, run and check the recipes."""
+"""``python -m collectives``: list, show, run, check and bench."""
 
 from __future__ import annotations
 
@@ -88,6 +88,13 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 0 if rows and all(row.ok for row in rows) else 1
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    _setup(args)
+    from collectives import bench
+
+    return bench.main(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m collectives",
@@ -112,6 +119,17 @@ def build_parser() -> argparse.ArgumentParser:
                        help="every recipe in every form vs the NumPy oracle")
     add_check_arguments(p)
     p.set_defaults(func=cmd_check)
+
+    from collectives.bench import add_arguments as add_bench_arguments
+
+    p = sub.add_parser(
+        "bench", parents=[devices],
+        help="nccl-tests-style benchmark of every collective in every form",
+        description="Time collectives over a size sweep (-b 1K -e 4M -f 4) in "
+                    "each form, with algbw, busbw, a same-run copy as the limit "
+                    "and #wrong against the NumPy oracle.")
+    add_bench_arguments(p)
+    p.set_defaults(func=cmd_bench)
 
     return parser
 

@@ -1,0 +1,384 @@
+"""An nccl-tests-style benchmark of every collective in every form.
+
+``python -m collectives bench`` sweeps buffer sizes (``-b 8 -e 64M -f 2``, as
+nccl-tests' ``all_reduce_perf``) and, for each collective and form (pmap,
+shard_map, jit, and the ring built from ``ppermute`` where one exists),
+prints one row:
+
+* ``size`` and ``count``: ``S`` in bytes and elements, by nccl-tests'
+  convention (the buffer per device for all-reduce, all-to-all and permute;
+  the whole gathered output for all-gather; the whole unscattered input for
+  reduce-scatter);
+* ``iters``: collectives run inside one compiled call (a ``fori_loop`` with a
+  runtime trip count), so dispatch is amortised out of the figure; picked
+  to make a call last ``--min-time`` unless ``-n`` fixes it;
+* ``time``: the median over ``-r`` timed calls of call time / ``iters``;
+  ``spread``: the interquartile range of those samples over the median;
+* ``algbw = S / time`` and ``busbw = algbw * factor`` with nccl-tests'
+  factors (all-reduce ``2(n-1)/n``; all-gather, reduce-scatter and
+  all-to-all ``(n-1)/n``; permute 1), in GB/s (1e9 bytes per second);
+* ``busbw/copy``: busbw over the bandwidth of a memcpy-style pass over the
+  same ``S`` bytes on every device, measured in the same run (the ``copy``
+  rows): on simulated CPU devices a collective is memory traffic, so the copy
+  is its practical limit;
+* ``#wrong``: elements that differ from the NumPy oracle, counted on every
+  device's copy of the output after one collective (nccl-tests' check).
+
+``--json FILE`` writes the rows with the schema :data:`SCHEMA`;
+``--plot FILE`` draws busbw against size (needs matplotlib: the ``bench``
+extra). ``--overhead`` measures ratios instead: recipe shard_map form / bare
+``shard_map(lax.<op>)``, jit / shard_map and pmap with host input / device
+input, with the calls interleaved so drift cancels.
+
+Examples:
+  >>> from collectives.bench import parse_size, size_sweep
+  >>> parse_size("64M"), parse_size("1K"), parse_size("8")
+  (67108864, 1024, 8)
+  >>> size_sweep(1024, 16384, 4)
+  [1024, 4096, 16384]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+from typing import TextIO
+
+import jax
+import numpy as np
+
+from collectives import _bench_cases
+from collectives import _bench_report
+from collectives._bench_cases import BENCH_FORMS
+from collectives._bench_cases import DEFAULT_COLLECTIVES
+from collectives._bench_overhead import OVERHEAD_COLLECTIVES
+from collectives._bench_overhead import run_overhead
+from collectives._bench_report import SCHEMA
+from collectives._bench_report import SCHEMA_ID
+from collectives._bench_report import schema_errors
+from collectives._bench_timing import Timing
+from collectives._bench_timing import measure
+from collectives._devices import make_mesh
+from collectives.hlo import bus_factor
+
+__all__ = ["BENCH_FORMS", "DEFAULT_COLLECTIVES", "SCHEMA", "add_arguments", "main",
+           "parse_size", "run", "schema_errors", "size_sweep"]
+
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def parse_size(text: str) -> int:
+    """Bytes from ``8``, ``1K``, ``64M`` or ``1G`` (powers of 1024, as nccl-tests).
+
+    Raises:
+      ValueError: the text is not a positive size.
+    """
+    match = re.fullmatch(r"\s*(\d+)\s*([KMG]?)B?\s*", str(text), re.IGNORECASE)
+    if not match or int(match.group(1)) < 1:
+        raise ValueError(
+            f"size: expected a positive number of bytes with an optional K, M or G "
+            f"suffix (e.g. 8, 1K, 64M), got {text!r}.")
+    return int(match.group(1)) * _UNITS[match.group(2).upper()]
+
+
+def size_sweep(begin: int, end: int, factor: float) -> list[int]:
+    """``begin, begin*factor, ...`` up to ``end`` (nccl-tests' ``-b -e -f``)."""
+    if begin > end:
+        raise ValueError(f"-b {begin} is larger than -e {end}. Fix: swap them.")
+    if factor <= 1 and begin != end:
+        raise ValueError(f"-f {factor}: the step factor must be above 1.")
+    sizes, size = [], float(begin)
+    while size <= end:
+        sizes.append(int(size))
+        if factor <= 1:
+            break
+        size *= factor
+    return sizes
+
+
+def machine_info() -> dict[str, Any]:
+    """What the numbers were measured on."""
+    devices = jax.devices()
+    return {
+        "backend": jax.default_backend(), "device_kind": devices[0].device_kind,
+        "devices": len(devices), "simulated": jax.default_backend() == "cpu",
+        "jax": jax.__version__, "python": platform.python_version(),
+        "cpu_count": os.cpu_count(),
+    }
+
+
+def _row(case: _bench_cases.Case, form: str, timing: Timing, wrong: int,
+         copy_bw: float | None) -> dict[str, Any]:
+    seconds = timing.median
+    algbw = case.size / seconds / 1e9
+    factor = 1.0 if form == "copy" else bus_factor(case.kind, case.axes.size)
+    busbw = algbw * factor
+    return {
+        "collective": case.collective,
+        "kind": "copy" if form == "copy" else case.kind, "form": form,
+        "size": case.size, "count": case.count, "type": case.dtype,
+        "devices": case.axes.size, "iters": timing.iters, "time_us": seconds * 1e6,
+        "time_us_samples": [t * 1e6 for t in timing.samples],
+        "spread": timing.spread, "algbw_gbps": algbw, "busbw_gbps": busbw,
+        "copy_fraction": busbw / copy_bw if copy_bw else None, "wrong": wrong,
+    }
+
+
+def _dtype_name(dtype: Any) -> str:
+    try:
+        return np.dtype(jax.dtypes.canonicalize_dtype(dtype)).name
+    except TypeError:
+        raise ValueError(
+            f"--dtype: {dtype!r} is not a dtype; use a NumPy name such as "
+            "float32, bfloat16 or int32.") from None
+
+
+def _check_names(collectives: Sequence[str], forms: Sequence[str]) -> None:
+    for form in forms:
+        if form not in BENCH_FORMS:
+            raise ValueError(f"--forms: unknown form {form!r}; choose from "
+                             f"{', '.join(BENCH_FORMS)}.")
+    for name in collectives:
+        if name not in _bench_cases.KIND:
+            raise ValueError(f"--collectives: unknown collective {name!r}; choose "
+                             f"from {', '.join(_bench_cases.KIND)}.")
+
+
+def run(collectives: Sequence[str] = DEFAULT_COLLECTIVES,
+        forms: Sequence[str] = BENCH_FORMS, *, dtype: Any = "float32",
+        sizes: Sequence[int] = (1024,), samples: int = 5, warmup: int = 1,
+        iters: int | None = None, min_time: float = 0.01,
+        out: TextIO | None = None, progress: TextIO | None = None
+        ) -> dict[str, Any]:
+    """Run the sweep on a 1-D mesh over every device; return the JSON document.
+
+    Args:
+      collectives: recipe names (``psum``, ``all_gather``, ...).
+      forms: among ``pmap``, ``shard_map``, ``jit``, ``ring``.
+      dtype: element type of every buffer.
+      sizes: target sizes ``S`` in bytes (rounded to whole elements per device).
+      samples: timed calls per row (median and spread over them).
+      warmup: untimed calls per row after calibration.
+      iters: collectives per call; ``None`` picks enough for ``min_time``.
+      min_time: target seconds per timed call when ``iters`` is ``None``.
+      out: where the table is printed as rows complete (``None``: nowhere).
+      progress: where progress lines go (``None``: nowhere).
+
+    Returns:
+      A dict matching :data:`SCHEMA`.
+
+    Raises:
+      ValueError: an unknown collective or form.
+
+    Examples:
+      >>> from collectives import bench
+      >>> doc = bench.run(["psum"], ["shard_map"], sizes=[64], samples=1,
+      ...                 warmup=0, iters=2)
+      >>> [(r["form"], r["size"], r["count"], r["wrong"]) for r in doc["results"]]
+      [('copy', 64, 16, 0), ('shard_map', 64, 16, 0)]
+      >>> bench.schema_errors(doc)
+      []
+    """
+    _check_names(collectives, forms)
+    dtype_name = _dtype_name(dtype)
+    axes = _bench_cases.RECIPES["psum"].axes(make_mesh((jax.device_count(),), "i"))
+    timing_args = dict(samples=samples, warmup=warmup, iters=iters, min_time=min_time)
+    machine = machine_info()
+
+    def show(line: str) -> None:
+        if out is not None:
+            print(line, file=out, flush=True)
+
+    show(f"# collectives bench: {machine['devices']} {machine['backend']} devices"
+         f"{' (simulated)' if machine['simulated'] else ''}, JAX {machine['jax']}, "
+         f"{dtype_name}, {samples} samples, warm-up {warmup}, iters "
+         f"{iters or f'auto (>= {1000 * min_time:g} ms per call)'}")
+    rows: list[dict[str, Any]] = []
+    skipped: list[dict[str, str]] = []
+    start, done, total = time.perf_counter(), 0, len(collectives) * len(sizes)
+    for name in collectives:
+        kind = _bench_cases.KIND[name]
+        show(f"#\n# {name} ({kind}): busbw = algbw * {bus_factor(kind, axes.size):.4g}"
+             f" on {axes.size} devices")
+        for line in _bench_report.header_lines():
+            show(line)
+        for form in forms:
+            reason = _bench_cases.plan(name, form, axes, sizes[0], dtype_name)
+            if isinstance(reason, str):
+                skipped.append({"collective": name, "form": form, "reason": reason})
+                show(f"#   {form}: skipped, {reason}")
+        counts: dict[str, tuple[int, int]] = {}
+        for target in sizes:
+            planned = [_bench_cases.plan(name, form, axes, target, dtype_name)
+                       for form in forms]
+            cases = [case for case in planned if not isinstance(case, str)]
+            if cases:
+                new_rows, counts = _one_size(cases, timing_args, counts)
+                for row in new_rows:
+                    rows.append(row)
+                    show(_bench_report.format_row(row))
+            done += 1
+            if progress is not None:
+                print(f"# [{done}/{total}] {name} {target} B done, "
+                      f"{time.perf_counter() - start:.0f} s", file=progress, flush=True)
+        averages = _bench_report.averages([r for r in rows if r["collective"] == name])
+        show("# Avg bus bandwidth (GB/s): " + ", ".join(
+            f"{form} {bw:.3f}" for form, bw in averages.get(name, {}).items()))
+    measured = [r for r in rows if r["form"] != "copy"]
+    wrong = sum(r["wrong"] for r in rows)
+    avg = sum(r["busbw_gbps"] for r in measured) / len(measured) if measured else None
+    show("#")
+    show(f"# Out of bounds values : {wrong} {'OK' if wrong == 0 else 'FAILED'}")
+    show(f"# Avg bus bandwidth    : {avg or 0:.4f} GB/s (every row but copy)")
+    return {
+        "schema": SCHEMA_ID, "machine": machine,
+        "settings": {"collectives": list(collectives), "forms": list(forms),
+                     "dtype": dtype_name, "sizes": [int(s) for s in sizes],
+                     "samples": samples, "warmup": warmup, "iters": iters,
+                     "min_time_s": min_time},
+        "results": rows, "skipped": skipped,
+        "summary": {"avg_busbw_gbps": avg, "wrong": wrong,
+                    "by_collective": _bench_report.averages(rows)},
+    }
+
+
+def _one_size(cases: list[_bench_cases.Case], timing_args: dict[str, Any],
+              counts: dict[str, tuple[int, int]]
+              ) -> tuple[list[dict[str, Any]], dict[str, tuple[int, int]]]:
+    """The copy row and one row per form for one collective at one size.
+
+    ``counts`` maps each form to the (iters, size) calibrated at the previous
+    size; calibration starts from there, scaled to this size.
+    """
+    first = cases[0]
+    copy_call, copy_x, _ = _bench_cases.bind_copy(first.axes, first.size, first.dtype)
+    calls = {"copy": copy_call}
+    wrong = {"copy": _bench_cases.count_wrong(copy_call(1), copy_x, 0.0, 0.0)}
+    inputs: dict[tuple[int, ...], np.ndarray] = {}
+    for case in cases:
+        if case.shape not in inputs:
+            inputs[case.shape] = _bench_cases.make_input(case.shape, case.dtype)
+        x = inputs[case.shape]
+        calls[case.form], expected = _bench_cases.bind(case, x)
+        wrong[case.form] = _bench_cases.check(case, calls[case.form], expected, x)
+    guess = {form: max(1, round(n * size / first.size))
+             for form, (n, size) in counts.items()}
+    # The copy and every form are timed turn by turn (see measure).
+    timings = measure(calls, **timing_args, guess=guess)
+    copy_row = _row(first, "copy", timings["copy"], wrong["copy"], None)
+    copy_row["copy_fraction"] = 1.0
+    rows = [copy_row] + [
+        _row(case, case.form, timings[case.form], wrong[case.form],
+             copy_row["busbw_gbps"]) for case in cases]
+    return rows, {form: (t.iters, first.size) for form, t in timings.items()}
+
+
+# -- the command line ----------------------------------------------------------
+
+def _size_arg(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``bench`` flags, named after nccl-tests' where they exist."""
+    parser.add_argument(
+        "-c", "--collectives", nargs="+", metavar="NAME",
+        help=f"collectives to time (default: {' '.join(DEFAULT_COLLECTIVES)}; also "
+        "pmean, pmax, pmin, all_gather_stacked; with --overhead: every core "
+        "recipe)")
+    parser.add_argument(
+        "--forms", nargs="+", default=list(BENCH_FORMS), metavar="FORM",
+        help=f"forms to time (default: {' '.join(BENCH_FORMS)}; ring = the ring "
+        "built from ppermute, where one exists)")
+    parser.add_argument("-d", "--dtype", default="float32",
+                        help="element type (default: %(default)s)")
+    parser.add_argument("-b", "--minbytes", type=_size_arg, default=parse_size("1K"),
+                        metavar="SIZE", help="smallest size S (default: 1K)")
+    parser.add_argument("-e", "--maxbytes", type=_size_arg, default=parse_size("4M"),
+                        metavar="SIZE", help="largest size S (default: 4M)")
+    parser.add_argument("-f", "--stepfactor", type=float, default=4.0, metavar="F",
+                        help="multiply the size by F each step (default: 4)")
+    parser.add_argument("-n", "--iters", type=int, default=None, metavar="N",
+                        help="collectives inside one timed call (default: enough "
+                        "for --min-time)")
+    parser.add_argument("-w", "--warmup", type=int, default=1, metavar="N",
+                        help="untimed calls before timing (default: 1)")
+    parser.add_argument("-r", "--samples", type=int, default=5, metavar="N",
+                        help="timed calls; median and spread over them (default: 5)")
+    parser.add_argument("--min-time", type=float, default=0.01, metavar="SECONDS",
+                        help="target duration of one timed call (default: 0.01)")
+    parser.add_argument("--json", metavar="FILE", help="write the results as JSON")
+    parser.add_argument("--plot", metavar="FILE",
+                        help="draw busbw against size (needs the bench extra)")
+    parser.add_argument("--overhead", action="store_true",
+                        help="measure overhead ratios instead of the size sweep")
+    parser.add_argument("--overhead-size", type=_size_arg, default=parse_size("64K"),
+                        metavar="SIZE", help="buffer per device for --overhead "
+                        "(default: 64K)")
+    parser.add_argument("-q", "--quiet", action="store_true",
+                        help="no progress lines on stderr")
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run ``bench`` with parsed arguments; 1 if any result was wrong."""
+    try:
+        return _main(args)
+    except (TypeError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+
+def _main(args: argparse.Namespace) -> int:
+    progress = None if args.quiet else sys.stderr
+    if args.overhead:
+        doc = _overhead_doc(args.collectives or OVERHEAD_COLLECTIVES, args, progress)
+    else:
+        sizes = size_sweep(args.minbytes, args.maxbytes, args.stepfactor)
+        doc = run(args.collectives or DEFAULT_COLLECTIVES, args.forms,
+                  dtype=args.dtype, sizes=sizes,
+                  samples=args.samples, warmup=args.warmup, iters=args.iters,
+                  min_time=args.min_time, out=sys.stdout, progress=progress)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(doc, f, indent=1)
+    if args.plot and doc["results"]:
+        _bench_report.plot(doc, args.plot)
+    return 1 if doc["summary"]["wrong"] else 0
+
+
+def _overhead_doc(names: Sequence[str], args: argparse.Namespace,
+                  progress: TextIO | None) -> dict[str, Any]:
+    axes = _bench_cases.RECIPES["psum"].axes(make_mesh((jax.device_count(),), "i"))
+    say = (lambda line: print(f"# {line}", file=progress, flush=True)) \
+        if progress else None
+    samples = max(args.samples, 31)  # ratios of noisy times need many pairs
+    rows = run_overhead(tuple(names), axes, size=args.overhead_size,
+                        dtype=_dtype_name(args.dtype), samples=samples,
+                        min_time=args.min_time, progress=say)
+    machine = machine_info()
+    print(f"# collectives bench --overhead: {machine['devices']} "
+          f"{machine['backend']} devices, JAX {machine['jax']}, {args.dtype}, "
+          f"{args.overhead_size} B per device, per-call times (dispatch "
+          "included), calls interleaved")
+    for line in _bench_report.format_overhead(rows):
+        print(line)
+    return {
+        "schema": SCHEMA_ID, "machine": machine,
+        "settings": {"collectives": list(names), "forms": ["shard_map", "jit", "pmap"],
+                     "dtype": args.dtype, "sizes": [args.overhead_size],
+                     "samples": samples, "warmup": 1, "iters": 1,
+                     "min_time_s": args.min_time},
+        "results": [], "skipped": [],
+        "summary": {"avg_busbw_gbps": None, "wrong": 0, "by_collective": {}},
+        "overhead": rows,
+    }

@@ -1,0 +1,363 @@
+"""Collective accounting: which collectives a compiled program runs, and their cost.
+
+:func:`collective_stats` compiles a function and reads its compiled HLO text:
+for each collective kind it reports how many ops there are and how many bytes
+each device sends, from the operand shapes, the replica groups and the cost
+model below. Tests use it to pin the exact collectives every form emits, so a
+change that adds one fails a test.
+
+Cost model (bytes each device sends, bandwidth-optimal ring algorithms, ``n``
+devices in the group, ``V`` the size in bytes of the whole logical array):
+
+======================  ===========================  ==============================
+kind                    ``V`` is                     bytes sent per device
+======================  ===========================  ==============================
+``all-reduce``          the buffer every device      ``2 (n-1)/n * V`` (a reduce-
+                        holds (input = output)       scatter, then an all-gather)
+``all-gather``          the gathered output          ``(n-1)/n * V``
+``reduce-scatter``      the unscattered input        ``(n-1)/n * V``
+``all-to-all``          the global array, ``n``      ``(n-1)/n**2 * V``: each device
+                        per-device buffers           keeps 1/n of its buffer
+``collective-permute``  the buffer one device sends  ``V``
+======================  ===========================  ==============================
+
+Sources: NVIDIA nccl-tests ``doc/PERFORMANCE.md`` (the algbw/busbw correction
+factors ``2(n-1)/n``, ``(n-1)/n`` and, for all-to-all on its per-rank size,
+``(n-1)/n``) and the sharding chapter of the JAX scaling book
+(jax-ml/scaling-book ``sharding.md``: all-gather and reduce-scatter cost
+``V/W * (n-1)/n``, all-reduce twice that, all-to-all a fraction of an
+all-gather since each shard travels to one device only). These count bytes
+leaving a device, not link hops: on a bidirectional ring the scaling book's
+all-to-all figure (a quarter of an all-gather) also charges the hops that
+relay a chunk.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from collections.abc import Callable
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+
+KINDS: tuple[str, ...] = (
+    "all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
+"""The collective kinds counted, as XLA names their HLO opcodes."""
+
+
+def bus_factor(kind: str, n: int) -> float:
+    """nccl-tests' correction from algorithm to bus bandwidth for ``n`` devices.
+
+    ``busbw = algbw * bus_factor`` where ``algbw = S / t`` and ``S`` is the size
+    nccl-tests reports: the buffer for all-reduce, the whole array for
+    all-gather and reduce-scatter, one device's buffer for all-to-all and
+    permute.
+
+    Examples:
+      >>> from collectives.hlo import bus_factor
+      >>> bus_factor("all-reduce", 8), bus_factor("all-gather", 8)
+      (1.75, 0.875)
+    """
+    _check_kind(kind)
+    if n < 1:
+        raise ValueError(f"n: expected at least 1 device, got {n}.")
+    if kind == "all-reduce":
+        return 2 * (n - 1) / n
+    if kind == "collective-permute":
+        return 1.0
+    return (n - 1) / n
+
+
+def bytes_moved(kind: str, size: float, n: int) -> float:
+    """Bytes each device sends in one collective, by the cost model above.
+
+    Args:
+      kind: one of :data:`KINDS`.
+      size: ``V``, the size in bytes of the whole logical array (see the
+        module docstring for what that is per kind).
+      n: the number of devices in the group.
+
+    Returns:
+      The bytes one device sends.
+
+    Examples:
+      >>> from collectives.hlo import bytes_moved
+      >>> bytes_moved("all-reduce", 1024, 8)
+      1792.0
+      >>> bytes_moved("all-to-all", 1024, 8)
+      112.0
+    """
+    factor = bus_factor(kind, n)
+    if kind == "all-to-all":
+        return factor * size / n
+    return factor * size
+
+
+@dataclasses.dataclass(frozen=True)
+class Collective:
+    """One collective op in a compiled program.
+
+    Attributes:
+      kind: one of :data:`KINDS` (async ``-start``/``-done`` pairs are one op).
+      name: the instruction's name in the HLO text.
+      group_size: devices per replica group (``n`` in the cost model); for
+        a permute, the number of source-target pairs.
+      operand_bytes: bytes each device passes in.
+      size: ``V`` of the cost model, in bytes.
+      bytes: bytes each device sends, ``bytes_moved(kind, size, group_size)``.
+    """
+
+    kind: str
+    name: str
+    group_size: int
+    operand_bytes: int
+    size: int
+    bytes: float
+
+
+@dataclasses.dataclass(frozen=True)
+class CollectiveStats:
+    """The collectives of one compiled program, with counts and bytes per kind.
+
+    Attributes:
+      ops: every collective op found, in program order.
+      text: the compiled HLO text it was read from (not in the repr).
+    """
+
+    ops: tuple[Collective, ...]
+    text: str = dataclasses.field(default="", repr=False, compare=False)
+
+    def count(self, kind: str | None = None) -> int:
+        """How many ops of ``kind`` (all collectives when ``None``); 0 if absent."""
+        return len(self._of(kind))
+
+    def bytes(self, kind: str | None = None) -> float:
+        """Bytes each device sends in ops of ``kind`` (all when ``None``)."""
+        return float(sum(op.bytes for op in self._of(kind)))
+
+    def counts(self) -> dict[str, int]:
+        """The count of every kind in :data:`KINDS`, zeros included."""
+        return {kind: self.count(kind) for kind in KINDS}
+
+    def nonzero(self) -> dict[str, int]:
+        """The counts of the kinds present, e.g. ``{"all-reduce": 1}``."""
+        return {kind: n for kind, n in self.counts().items() if n}
+
+    def __str__(self) -> str:
+        lines = [f"{'kind':<20} {'count':>5} {'bytes/device':>14}"]
+        for kind in KINDS:
+            lines.append(f"{kind:<20} {self.count(kind):>5} {self.bytes(kind):>14,.0f}")
+        return "\n".join(lines)
+
+    def _of(self, kind: str | None) -> tuple[Collective, ...]:
+        if kind is None:
+            return self.ops
+        _check_kind(kind)
+        return tuple(op for op in self.ops if op.kind == kind)
+
+
+def collective_stats(fn: Callable[..., Any], *args: Any, **kwargs: Any
+                     ) -> CollectiveStats:
+    """Compile ``fn`` for ``args`` and count the collectives in the program.
+
+    Args:
+      fn: a jitted callable (``jax.jit``, ``jax.pmap`` or anything with
+        ``.lower``); other callables are wrapped with ``jax.jit``.
+      *args: example arguments (arrays, placed as the program expects them,
+        or ``jax.ShapeDtypeStruct``).
+      **kwargs: example keyword arguments, likewise.
+
+    Returns:
+      A :class:`CollectiveStats`; ``.count("all-reduce")`` etc.
+
+    Examples:
+      >>> import jax, numpy as np
+      >>> import collectives as cx
+      >>> from collectives.hlo import collective_stats
+      >>> mesh = cx.make_mesh((8,), "i")
+      >>> f = jax.shard_map(lambda x: jax.lax.psum(x, "i"), mesh=mesh,
+      ...                   in_specs=jax.P("i"), out_specs=jax.P())
+      >>> stats = collective_stats(f, np.ones((8, 4), np.float32))
+      >>> stats.count("all-reduce"), stats.count("all-gather")
+      (1, 0)
+      >>> stats.bytes("all-reduce")  # 2 * 7/8 * 16 bytes
+      28.0
+    """
+    if not hasattr(fn, "lower"):
+        if not callable(fn):
+            raise TypeError(
+                f"fn: expected a callable (e.g. a jax.jit function), got {fn!r}.")
+        fn = jax.jit(fn)
+    text = fn.lower(*args, **kwargs).compile().as_text()
+    return parse_collectives(text)
+
+
+# -- reading the HLO text ------------------------------------------------------
+
+_BYTES_PER_ELEMENT: Mapping[str, float] = {
+    "pred": 1, "s2": 0.25, "u2": 0.25, "s4": 0.5, "u4": 0.5, "s8": 1, "u8": 1,
+    "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4, "f32": 4,
+    "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16, "token": 0,
+}
+_INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*)$")
+_ARRAY = re.compile(r"\b([a-z]+[0-9]*[a-z0-9]*)\[([^\]]*)\]")
+_OPCODE = re.compile(r"\s*([a-z][\w\-]*)\(")
+_NAME = re.compile(r"%([\w.\-]+)\s*$")
+_PARTITIONS = re.compile(r"\bnum_partitions=(\d+)")
+_REPLICAS = re.compile(r"\breplica_count=(\d+)")
+
+
+def _check_kind(kind: str) -> None:
+    if kind not in KINDS:
+        raise ValueError(
+            f"kind: expected one of {', '.join(KINDS)}, got {kind!r}. Fix: use "
+            "XLA's opcode name, e.g. 'all-reduce' for lax.psum.")
+
+
+def _closing(text: str, start: int) -> int:
+    """Index just past the bracket that closes the one at ``start``."""
+    depth = 0
+    for i in range(start, len(text)):
+        if text[i] in "([{":
+            depth += 1
+        elif text[i] in ")]}":
+            depth -= 1
+            if depth == 0:
+                return i + 1
+    return len(text)
+
+
+def _split_top(text: str) -> list[str]:
+    """Split at commas outside brackets."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    parts.append(text[start:])
+    return [p.strip() for p in parts if p.strip()]
+
+
+def shape_bytes(shape: str) -> int:
+    """Bytes of an HLO shape string, e.g. ``f32[8,3]{1,0}`` or a tuple of them.
+
+    Examples:
+      >>> from collectives.hlo import shape_bytes
+      >>> shape_bytes("f32[8,3]{1,0}"), shape_bytes("(bf16[4], s8[2,2])")
+      (96, 12)
+    """
+    total = 0.0
+    for dtype, dims in _ARRAY.findall(shape):
+        if dtype not in _BYTES_PER_ELEMENT:
+            if not dtype.startswith("f8") and not dtype.startswith("f4"):
+                continue
+            per = 1.0 if dtype.startswith("f8") else 0.5
+        else:
+            per = _BYTES_PER_ELEMENT[dtype]
+        sizes = [int(d.lstrip("<=")) for d in dims.split(",") if d.strip()]
+        total += per * math.prod(sizes)
+    return int(total)
+
+
+def _group_size(attrs: str, default: int) -> int:
+    match = re.search(r"replica_groups=mesh\[([^\]]*)\][^{]*\{([^}]*)\}", attrs)
+    if match:
+        sizes = dict(re.findall(r"'([^']+)'=(\d+)", match.group(1)))
+        names = re.findall(r"'([^']+)'", match.group(2))
+        return math.prod(int(sizes[n]) for n in names) if names else default
+    match = re.search(r"replica_groups=\[(\d+),(\d+)\]<=", attrs)
+    if match:
+        return int(match.group(2))
+    match = re.search(r"replica_groups=\{\{([^}]*)\}", attrs)
+    if match:
+        return len([d for d in match.group(1).split(",") if d.strip()])
+    return default
+
+
+def _pair_count(attrs: str) -> int:
+    start = attrs.find("source_target_pairs=")
+    if start < 0:
+        return 1
+    start += len("source_target_pairs=")
+    pairs = attrs[start:_closing(attrs, start)]
+    return max(1, len(re.findall(r"\{\s*\d+\s*,\s*\d+\s*\}", pairs)))
+
+
+def _kind(opcode: str) -> str | None:
+    if opcode.endswith("-done"):
+        return None
+    base = opcode.removesuffix("-start")
+    return base if base in KINDS else None
+
+
+def parse_collectives(text: str) -> CollectiveStats:
+    r"""The collectives in compiled HLO text (what ``Compiled.as_text()`` gives).
+
+    Every instruction whose opcode is a collective kind, or its async
+    ``-start`` half, counts once; ``-done`` halves and the ``async-start``
+    wrappers are skipped (the wrapped collective is counted where its
+    computation is printed). Ops inside loop bodies count once.
+
+    Args:
+      text: the HLO module text.
+
+    Returns:
+      A :class:`CollectiveStats`.
+
+    Examples:
+      >>> from collectives.hlo import parse_collectives
+      >>> stats = parse_collectives(
+      ...     "HloModule m, num_partitions=4\n"
+      ...     "  %p = f32[256]{0} parameter(0)\n"
+      ...     "  %s = f32[256]{0} all-reduce-start(%p), replica_groups={{0,1,2,3}}\n"
+      ...     "  %d = f32[256]{0} all-reduce-done(%s)\n")
+      >>> stats.counts()["all-reduce"], stats.bytes("all-reduce")
+      (1, 1536.0)
+    """
+    match = _PARTITIONS.search(text) or _REPLICAS.search(text)
+    devices = int(match.group(1)) if match else 1
+    shapes: dict[str, str] = {}
+    ops = []
+    for line in text.splitlines():
+        m = _INSTRUCTION.match(line)
+        if not m:
+            continue
+        name, rest = m.groups()
+        end = _closing(rest, 0) if rest.startswith("(") else rest.find(" ")
+        if end <= 0:
+            continue
+        shapes[name] = rest[:end]
+        op = _OPCODE.match(rest, end)
+        if not op:
+            continue
+        kind = _kind(op.group(1))
+        if kind is None:
+            continue
+        close = _closing(rest, op.end() - 1)
+        operands = _split_top(rest[op.end():close - 1])
+        attrs = rest[close:]
+        if kind == "collective-permute" and "slice_sizes=" in attrs:
+            operands = operands[:1]  # in-place form: input, output, offsets
+        in_bytes = 0
+        for operand in operands:
+            ref = _NAME.search(operand)
+            inline = operand[:ref.start()] if ref else operand
+            known = shapes.get(ref.group(1), "") if ref else ""
+            in_bytes += shape_bytes(inline if _ARRAY.search(inline) else known)
+        if kind == "collective-permute":
+            n = _pair_count(attrs)
+            size = in_bytes
+        else:
+            n = _group_size(attrs, devices)
+            size = in_bytes * n if kind in ("all-gather", "all-to-all") else in_bytes
+        ops.append(Collective(kind=kind, name=name, group_size=n,
+                              operand_bytes=in_bytes, size=size,
+                              bytes=bytes_moved(kind, size, n)))
+    return CollectiveStats(ops=tuple(ops), text=text)

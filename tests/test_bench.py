@@ -1,0 +1,229 @@
+"""collectives.bench: a tiny sweep end to end (no timing assertions), the
+correctness check, the repetition loop's structure and the JSON schema."""
+
+import copy
+import json
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+import collectives as cx
+from collectives import _bench_cases
+from collectives import _bench_report
+from collectives import bench
+from collectives._bench_overhead import run_overhead
+from collectives._bench_timing import Timing
+from collectives._bench_timing import relative_iqr
+from collectives._cli import main
+from collectives.hlo import collective_stats
+from helpers import run_python
+
+FAST = dict(samples=1, warmup=0, iters=2, min_time=0.0)
+
+
+@pytest.fixture(scope="module")
+def axes():
+    return cx.RECIPES["psum"].axes(cx.make_mesh((8,), "i"))
+
+
+SWEPT = (*_bench_cases.DEFAULT_COLLECTIVES, "pmean", "all_gather_stacked")
+
+
+@pytest.fixture(scope="module")
+def sweep():
+    return bench.run(SWEPT, sizes=(8,), **FAST)
+
+
+def test_cli_smoke_prints_the_table_and_valid_json(tmp_path):
+    out_json = tmp_path / "bench.json"
+    result = run_python("-m", "collectives", "bench", "-c", "psum", "-b", "1K",
+                        "-e", "4K", "-f", "4", "-r", "1", "-w", "0", "-n", "2",
+                        "--json", str(out_json), "-q")
+    lines = result.stdout.splitlines()
+    header = next(line for line in lines if "algbw(GB/s)" in line)
+    for column in ("size", "count", "type", "form", "time(us)", "spread",
+                   "busbw(GB/s)", "busbw/copy", "#wrong"):
+        assert column in header
+    rows = [line.split() for line in lines if line and not line.startswith("#")]
+    # 2 sizes x (copy + pmap, shard_map, jit, and the ring form if registered)
+    forms = {row[3] for row in rows}
+    assert {"copy", "pmap", "shard_map", "jit"} <= forms
+    assert len(rows) == 2 * len(forms)
+    assert all(row[-1] == "0" for row in rows)  # #wrong
+    assert {int(row[0]) for row in rows} == {1024, 4096}
+    assert "# Out of bounds values : 0 OK" in result.stdout
+    assert "# Avg bus bandwidth" in result.stdout
+    doc = json.loads(out_json.read_text())
+    assert bench.schema_errors(doc) == []
+    assert len(doc["results"]) == len(rows)
+
+
+def test_every_collective_and_form_is_right_on_every_device(sweep):
+    rows = sweep["results"]
+    assert bench.schema_errors(json.loads(json.dumps(sweep))) == []
+    assert sweep["summary"]["wrong"] == 0
+    assert all(row["wrong"] == 0 for row in rows)
+    timed = {(r["collective"], r["form"]) for r in rows if r["form"] != "copy"}
+    for name in SWEPT:
+        ring = _bench_cases.RING.get(name) in cx.RECIPES
+        expected = {"pmap", "shard_map", "jit"} | ({"ring"} if ring else set())
+        assert {form for n, form in timed if n == name} == expected, name
+    skipped = {(s["collective"], s["form"]) for s in sweep["skipped"]}
+    assert ("all_to_all", "ring") in skipped
+    assert (("psum", "ring") in skipped) == ("ring_all_reduce" not in cx.RECIPES)
+
+
+@pytest.mark.parametrize(("name", "unit"), [
+    ("psum", 4), ("all_gather", 8 * 4), ("psum_scatter", 8 * 4),
+    ("all_to_all", 8 * 4), ("ppermute_ring", 4)])
+def test_sizes_follow_the_nccl_tests_convention(sweep, axes, name, unit):
+    # 8 bytes is below one element per device for the gathers and scatters:
+    # the size rounds up to the smallest valid buffer, as nccl-tests does.
+    rows = [r for r in sweep["results"] if r["collective"] == name]
+    assert {r["size"] for r in rows} == {max(8, unit)}
+    for row in rows:
+        assert row["count"] * 4 == row["size"]
+        assert row["busbw_gbps"] == pytest.approx(
+            row["algbw_gbps"] * (1.0 if row["form"] == "copy"
+                                 else cx.hlo.bus_factor(row["kind"], 8)))
+    case = _bench_cases.plan(name, "shard_map", axes, 4096, "float32")
+    block = 4096 // (8 if name == "all_gather" else 1)  # bytes each device sends in
+    assert (case.size, case.count) == (4096, 1024)
+    assert int(np.prod(case.shape)) * 4 == 8 * block
+
+
+# One collective before the loop and one inside it (the ring: two rounds of
+# its ppermutes): XLA neither hoisted the collective out of the timed loop nor
+# merged the repetitions, which would time nothing.
+LOOPED = {
+    "psum": {"all-reduce": 2}, "all_gather": {"all-gather": 2},
+    "psum_scatter": {"reduce-scatter": 2}, "all_to_all": {"all-to-all": 2},
+    "ppermute_ring": {"collective-permute": 2},
+}
+RING_PERMUTES = {"psum": 2 * 2 * 7, "all_gather": 2 * 7, "psum_scatter": 2 * 7}
+
+
+@pytest.mark.parametrize("name", sorted(LOOPED))
+def test_the_timed_loop_runs_the_collective_every_time_round(axes, name):
+    for form in _bench_cases.BENCH_FORMS:
+        case = _bench_cases.plan(name, form, axes, 1024, "float32")
+        if isinstance(case, str):
+            continue
+        x = _bench_cases.make_input(case.shape, "float32")
+        (spec,) = case.recipe.in_specs(axes)
+        fn = _bench_cases._program(form, case.recipe, axes)
+        if form == "pmap":
+            args = (_bench_cases.to_device_stacked(x, axes, spec), np.int32(3))
+        else:
+            args = (case.recipe.place(x, axes=axes)[0],
+                    _bench_cases._iters_array(axes.mesh, 3))
+        expected = LOOPED[name]
+        if form == "ring":
+            expected = {"collective-permute": RING_PERMUTES[name]}
+        elif form == "jit" and name == "psum_scatter":
+            expected = {"all-reduce": 2}  # see test_hlo: CPU keeps the all-reduce
+        if form == "jit" and name == "psum_scatter" and \
+                jax.default_backend() != "cpu":
+            continue
+        assert collective_stats(fn, *args).nonzero() == expected, (name, form)
+
+
+def test_the_check_counts_wrong_elements_on_every_device_copy(axes):
+    case = _bench_cases.plan("psum", "shard_map", axes, 64, "float32")
+    x = _bench_cases.make_input(case.shape, "float32")
+    call, expected = _bench_cases.bind(case, x)
+    assert _bench_cases.check(case, call, expected, x) == 0
+    wrong = expected.copy()
+    wrong[0, 1] += 1
+    # psum's result is replicated: each of the 8 device copies disagrees once
+    assert _bench_cases.check(case, call, wrong, x) == 8
+    pcase = _bench_cases.plan("all_gather", "pmap", axes, 256, "float32")
+    px = _bench_cases.make_input(pcase.shape, "float32")
+    pcall, pexpected = _bench_cases.bind(pcase, px)
+    assert _bench_cases.check(pcase, pcall, pexpected, px) == 0
+    pexpected = pexpected.copy()
+    pexpected[3] += 1  # pmap's stacked layout: device 3's whole copy
+    assert _bench_cases.check(pcase, pcall, pexpected, px) == pexpected[3].size
+
+
+def test_schema_checker_reports_each_problem(sweep):
+    doc = copy.deepcopy(sweep)
+    assert bench.schema_errors(doc) == []
+    del doc["results"][0]["busbw_gbps"]
+    doc["results"][1]["wrong"] = -1
+    doc["results"][2]["form"] = "nccl"
+    doc["results"][3]["time_us"] = "fast"
+    doc["results"][4]["extra"] = 1
+    errors = bench.schema_errors(doc)
+    assert any("$.results[0]: missing required key 'busbw_gbps'" in e for e in errors)
+    assert any("$.results[1].wrong: -1 is below the minimum 0" in e for e in errors)
+    assert any("$.results[2].form: 'nccl' is not one of" in e for e in errors)
+    assert any("$.results[3].time_us: expected number" in e for e in errors)
+    assert any("$.results[4]: unexpected key 'extra'" in e for e in errors)
+    assert len(errors) == 5
+
+
+def test_plot_draws_a_png(sweep, tmp_path):
+    pytest.importorskip("matplotlib", reason="--plot needs the bench extra")
+    path = tmp_path / "busbw.png"
+    _bench_report.plot(sweep, str(path))
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_without_matplotlib_says_how_to_get_it(sweep, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import fails
+    with pytest.raises(RuntimeError, match=r"pip install 'collectives\[bench\]'"):
+        _bench_report.plot(sweep, str(tmp_path / "busbw.png"))
+
+
+def test_overhead_ratios_are_reported_with_their_targets(axes):
+    rows = run_overhead(("psum", "all_to_all"), axes, size=256, dtype="float32",
+                        samples=2, min_time=0.0)
+    assert [r["name"] for r in rows] == [
+        "psum: recipe shard_map / bare shard_map", "psum: jit / recipe shard_map",
+        "psum: pmap host input / pmap device input",
+        "all_to_all: recipe shard_map / bare shard_map",
+        "all_to_all: jit / recipe shard_map",
+        "all_to_all: pmap host input / pmap device input"]
+    assert [r["target"] for r in rows] == [1.03, 1.10, None, 1.03, None, None]
+    for row in rows:
+        assert row["ratio"] > 0 and row["samples"] == 2
+        row_schema = bench.SCHEMA["properties"]["overhead"]["items"]
+        assert bench.schema_errors(row, row_schema) == []
+
+
+def test_overhead_cli_writes_valid_json(tmp_path, capsys):
+    out_json = tmp_path / "overhead.json"
+    assert main(["bench", "--overhead", "-c", "psum", "--overhead-size", "64",
+                 "--min-time", "0", "--json", str(out_json), "-q"]) == 0
+    printed = capsys.readouterr().out
+    assert "psum: recipe shard_map / bare shard_map" in printed
+    doc = json.loads(out_json.read_text())
+    assert bench.schema_errors(doc) == []
+    assert len(doc["overhead"]) == 3 and doc["overhead"][0]["samples"] == 31
+
+
+def test_sizes_and_statistics_helpers():
+    assert bench.parse_size("2k") == 2048 and bench.parse_size("1G") == 1 << 30
+    assert bench.size_sweep(8, 64, 2) == [8, 16, 32, 64]
+    assert bench.size_sweep(1024, 1024, 1) == [1024]
+    with pytest.raises(ValueError, match="size: expected a positive number"):
+        bench.parse_size("64Q")
+    with pytest.raises(ValueError, match="-b 64 is larger than -e 8"):
+        bench.size_sweep(64, 8, 2)
+    timing = Timing(iters=4, samples=(1.0, 2.0, 3.0, 4.0, 100.0))
+    assert timing.median == 3.0
+    assert timing.spread == pytest.approx(relative_iqr([1, 2, 3, 4, 100])) == 2 / 3
+
+
+def test_unknown_names_fail_clearly(capsys):
+    with pytest.raises(ValueError, match="unknown collective 'allreduce'"):
+        bench.run(("allreduce",), sizes=(8,), **FAST)
+    with pytest.raises(ValueError, match="unknown form 'xla'"):
+        bench.run(("psum",), ("xla",), sizes=(8,), **FAST)
+    with pytest.raises(ValueError, match="--dtype: 'floaty' is not a dtype"):
+        bench.run(("psum",), sizes=(8,), dtype="floaty", **FAST)
+    assert main(["bench", "-c", "nope", "-q"]) == 2
+    assert "error: --collectives: unknown collective 'nope'" in capsys.readouterr().err
