@@ -19,18 +19,33 @@ Examples:
 from collectives import _all_to_all  # noqa: F401  (registers its recipe)
 from collectives import _gather  # noqa: F401
 from collectives import _reduce  # noqa: F401
+from collectives._batching import vmap_axes
+from collectives._batching import vmap_form
 from collectives._check import CheckResult
 from collectives._check import check
 from collectives._devices import make_mesh
 from collectives._devices import use_cpu_devices
 from collectives._forms import FORMS
 from collectives._forms import Recipe
+from collectives._grads import tree_pmean
+from collectives._halo import halo_exchange
 from collectives._layout import Axes
 from collectives._layout import ReplicationError
+from collectives._matmul import allgather_matmul
+from collectives._matmul import matmul_reduce_scatter
+from collectives._mlp import dp_tp_mlp_value_and_grad
+from collectives._mlp import init_mlp
+from collectives._mlp import mlp_loss
+from collectives._mlp import mlp_specs
+from collectives._montecarlo import chain_keys
+from collectives._montecarlo import device_key
 from collectives._permute import check_permutation
 from collectives._permute import permute
 from collectives._permute import ring_shift
 from collectives._registry import RECIPES
+from collectives._ring import ring_all_gather
+from collectives._ring import ring_all_reduce
+from collectives._ring import ring_reduce_scatter
 from collectives.hlo import CollectiveStats
 from collectives.hlo import collective_stats
 
@@ -44,11 +59,26 @@ __all__ = [
     "CollectiveStats",
     "Recipe",
     "ReplicationError",
+    "allgather_matmul",
+    "chain_keys",
     "check",
     "check_permutation",
     "collective_stats",
+    "device_key",
+    "dp_tp_mlp_value_and_grad",
+    "halo_exchange",
+    "init_mlp",
     "make_mesh",
+    "matmul_reduce_scatter",
+    "mlp_loss",
+    "mlp_specs",
     "permute",
+    "ring_all_gather",
+    "ring_all_reduce",
+    "ring_reduce_scatter",
     "ring_shift",
+    "tree_pmean",
     "use_cpu_devices",
+    "vmap_axes",
+    "vmap_form",
 ]

@@ -1,0 +1,161 @@
+"""Gradient averaging (data parallel): the ``dp_grads`` recipe and :func:`tree_pmean`.
+
+The batch ``(x, y)`` is sharded over the mesh axis, the parameters
+``{"w": w, "b": b}`` of a linear model ``y ~ x @ w + b`` are replicated, and
+every form returns the gradient of the full-batch mean squared error: the
+mean over devices of the per-device gradients (every device holds the same
+number of rows).
+
+The sharp edge: the pmap idiom "``jax.grad`` inside the body, then ``pmean``"
+ported as is to shard_map with ``check_vma=True`` and replicated (``P()``)
+parameters returns gradients ``n`` times too large. Inside shard_map the
+parameters are *invariant*; using them with per-device data inserts an
+implicit cast to *varying*, whose transpose under ``jax.grad`` is a ``psum``,
+so ``jax.grad`` already returns the sum over devices, which ``pmean`` leaves
+as it is. The shard_map body below marks the parameters varying first
+(``pvary``), so ``jax.grad`` is local and ``pmean`` averages; the other fix
+differentiates the whole program, ``jax.grad(shard_map(pmean(loss)))``.
+
+Exactness: on integer-valued inputs whose batch size times output width is a
+power of two (with power-of-two device counts), every scaling is a power of
+two and every sum an integer below 2**24, so every form is exact in float32
+and bit-for-bit independent of how the batch is split over devices or
+processes.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from collectives import _compat
+from collectives._forms import Recipe
+from collectives._layout import Axes
+from collectives._layout import make_spec
+from collectives._numpy import widen
+from collectives._registry import register
+
+
+def tree_pmean(tree, axis):
+    """Average every leaf of a pytree over ``axis``; call inside a body.
+
+    The data-parallel step: each device computes gradients (or metrics) on
+    its shard of the batch, and ``tree_pmean`` leaves the mean over devices
+    on every device. Under shard_map with ``check_vma=True`` the leaves must
+    vary over ``axis`` (per-device values): a leaf that is already invariant
+    (for instance gradients that ``jax.grad`` has already summed over
+    devices, see ``dp_grads``) comes back unchanged.
+
+    Args:
+      tree: a pytree of arrays (e.g. ``{"w": dw, "b": db}``).
+      axis: the mesh axis name, or a tuple of them.
+
+    Returns:
+      The pytree of means, the same structure and dtypes (integer leaves
+      become floats, as with ``lax.pmean``).
+
+    Examples:
+      >>> import jax, numpy as np
+      >>> import collectives as cx
+      >>> mesh = cx.make_mesh((4,), "i")
+      >>> f = jax.shard_map(lambda t: cx.tree_pmean(t, "i"), mesh=mesh,
+      ...                   in_specs=jax.P("i"), out_specs=jax.P())
+      >>> out = f({"w": np.arange(4.0), "b": np.ones(4)})
+      >>> {k: np.asarray(v).tolist() for k, v in sorted(out.items())}
+      {'b': [1.0], 'w': [1.5]}
+    """
+    return jax.tree_util.tree_map(lambda leaf: lax.pmean(leaf, axis), tree)
+
+
+def mse(params, x, y):
+    """Mean squared error of the linear model: ``mean((x @ w + b - y) ** 2)``.
+
+    Args:
+      params: ``{"w": [d, o], "b": [o]}``.
+      x: ``[b, d]`` inputs.
+      y: ``[b, o]`` targets.
+    """
+    residual = x @ params["w"] + params["b"][None, :] - y  # [b, o]
+    return jnp.mean(residual ** 2)
+
+
+# -- dp_grads -------------------------------------------------------------------
+
+def dp_grads_body(params, x, y, *, axis):
+    # params: replicated (invariant over `axis`); x: [k, d], y: [k, o] on each
+    # device. Marking params varying makes jax.grad return this device's
+    # gradient (no hidden psum); tree_pmean averages them: {"w": [d, o], "b": [o]}.
+    local = jax.tree_util.tree_map(lambda p: _compat.pvary(p, axis), params)
+    return tree_pmean(jax.grad(mse)(local, x, y), axis)
+
+
+def dp_grads_pmap_body(params, x, y, *, axis):
+    # The legacy pmap idiom: pmap has no invariant types, so jax.grad is local.
+    return tree_pmean(jax.grad(mse)(params, x, y), axis)
+
+
+def dp_grads_program(params, x, y, *, axes: Axes):
+    # The global program: jax.grad of the full-batch loss; with x and y sharded,
+    # jit computes per-device partial gradients and all-reduces them.
+    return jax.grad(mse)(params, x, y)
+
+
+def dp_grads_oracle(params, x, y, *, axes: Axes):
+    # Closed form: d/dw mean(r**2) = 2 x^T r / (b o), d/db = 2 sum_rows(r) / (b o)
+    w, b = widen(params["w"]), widen(params["b"])
+    residual = widen(x) @ w + b[None, :] - widen(y)
+    scale = 2.0 / residual.size
+    return {"w": (scale * widen(x).T @ residual).astype(params["w"].dtype),
+            "b": (scale * residual.sum(0)).astype(params["b"].dtype)}
+
+
+def _shapes(axes: Axes, dims):
+    # Power-of-two rows per device and outputs keep every scaling exact.
+    rows = axes.size * 2 ** (dims[0] - 1)
+    features = dims[1] if len(dims) > 1 else 2
+    outputs = 2 ** (dims[2] - 1) if len(dims) > 2 else 1
+    return ({"w": (features, outputs), "b": (outputs,)},
+            (rows, features), (rows, outputs))
+
+
+def _n_terms(axes: Axes) -> int:
+    # Per gradient element: the residual (d + 2 roundings, d <= 3 in the
+    # example shapes), a sum over n*k rows (k <= 4) and the scaling; each
+    # term is a product of an input and a residual, up to d + 2 times larger
+    # than the inputs the policy's atol scales with, hence the factor 4.
+    return 4 * (4 * axes.size + 8)
+
+
+def _check_args(axes: Axes, args) -> None:
+    params, x, y = args
+    if not isinstance(params, dict) or set(params) != {"w", "b"}:
+        keys = sorted(params) if isinstance(params, dict) else ""
+        raise TypeError(
+            f"dp_grads: argument params must be a dict with keys 'w' and 'b', got "
+            f"{type(params).__name__} {keys}. Fix: pass {{'w': w, 'b': b}}.")
+    w_shape, b_shape = jnp.shape(params["w"]), jnp.shape(params["b"])
+    x_shape, y_shape = jnp.shape(x), jnp.shape(y)
+    expected = "w: [d, o], b: [o], x: [batch, d], y: [batch, o]"
+    if (len(w_shape), len(b_shape), len(x_shape), len(y_shape)) != (2, 1, 2, 2):
+        raise ValueError(
+            f"dp_grads: shapes w {w_shape}, b {b_shape}, x {x_shape}, y {y_shape} "
+            f"do not fit the linear model; expected {expected}.")
+    d, o = w_shape
+    if b_shape != (o,) or x_shape[1] != d or y_shape != (x_shape[0], o):
+        raise ValueError(
+            f"dp_grads: shapes w {w_shape}, b {b_shape}, x {x_shape}, y {y_shape} "
+            f"disagree; expected {expected} with one d, o and batch. Fix: e.g. "
+            f"b of shape ({o},), x of shape ({x_shape[0]}, {d}), y of shape "
+            f"({x_shape[0]}, {o}).")
+
+
+dp_grads = register(Recipe(
+    name="dp_grads",
+    summary="data-parallel gradient of a linear model's MSE: grads averaged by pmean",
+    body=dp_grads_body, program=dp_grads_program, oracle=dp_grads_oracle,
+    in_specs=lambda axes: (make_spec(), make_spec(axes.on), make_spec(axes.on)),
+    out_specs=lambda axes: make_spec(),
+    example_shapes=_shapes, arg_names=("params", "x", "y"), n_terms=_n_terms,
+    kinds=frozenset({"float"}), validate=_check_args,
+    pmap_body=dp_grads_pmap_body))

@@ -1,0 +1,360 @@
+"""A data- and tensor-parallel MLP: loss and gradients with explicit collectives.
+
+The model of JAX's "distributed arrays" tutorial: four dense layers with relu
+between them, ``predict = W4 relu(W3 relu(W2 relu(W1 x + b1) + b2) + b3) + b4``
+(weights applied as ``x @ W``), mean-squared-error loss
+``mean_over_batch(sum((predict(x) - y) ** 2, -1))`` and plain SGD. The
+tutorial's sizes are ``[784, 8192, 8192, 8192, 10]`` with a batch of 8192;
+here the sizes are parameters and the examples are small.
+
+Layouts, on a mesh with a *data* axis and a *model* axis:
+
+* data parallel: the batch is split over the data axis, every parameter is
+  replicated; the gradients are summed over the data axis (``psum``).
+* data x tensor parallel (Megatron pair): additionally ``W2`` and ``b2``
+  are split on their output dimension and ``W3`` on its input dimension over
+  the model axis. Each device computes its slice of the second hidden layer,
+  multiplies it by its rows of ``W3`` and one ``psum`` over the model axis
+  completes the third layer's input. Backward, the gradient flowing into the
+  first hidden layer needs the matching ``psum`` over the model axis.
+
+Recipes: ``dp_mlp`` takes the data axes as its collective axes (any mesh;
+other mesh axes hold replicas). ``dp_tp_mlp`` communicates over two axes,
+so both are its collective axes, in the order ``(data, model)``: on a 4x2
+mesh ``axis=None`` (``("i", "j")``) is the tutorial's 4-way data x 2-way
+model layout and ``("j", "i")`` is 2-way data x 4-way model. Naming both
+matters: a per-device body only knows the axis names it is given, and under
+the pmap form the other mesh axes are vmapped where nothing can look them up.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from collectives._forms import Recipe
+from collectives._layout import Axes
+from collectives._layout import axis_tuple
+from collectives._permute import body_axis_size
+from collectives._registry import register
+
+PARAM_NAMES = ("w1", "b1", "w2", "b2", "w3", "b3", "w4", "b4")
+
+Params = dict[str, Any]
+
+
+def mlp_specs(model_axis: str | None = None) -> dict[str, P]:
+    """The ``PartitionSpec`` of every MLP parameter for tensor parallelism.
+
+    Args:
+      model_axis: the mesh axis that splits ``w2``/``b2`` by columns and
+        ``w3`` by rows; ``None`` replicates every parameter (data parallel).
+
+    Returns:
+      A dict from parameter name to spec; the batch itself is ``P(data_axis)``.
+
+    Examples:
+      >>> import jax
+      >>> import collectives as cx
+      >>> specs = cx.mlp_specs("model")
+      >>> specs["w2"] == jax.P(None, "model"), specs["w3"] == jax.P("model")
+      (True, True)
+      >>> specs["w1"] == jax.P()
+      True
+    """
+    specs = {name: P() for name in PARAM_NAMES}
+    if model_axis is not None:
+        specs.update(w2=P(None, model_axis), b2=P(model_axis), w3=P(model_axis))
+    return specs
+
+
+def init_mlp(sizes: Sequence[int], *, seed: int = 0, dtype: Any = "float32"
+             ) -> Params:
+    """Random MLP parameters as NumPy arrays (weights scaled by ``1/sqrt(fan_in)``).
+
+    Args:
+      sizes: the five layer widths ``(d_in, h1, h2, h3, d_out)``, e.g. the
+        tutorial's ``(784, 8192, 8192, 8192, 10)``; for tensor parallelism
+        ``h2`` must divide by the model axis size.
+      seed: seed of the NumPy generator.
+      dtype: the parameters' dtype.
+
+    Returns:
+      ``{"w1": [d_in, h1], "b1": [h1], ..., "w4": [h3, d_out], "b4": [d_out]}``.
+
+    Raises:
+      ValueError: ``sizes`` is not five positive ints.
+
+    Examples:
+      >>> import collectives as cx
+      >>> params = cx.init_mlp((4, 8, 8, 8, 2))
+      >>> params["w3"].shape, params["b4"].shape
+      ((8, 8), (2,))
+    """
+    sizes = tuple(sizes)
+    if len(sizes) != 5 or not all(isinstance(s, int) and s > 0 for s in sizes):
+        raise ValueError(
+            f"sizes: expected five positive ints (d_in, h1, h2, h3, d_out), got "
+            f"{sizes!r}. Fix: e.g. (784, 8192, 8192, 8192, 10).")
+    rng = np.random.default_rng(seed)
+    params = {}
+    for layer in range(1, 5):
+        fan_in, fan_out = sizes[layer - 1], sizes[layer]
+        weights = rng.standard_normal((fan_in, fan_out)) / np.sqrt(fan_in)
+        params[f"w{layer}"] = weights.astype(dtype)
+        params[f"b{layer}"] = (0.1 * rng.standard_normal(fan_out)).astype(dtype)
+    return params
+
+
+def _forward(params: Params, x, *, constrain=lambda a, kind: a):
+    """Activations of the four layers; ``constrain`` pins intermediate layouts."""
+    p = params
+    z1 = x @ p["w1"] + p["b1"][None]
+    a1 = constrain(jax.nn.relu(z1), "rows")
+    z2 = constrain(a1 @ p["w2"] + p["b2"][None], "columns")  # split over the model axis
+    z3 = constrain(jax.nn.relu(z2) @ p["w3"] + p["b3"][None], "rows")  # summed over it
+    return jax.nn.relu(z3) @ p["w4"] + p["b4"][None]
+
+
+def mlp_loss(params: Params, x, y):
+    """The full-batch loss ``mean_over_batch(sum((predict(x) - y) ** 2, -1))``.
+
+    Global view: call it under ``jit`` (the jit form) or on one device.
+
+    Args:
+      params: as from :func:`init_mlp`.
+      x: the inputs, ``[batch, d_in]``.
+      y: the targets, ``[batch, d_out]``.
+
+    Returns:
+      A scalar.
+
+    Examples:
+      >>> import jax, numpy as np
+      >>> import collectives as cx
+      >>> params = cx.init_mlp((3, 4, 4, 4, 2))
+      >>> x, y = np.ones((8, 3), np.float32), np.zeros((8, 2), np.float32)
+      >>> loss, grads = jax.jit(jax.value_and_grad(cx.mlp_loss))(params, x, y)
+      >>> loss.shape, grads["w2"].shape
+      ((), (4, 4))
+    """
+    return jnp.sum((_forward(params, x) - y) ** 2) / x.shape[0]
+
+
+def dp_tp_mlp_value_and_grad(params: Params, x, y, *, data_axis,
+                             model_axis: str | None = None):
+    """Loss and gradients of the MLP with explicit collectives; call inside a body.
+
+    Forward and backward are written out by hand, so every collective is in
+    view: ``psum`` over the model axis after ``W3`` (forward) and before
+    ``W1`` (backward), and ``psum`` of the loss and the gradients over the
+    data axis.
+
+    Args:
+      params: this device's parameters: ``w2 [h1, h2/t]``, ``b2 [h2/t]`` and
+        ``w3 [h2/t, h3]`` are blocks over ``model_axis`` (``t`` devices), the
+        rest whole (see :func:`mlp_specs`).
+      x: this device's rows of the batch, ``[b, d_in]``.
+      y: the matching targets, ``[b, d_out]``.
+      data_axis: the mesh axis (or tuple) that splits the batch.
+      model_axis: the mesh axis that splits ``w2``/``b2``/``w3``, or ``None``
+        for pure data parallelism.
+
+    Returns:
+      ``(loss, grads)``: the full-batch loss and gradients shaped like
+      ``params`` (blocks where the parameter is a block), identical on every
+      device of the data axis.
+
+    Examples:
+      >>> import functools, jax, numpy as np
+      >>> import collectives as cx
+      >>> mesh = cx.make_mesh((4, 2), ("data", "model"))
+      >>> params = cx.init_mlp((3, 4, 4, 4, 2))
+      >>> x = np.ones((8, 3), np.float32)
+      >>> y = np.zeros((8, 2), np.float32)
+      >>> body = functools.partial(cx.dp_tp_mlp_value_and_grad, data_axis="data",
+      ...                          model_axis="model")
+      >>> specs = cx.mlp_specs("model")
+      >>> f = jax.jit(jax.shard_map(
+      ...     body, mesh=mesh, in_specs=(specs, jax.P("data"), jax.P("data")),
+      ...     out_specs=(jax.P(), specs)))
+      >>> loss, grads = f(params, x, y)
+      >>> want = jax.jit(jax.value_and_grad(cx.mlp_loss))(params, x, y)
+      >>> bool(np.allclose(loss, want[0], rtol=1e-5))
+      True
+      >>> bool(np.allclose(grads["w3"], want[1]["w3"], rtol=1e-5, atol=1e-6))
+      True
+    """
+    p = params
+    batch = x.shape[0] * body_axis_size(data_axis, "dp_tp_mlp_value_and_grad")
+    if model_axis is not None:
+        body_axis_size(model_axis, "dp_tp_mlp_value_and_grad")
+
+    def over_model(a):
+        return a if model_axis is None else lax.psum(a, model_axis)
+
+    # forward; a1: [b, h1], z2: [b, h2/t] (this device's columns), a3: [b, h3]
+    z1 = x @ p["w1"] + p["b1"][None]
+    a1 = jax.nn.relu(z1)
+    z2 = a1 @ p["w2"] + p["b2"][None]
+    a2 = jax.nn.relu(z2)
+    z3 = over_model(a2 @ p["w3"]) + p["b3"][None]  # partial sums over h2 -> full
+    a3 = jax.nn.relu(z3)
+    err = a3 @ p["w4"] + p["b4"][None] - y  # [b, d_out]
+    loss = lax.psum(jnp.sum(err ** 2), data_axis) / batch
+    # backward: d loss / d out = 2 err / batch
+    d_out = 2 * err / batch
+    d_z3 = (d_out @ p["w4"].T) * (z3 > 0)
+    d_z2 = (d_z3 @ p["w3"].T) * (z2 > 0)  # [b, h2/t]
+    d_z1 = over_model(d_z2 @ p["w2"].T) * (z1 > 0)  # partial sums over h2 -> full
+    grads = {
+        "w1": x.T @ d_z1, "b1": d_z1.sum(0), "w2": a1.T @ d_z2, "b2": d_z2.sum(0),
+        "w3": a2.T @ d_z3, "b3": d_z3.sum(0), "w4": a3.T @ d_out, "b4": d_out.sum(0),
+    }
+    # every device saw b rows: add up the batch
+    return loss, lax.psum(grads, data_axis)
+
+
+def mlp_value_and_grad_numpy(params: Params, x: np.ndarray, y: np.ndarray
+                             ) -> tuple[np.ndarray, Params]:
+    """The NumPy oracle: loss and gradients in float64, forward and backward by hand."""
+    p = {name: np.asarray(value, np.float64) for name, value in params.items()}
+    x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+    z1 = x @ p["w1"] + p["b1"]
+    a1 = np.maximum(z1, 0)
+    z2 = a1 @ p["w2"] + p["b2"]
+    a2 = np.maximum(z2, 0)
+    z3 = a2 @ p["w3"] + p["b3"]
+    a3 = np.maximum(z3, 0)
+    err = a3 @ p["w4"] + p["b4"] - y
+    loss = np.sum(err ** 2) / x.shape[0]
+    d_out = 2 * err / x.shape[0]
+    d_z3 = (d_out @ p["w4"].T) * (z3 > 0)
+    d_z2 = (d_z3 @ p["w3"].T) * (z2 > 0)
+    d_z1 = (d_z2 @ p["w2"].T) * (z1 > 0)
+    grads = {
+        "w1": x.T @ d_z1, "b1": d_z1.sum(0), "w2": a1.T @ d_z2, "b2": d_z2.sum(0),
+        "w3": a2.T @ d_z3, "b3": d_z3.sum(0), "w4": a3.T @ d_out, "b4": d_out.sum(0),
+    }
+    return np.asarray(loss), grads
+
+
+def dp_tp_mlp_jit_value_and_grad(params: Params, x, y, mesh: jax.sharding.Mesh,
+                                 data_axis, model_axis: str | None = None):
+    """The jit form's global program: ``value_and_grad(mlp_loss)`` with the
+    hidden activations pinned by ``with_sharding_constraint`` (rows over the
+    data axis; the second layer's columns also over the model axis)."""
+    layouts = {"rows": P(data_axis), "columns": P(data_axis, model_axis)}
+
+    def constrain(a, kind):
+        return lax.with_sharding_constraint(a, NamedSharding(mesh, layouts[kind]))
+
+    def loss(params):
+        return jnp.sum((_forward(params, x, constrain=constrain) - y) ** 2) / x.shape[0]
+
+    return jax.value_and_grad(loss)(params)
+
+
+# -- recipes ---------------------------------------------------------------
+# Arguments (params, x, y), global view; outputs (loss, grads) with the
+# gradients laid out like the parameters.
+
+def _data_and_model(axes: Axes, model: bool):
+    if model:
+        return axes.names[0], axes.names[1]
+    return axes.on, None
+
+
+def _needs_two_axes(axes: Axes) -> str | None:
+    if len(axes.names) == 2:
+        return None
+    return ("needs two collective axes in the order (data, model): the batch is "
+            "split over the first, W2/b2/W3 over the second; e.g. a 4x2 mesh "
+            "with axis=None or ('i', 'j')")
+
+
+def _specs(model: bool):
+    def in_specs(axes: Axes):
+        data, model_axis = _data_and_model(axes, model)
+        return (mlp_specs(model_axis), P(data), P(data))
+
+    def out_specs(axes: Axes):
+        return (P(), in_specs(axes)[0])
+
+    return in_specs, out_specs
+
+
+def _shapes(model: bool):
+    def shapes(axes: Axes, dims):
+        data, model_axis = _data_and_model(axes, model)
+        b, h = (tuple(dims) * 2)[:2]
+        batch = b * math.prod(axes.mesh.shape[n] for n in axis_tuple(data))
+        hidden = h * (axes.mesh.shape[model_axis] if model else 1)
+        sizes = (3, hidden, hidden, hidden, 2)
+        params = {}
+        for layer in range(1, 5):
+            fan_in, fan_out = sizes[layer - 1], sizes[layer]
+            params[f"w{layer}"], params[f"b{layer}"] = (fan_in, fan_out), (fan_out,)
+        return (params, (batch, sizes[0]), (batch, sizes[-1]))
+    return shapes
+
+
+def dp_tp_mlp_body(params, x, y, *, axis):
+    # params: blocks per mlp_specs(model); x: [b, d_in], y: [b, d_out] per device
+    data, model = axis
+    return dp_tp_mlp_value_and_grad(params, x, y, data_axis=data, model_axis=model)
+
+
+def dp_mlp_body(params, x, y, *, axis):
+    # params: whole on every device; x: [b, d_in], y: [b, d_out] per device
+    return dp_tp_mlp_value_and_grad(params, x, y, data_axis=axis)
+
+
+def _program(model: bool):
+    def program(params, x, y, *, axes: Axes):
+        data, model_axis = _data_and_model(axes, model)
+        return dp_tp_mlp_jit_value_and_grad(params, x, y, axes.mesh, data,
+                                            model_axis)
+    return program
+
+
+def mlp_oracle(params, x, y, *, axes: Axes):
+    del axes
+    loss, grads = mlp_value_and_grad_numpy(params, x, y)
+    return loss.astype(x.dtype), {k: v.astype(x.dtype) for k, v in grads.items()}
+
+
+def _terms(axes: Axes) -> int:
+    # The gradients chain four matmuls forward and four back over a batch of
+    # a few dozen rows: allow 64 roundings' worth.
+    del axes
+    return 64
+
+
+_FLOAT = frozenset({"float"})
+
+dp_tp_mlp = register(Recipe(
+    name="dp_tp_mlp",
+    summary="MLP loss+grads over axes (data, model): batch split over data, "
+            "W2/b2/W3 over model",
+    body=dp_tp_mlp_body, program=_program(model=True), oracle=mlp_oracle,
+    in_specs=_specs(model=True)[0], out_specs=_specs(model=True)[1],
+    example_shapes=_shapes(model=True), arg_names=("params", "x", "y"),
+    n_terms=_terms, kinds=_FLOAT, axes_check=_needs_two_axes))
+
+dp_mlp = register(Recipe(
+    name="dp_mlp",
+    summary="MLP loss+grads, data parallel: batch split, params replicated, "
+            "grads psum",
+    body=dp_mlp_body, program=_program(model=False), oracle=mlp_oracle,
+    in_specs=_specs(model=False)[0], out_specs=_specs(model=False)[1],
+    example_shapes=_shapes(model=False), arg_names=("params", "x", "y"),
+    n_terms=_terms, kinds=_FLOAT))

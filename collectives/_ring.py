@@ -1,0 +1,293 @@
+"""Ring algorithms built from ``ppermute``: all-reduce, all-gather, reduce-scatter.
+
+A ring moves data only between neighbours: ``n - 1`` steps, each a
+``ppermute`` by one place, carry every block (or every partial sum) around
+an axis of ``n`` devices. This module builds the classic ring collectives
+from :func:`~collectives.ring_shift` and checks them against the native
+ones, with the same inputs and layouts:
+
+* :func:`ring_reduce_scatter` mirrors ``lax.psum_scatter(x, axis,
+  tiled=True)`` (recipe ``psum_scatter``): ``n - 1`` permutes;
+* :func:`ring_all_gather` mirrors ``lax.all_gather(x, axis, tiled=True)``
+  (recipe ``all_gather``): ``n - 1`` permutes;
+* :func:`ring_all_reduce` mirrors ``lax.psum(x, axis)`` (recipe ``psum``): a
+  reduce-scatter phase then an all-gather phase, ``2 (n - 1)`` permutes, each
+  carrying ``1/n`` of the data (bandwidth-optimal).
+
+:func:`stepwise_shift` is the ring shift that the legacy pmap form can batch;
+the halo exchange (``_halo.py``) builds on the same shifts.
+
+The ring results of all-gather and all-reduce hold the same value on every
+device, but a ``ppermute`` result is typed *varying*: a shard_map that
+returns them with a replicated ``out_specs`` needs ``check_vma=False``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax.numpy as jnp
+from jax import lax
+
+from collectives import _gather
+from collectives import _reduce
+from collectives._forms import Recipe
+from collectives._layout import axis_tuple
+from collectives._permute import body_axis_size
+from collectives._permute import ring_shift
+from collectives._registry import register
+
+RING_OF = {"psum": "ring_all_reduce", "all_gather": "ring_all_gather",
+           "psum_scatter": "ring_reduce_scatter"}
+"""The ring-from-ppermute recipe that mirrors each native collective recipe:
+same arguments, layouts, global program and oracle."""
+
+Shift = Callable[[Any, Any, int], Any]
+"""``shift(x, axis, k)``: the ring shift a ring algorithm is built on."""
+
+
+def stepwise_shift(x, axis, shift: int):
+    """``ring_shift`` by +1 or -1, one mesh axis at a time.
+
+    Same result as ``ring_shift(x, axis, shift)``, but every ``ppermute`` runs
+    over a single axis, which is all ``vmap`` can batch: the legacy pmap form
+    maps mesh axes after the first with ``vmap``. Shift along the last
+    (minor) axis; where that wrapped around, take the block one more step
+    along the next axis out.
+    """
+    if shift not in (1, -1):
+        raise ValueError(f"shift: stepwise_shift moves one place, got {shift!r}.")
+    names = axis_tuple(axis)
+    out = ring_shift(x, names[-1], shift)
+
+    def at_edge(name):
+        # the device that received a block wrapped around `name`'s ring
+        return lax.axis_index(name) == (0 if shift == 1 else lax.axis_size(name) - 1)
+
+    wrapped = at_edge(names[-1])
+    for name in reversed(names[:-1]):
+        out = jnp.where(wrapped, ring_shift(out, name, shift), out)
+        wrapped = wrapped & at_edge(name)
+    return out
+
+
+def _chunk(x, index, size: int):
+    """Rows ``index * size : (index + 1) * size`` of ``x`` (``index`` traced)."""
+    return lax.dynamic_slice_in_dim(x, index * size, size, axis=0)
+
+
+def _split_rows(x, n: int, what: str) -> int:
+    if x.ndim == 0 or x.shape[0] % n:
+        raise ValueError(
+            f"{what}: x has shape {x.shape}; its dim 0 must split into {n} equal "
+            f"chunks, one per device along the axis. Fix: pad dim 0 to a multiple "
+            f"of {n}.")
+    return x.shape[0] // n
+
+
+def _reduce_scatter(x, axis, shift: Shift):
+    n = lax.axis_size(axis)
+    size = _split_rows(x, n, "ring_reduce_scatter")
+    me = lax.axis_index(axis)
+    # Chunk j starts on device j + 1 and travels n - 1 steps forward, picking
+    # up each device's chunk j on the way; it ends, complete, on device j.
+    acc = _chunk(x, (me - 1) % n, size)  # acc: [size, ...] partial sum
+    for step in range(1, n):
+        acc = shift(acc, axis, 1)  # from device me - 1: its partial of chunk me-1-step
+        acc = acc + _chunk(x, (me - 1 - step) % n, size)
+    return acc
+
+
+def _all_gather(x, axis, shift: Shift):
+    n = lax.axis_size(axis)
+    me = lax.axis_index(axis)
+    rows = x.shape[0]
+    # out: [n * rows, ...]; block j goes to rows j * rows : (j + 1) * rows
+    out = jnp.zeros((n * rows, *x.shape[1:]), x.dtype)
+    out = lax.dynamic_update_slice_in_dim(out, x, me * rows, axis=0)
+    block = x
+    for step in range(1, n):
+        block = shift(block, axis, 1)  # now the block of device me - step
+        out = lax.dynamic_update_slice_in_dim(out, block, ((me - step) % n) * rows,
+                                              axis=0)
+    return out
+
+
+def _all_reduce(x, axis, shift: Shift):
+    n = lax.axis_size(axis)
+    flat = x.reshape(-1)
+    pad = (-flat.shape[0]) % n
+    if pad:
+        flat = jnp.concatenate([flat, jnp.zeros((pad,), x.dtype)])
+    # flat: [n * c]; phase 1 leaves chunk `me` of the sum here: [c]
+    chunk = _reduce_scatter(flat, axis, shift)
+    # phase 2 passes the finished chunks around: [n * c] on every device
+    total = _all_gather(chunk, axis, shift)
+    return total[:x.size].reshape(x.shape)
+
+
+def _check_block(x, axis, what: str, *, summed: bool = False,
+                 rows: bool = True) -> None:
+    """``axis`` is bound; a sum takes no bool; blocks of rows are not scalars."""
+    body_axis_size(axis, what)
+    if summed and jnp.issubdtype(x.dtype, jnp.bool_):
+        raise TypeError(
+            f"{what}: x has dtype bool, which a sum over devices does not take "
+            "(psum rejects it too). Fix: cast first, e.g. x.astype(jnp.int32).")
+    if rows and x.ndim == 0:
+        raise ValueError(
+            f"{what}: x is a scalar; the ring moves blocks of rows. Fix: pass an "
+            "array with at least one dimension, e.g. x[None].")
+
+
+def ring_reduce_scatter(x, axis):
+    """Reduce-scatter from ``n - 1`` ring shifts; call inside a body.
+
+    The same result as ``lax.psum_scatter(x, axis, scatter_dimension=0,
+    tiled=True)``: device ``d`` gets rows ``d * c : (d + 1) * c`` of the sum of
+    every device's ``x``, where ``c = x.shape[0] // n``. Partial sums travel
+    one way round the ring; each step moves ``1/n`` of ``x``.
+
+    Args:
+      x: this device's block, ``[n * c, ...]``.
+      axis: the mesh axis name, or a tuple of them (devices numbered as
+        ``lax.axis_index(axis)`` counts).
+
+    Returns:
+      ``[c, ...]``: this device's chunk of the sum.
+
+    Raises:
+      ValueError: dim 0 of ``x`` does not split into ``n`` chunks, or
+        ``axis`` is not bound here.
+      TypeError: ``x`` is bool.
+
+    Examples:
+      >>> import jax, numpy as np
+      >>> import collectives as cx
+      >>> mesh = cx.make_mesh((4,), "i")
+      >>> f = jax.shard_map(lambda x: cx.ring_reduce_scatter(x, "i"), mesh=mesh,
+      ...                   in_specs=jax.P("i"), out_specs=jax.P("i"))
+      >>> x = np.arange(16).reshape(16, 1) % 4  # each device holds [0, 1, 2, 3]
+      >>> np.asarray(jax.jit(f)(x)).ravel().tolist()  # 4 devices * [0, 1, 2, 3]
+      [0, 4, 8, 12]
+    """
+    _check_block(x, axis, "ring_reduce_scatter", summed=True)
+    return _reduce_scatter(x, axis, ring_shift)
+
+
+def ring_all_gather(x, axis):
+    """All-gather from ``n - 1`` ring shifts; call inside a body.
+
+    The same result as ``lax.all_gather(x, axis, tiled=True)``: every device
+    gets all blocks, concatenated along dim 0 in device order. The result is
+    typed varying over ``axis`` (it comes from ``ppermute``).
+
+    Args:
+      x: this device's block, ``[k, ...]``.
+      axis: the mesh axis name, or a tuple of them.
+
+    Returns:
+      ``[n * k, ...]``, the same on every device.
+
+    Examples:
+      >>> import jax, numpy as np
+      >>> import collectives as cx
+      >>> mesh = cx.make_mesh((4,), "i")
+      >>> f = jax.shard_map(lambda x: cx.ring_all_gather(x, "i"), mesh=mesh,
+      ...                   in_specs=jax.P("i"), out_specs=jax.P(),
+      ...                   check_vma=False)  # replicated in value, not in type
+      >>> np.asarray(jax.jit(f)(np.arange(4))).tolist()
+      [0, 1, 2, 3]
+    """
+    _check_block(x, axis, "ring_all_gather")
+    return _all_gather(x, axis, ring_shift)
+
+
+def ring_all_reduce(x, axis):
+    """All-reduce (sum) as ring reduce-scatter + ring all-gather; call inside a body.
+
+    The same result as ``lax.psum(x, axis)``, in ``2 (n - 1)`` ppermutes that
+    each move ``1/n`` of ``x`` (padded to a multiple of ``n`` elements): the
+    bandwidth-optimal all-reduce. Sums are added in ring order, so floats may
+    differ from ``psum`` in the last bits.
+
+    Args:
+      x: this device's block, any shape.
+      axis: the mesh axis name, or a tuple of them.
+
+    Returns:
+      The elementwise sum over devices, shaped like ``x``; the same on every
+      device, typed varying over ``axis``.
+
+    Examples:
+      >>> import jax, numpy as np
+      >>> import collectives as cx
+      >>> mesh = cx.make_mesh((8,), "i")
+      >>> f = jax.shard_map(lambda x: cx.ring_all_reduce(x, "i"), mesh=mesh,
+      ...                   in_specs=jax.P("i"), out_specs=jax.P(),
+      ...                   check_vma=False)
+      >>> np.asarray(jax.jit(f)(np.arange(24).reshape(8, 3))).tolist()
+      [[84, 92, 100]]
+    """
+    _check_block(x, axis, "ring_all_reduce", summed=True, rows=False)
+    return _all_reduce(x, axis, ring_shift)
+
+
+# -- recipes ---------------------------------------------------------------
+# The ring recipes take the inputs, layouts, global programs and oracles of
+# the native recipes they mirror, so the two time and check side by side.
+# Their pmap bodies shift one mesh axis at a time (vmap maps all but the
+# first), via stepwise_shift.
+
+
+def ring_all_reduce_body(x, *, axis):
+    # x: [k, m] on each device -> [k, m], the sum, on every device
+    return ring_all_reduce(x, axis)
+
+
+def ring_all_gather_body(x, *, axis):
+    # x: [k, m] on each device -> [n*k, m] on every device
+    return ring_all_gather(x, axis)
+
+
+def ring_reduce_scatter_body(x, *, axis):
+    # x: [n*c, m] on each device -> [c, m]: chunk `me` of the sum
+    return ring_reduce_scatter(x, axis)
+
+
+def _pmap_body(ring: Callable[..., Any]) -> Callable[..., Any]:
+    def body(x, *, axis):
+        return ring(x, axis, stepwise_shift)
+    return body
+
+
+ring_all_reduce_recipe = register(Recipe(
+    name="ring_all_reduce",
+    summary="psum as ring reduce-scatter + all-gather, 2(n-1) ppermutes "
+            "(mirrors psum)",
+    body=ring_all_reduce_body, pmap_body=_pmap_body(_all_reduce),
+    program=_reduce.psum.program, oracle=_reduce.psum.oracle,
+    in_specs=_reduce.psum.in_specs, out_specs=_reduce.psum.out_specs,
+    example_shapes=_reduce.psum.example_shapes, n_terms=_reduce.psum.n_terms,
+    kinds=_reduce.psum.kinds, check_vma=False))
+
+ring_all_gather_recipe = register(Recipe(
+    name="ring_all_gather",
+    summary="all_gather from n-1 ring ppermutes (mirrors all_gather)",
+    body=ring_all_gather_body, pmap_body=_pmap_body(_all_gather),
+    program=_gather.all_gather.program, oracle=_gather.all_gather.oracle,
+    in_specs=_gather.all_gather.in_specs, out_specs=_gather.all_gather.out_specs,
+    example_shapes=_gather.all_gather.example_shapes,
+    kinds=_gather.all_gather.kinds, check_vma=False))
+
+ring_reduce_scatter_recipe = register(Recipe(
+    name="ring_reduce_scatter",
+    summary="psum_scatter from n-1 ring ppermutes (mirrors psum_scatter)",
+    body=ring_reduce_scatter_body, pmap_body=_pmap_body(_reduce_scatter),
+    program=_gather.psum_scatter.program, oracle=_gather.psum_scatter.oracle,
+    in_specs=_gather.psum_scatter.in_specs,
+    out_specs=_gather.psum_scatter.out_specs,
+    example_shapes=_gather.psum_scatter.example_shapes,
+    n_terms=_gather.psum_scatter.n_terms, kinds=_gather.psum_scatter.kinds,
+    validate=_gather.psum_scatter.validate))

@@ -1,0 +1,170 @@
+"""Collective matmuls: all-gather matmul and matmul reduce-scatter, plain and
+overlapped on a ring (one way and both ways), equal to ``x @ w`` exactly on
+integer-valued data, in every form; the compiled programs hold the expected
+collectives."""
+
+import functools
+import importlib.util
+
+import jax
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import settings
+from hypothesis import strategies as st
+
+import collectives as cx
+from collectives.hlo import collective_stats
+from collectives.testing import assert_forms_agree
+from collectives.testing.strategies import meshes
+from collectives.testing.strategies import recipe_cases
+from helpers import RECIPES_DIR
+
+ALLGATHER = ("allgather_matmul", "allgather_matmul_overlapped",
+             "allgather_matmul_bidirectional")
+SCATTER = ("matmul_reduce_scatter", "matmul_reduce_scatter_overlapped",
+           "matmul_reduce_scatter_bidirectional")
+NAMES = ALLGATHER + SCATTER
+OVERLAP = {"": None, "overlapped": "unidirectional", "bidirectional": "bidirectional"}
+
+# Values in [-8, 8] and contractions of at most 3 * 8 terms: every partial sum
+# is an integer below 2048 in magnitude, exact in float16, float32 and int32.
+# bfloat16 holds integers exactly only up to 256, so it is left out here and
+# checked within the tolerance policy below.
+EXACT_DTYPES = ("float32", "int32", "float16")
+
+
+def _examples(ci: int) -> int:
+    """``ci`` examples per test by default; the deep profile's count under it."""
+    if settings.get_current_profile_name() == "deep":
+        return settings().max_examples
+    return min(ci, settings().max_examples)
+
+
+def _overlap(name: str):
+    return OVERLAP[name.split("matmul")[-1].split("scatter")[-1].strip("_")]
+
+
+def test_overlap_is_read_from_the_name():
+    assert [_overlap(n) for n in NAMES] == [None, "unidirectional", "bidirectional"] * 2
+
+
+@pytest.mark.parametrize("name", NAMES)
+@settings(max_examples=_examples(3))
+@given(data=st.data())
+def test_forms_equal_x_at_w_exactly(name, data):
+    recipe = cx.RECIPES[name]
+    case = data.draw(recipe_cases(recipe, dtypes=EXACT_DTYPES))
+    x, w = case.args
+    report = assert_forms_agree(recipe, x, w, mesh=case.mesh, axis=case.axis,
+                                rtol=0, atol=0)
+    np.testing.assert_array_equal(report.results["reference"], x @ w)
+
+
+@settings(max_examples=_examples(2))
+@given(mesh=meshes(ndim=1), seed=st.integers(0, 2**16),
+       dtype=st.sampled_from(["float32", "bfloat16"]), scatter=st.booleans())
+def test_ring_versions_agree_with_the_collective_within_policy(mesh, seed, dtype,
+                                                                scatter):
+    # Gaussian data rounds: each ring version adds its partial products in
+    # its own order, so all three must agree with the oracle within the
+    # tolerance policy, not bit for bit.
+    names = SCATTER if scatter else ALLGATHER
+    args = cx.RECIPES[names[2]].example_args(mesh, dtype=dtype, seed=seed)
+    for name in names:
+        assert_forms_agree(cx.RECIPES[name], *args, mesh=mesh)
+
+
+def _shard_map(fn, mesh, in_specs, out_specs, **kwargs):
+    return jax.jit(jax.shard_map(functools.partial(fn, axis="i", **kwargs),
+                                 mesh=mesh, in_specs=in_specs, out_specs=out_specs))
+
+
+def test_bidirectional_needs_even_blocks():
+    mesh = cx.make_mesh((4,), "i")
+    f = _shard_map(cx.allgather_matmul, mesh, (jax.P("i"), jax.P(None, "i")),
+                   jax.P(None, "i"), overlap="bidirectional")
+    with pytest.raises(ValueError, match=r"even number of rows, got 3.*unidirectional"):
+        f(np.ones((12, 2)), np.ones((2, 4)))
+
+
+def test_bad_overlap_and_mismatched_blocks_are_clear_errors():
+    mesh = cx.make_mesh((4,), "i")
+    f = _shard_map(cx.allgather_matmul, mesh, (jax.P("i"), jax.P(None, "i")),
+                   jax.P(None, "i"), overlap="ring")
+    with pytest.raises(ValueError, match=r"overlap: expected one of .* got 'ring'"):
+        f(np.ones((8, 2)), np.ones((2, 4)))
+    g = _shard_map(cx.matmul_reduce_scatter, mesh, (jax.P(None, "i"), jax.P("i")),
+                   jax.P("i"))
+    with pytest.raises(ValueError, match=r"x \(8, 1\) and w \(2, 3\)"):
+        g(np.ones((8, 4)), np.ones((8, 3)))
+    with pytest.raises(ValueError, match="6 rows, which must split into 4"):
+        g(np.ones((6, 4)), np.ones((4, 3)))
+
+
+def test_recipe_rejects_shapes_that_do_not_shard():
+    recipe = cx.RECIPES["allgather_matmul"]
+    with pytest.raises(ValueError, match=r"argument x.*dimension 0 has size 6"):
+        recipe.shard_map(np.ones((6, 2)), np.ones((2, 8)))
+
+
+# -- HLO ------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("shape", "names", "axis"),
+                         [((8,), ("i",), None), ((4, 2), ("i", "j"), "i")])
+@pytest.mark.parametrize("name", NAMES)
+def test_shard_map_collectives(name, shape, names, axis):
+    recipe = cx.RECIPES[name]
+    mesh = cx.make_mesh(shape, names)
+    axes = recipe.axes(mesh, axis)
+    args = recipe.example_args(mesh, axis, dims=(1, 2, 3))
+    stats = collective_stats(recipe.compiled("shard_map", axes),
+                             *recipe.place(*args, axes=axes))
+    n = axes.size
+    overlap = _overlap(name)
+    if overlap is None:
+        kind = "all-gather" if name in ALLGATHER else "reduce-scatter"
+        assert stats.nonzero() == {kind: 1}
+        return
+    steps = (n - 1) * (2 if overlap == "bidirectional" else 1)
+    assert stats.nonzero() == {"collective-permute": steps}
+    # Each step moves one x block (all-gather) or one partial sum (scatter),
+    # halved when both directions share the work.
+    (x, w) = args
+    if name in ALLGATHER:
+        block = x.nbytes // n
+    else:
+        block = x.shape[0] // n * w.shape[1] * x.itemsize
+    per_step = block // 2 if overlap == "bidirectional" else block
+    assert stats.bytes() == steps * per_step
+
+
+@pytest.mark.parametrize("name", ["allgather_matmul", "matmul_reduce_scatter"])
+def test_jit_form_uses_the_plain_collective(name):
+    # The jit form is the global x @ w; XLA:CPU does not decompose it into
+    # permutes. The sharded sum is an all-reduce on CPU (see tests/test_hlo.py).
+    recipe = cx.RECIPES[name]
+    mesh = cx.make_mesh((8,), "i")
+    axes = recipe.axes(mesh)
+    args = recipe.example_args(mesh)
+    stats = collective_stats(recipe.compiled("jit", axes),
+                             *recipe.place(*args, axes=axes))
+    if name == "allgather_matmul":
+        assert stats.nonzero() == {"all-gather": 1}
+    else:
+        assert sum(stats.counts().values()) == 1
+        assert stats.count("reduce-scatter") + stats.count("all-reduce") == 1
+
+
+def test_recipe_file_agrees_with_the_library():
+    path = RECIPES_DIR / "collective_matmul.py"
+    spec = importlib.util.spec_from_file_location("recipe_collective_matmul", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    mesh = cx.make_mesh((8,), "i")
+    rng = np.random.default_rng(6)
+    x = rng.integers(-8, 9, size=(16, 24)).astype(np.float32)
+    w = rng.integers(-8, 9, size=(24, 16)).astype(np.float32)
+    outs = module.matmuls_shard_map(x, w, mesh)
+    for name, got in zip(NAMES, outs, strict=True):
+        np.testing.assert_array_equal(got, cx.RECIPES[name].reference(x, w, mesh=mesh))

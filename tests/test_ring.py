@@ -1,0 +1,244 @@
+"""Ring algorithms from ppermute and the halo exchange: equal to the native
+collectives, to a single-device stencil and to the NumPy oracle; the compiled
+programs hold exactly the ppermutes the algorithms call for."""
+
+import functools
+import importlib.util
+
+import jax
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import settings
+from hypothesis import strategies as st
+from jax import lax
+
+import collectives as cx
+from collectives import _compat
+from collectives._ring import RING_OF
+from collectives.hlo import bytes_moved
+from collectives.hlo import collective_stats
+from collectives.testing import assert_forms_agree
+from collectives.testing.strategies import collective_axes
+from collectives.testing.strategies import exact_values
+from collectives.testing.strategies import meshes
+from collectives.testing.strategies import recipe_cases
+from helpers import RECIPES_DIR
+
+RING = ("ring_all_reduce", "ring_all_gather", "ring_reduce_scatter")
+HALO = ("halo_exchange", "halo_exchange_open")
+MIRRORS = {ring: native for native, ring in RING_OF.items()}
+
+
+def _examples(ci: int) -> int:
+    """``ci`` examples per test by default; the deep profile's count under it."""
+    if settings.get_current_profile_name() == "deep":
+        return settings().max_examples
+    return min(ci, settings().max_examples)
+
+
+@pytest.mark.parametrize("name", RING + HALO)
+@settings(max_examples=_examples(4))
+@given(data=st.data())
+def test_forms_match_oracle_exactly(name, data):
+    recipe = cx.RECIPES[name]
+    case = data.draw(recipe_cases(recipe))
+    # Small integers: sums over at most 8 devices (|sum| <= 64) and the
+    # stencil (|y| <= 32) are exact in every drawn dtype, bfloat16 included.
+    assert_forms_agree(recipe, *case.args, mesh=case.mesh, axis=case.axis,
+                       rtol=0, atol=0)
+
+
+def test_every_ring_recipe_names_its_native_collective():
+    assert set(MIRRORS) == set(RING)
+
+
+@pytest.mark.parametrize("name", RING)
+def test_ring_recipes_take_the_native_layouts(name):
+    ring, native = cx.RECIPES[name], cx.RECIPES[MIRRORS[name]]
+    axes = ring.axes(cx.make_mesh((4, 2), ("i", "j")), "i")
+    assert ring.in_specs(axes) == native.in_specs(axes)
+    assert ring.out_specs(axes) == native.out_specs(axes)
+    assert ring.example_shapes(axes, (2, 3)) == native.example_shapes(axes, (2, 3))
+    assert MIRRORS[name] in ring.summary
+
+
+@st.composite
+def _blocks(draw, rows_split_n_ways=False):
+    # x: [n * rows, m], sharded by rows over the drawn axes
+    mesh = draw(meshes())
+    axes = cx.RECIPES["psum"].axes(mesh, draw(collective_axes(mesh)))
+    n = axes.size
+    rows = draw(st.integers(1, 2)) * (n if rows_split_n_ways else 1)
+    dtype = draw(st.sampled_from(["float32", "int32", "bfloat16"]))
+    x = exact_values(draw, (n * rows, draw(st.integers(1, 3))), dtype)
+    return mesh, axes, x
+
+
+def _per_device(body, mesh, axes, x):
+    # Run `body` per device; stack every device's outputs, so nothing is
+    # assumed replicated: [n * out_rows, ...] per output.
+    spec = jax.P(axes.on)
+    f = jax.shard_map(functools.partial(body, axis=axes.axis), mesh=mesh,
+                      in_specs=spec, out_specs=spec, check_vma=False)
+    return jax.tree_util.tree_map(np.asarray, jax.jit(f)(x))
+
+
+@settings(max_examples=_examples(6))
+@given(_blocks(rows_split_n_ways=True))
+def test_ring_collectives_equal_the_native_ones_on_every_device(case):
+    mesh, axes, x = case
+
+    def body(block, *, axis):
+        return (cx.ring_all_reduce(block, axis) - lax.psum(block, axis),
+                cx.ring_all_gather(block, axis)
+                - _compat.all_gather_invariant(block, axis, tiled=True),
+                cx.ring_reduce_scatter(block, axis)
+                - lax.psum_scatter(block, axis, tiled=True))
+
+    # Differences on every device, not only on the copy an out_spec of P()
+    # would return: the ring results are replicated in value on every device.
+    for diff in _per_device(body, mesh, axes, x):
+        np.testing.assert_array_equal(diff, 0)
+
+
+@settings(max_examples=_examples(6))
+@given(_blocks(), st.integers(1, 3), st.booleans())
+def test_halo_exchange_matches_padding_the_global_array(case, width, periodic):
+    mesh, axes, x = case
+    rows = x.shape[0] // axes.size
+    width = min(width, rows)
+
+    def body(block, *, axis):
+        return cx.halo_exchange(block, axis, width, periodic=periodic)
+
+    got = _per_device(body, mesh, axes, x).reshape(axes.size, rows + 2 * width, -1)
+    mode = "wrap" if periodic else "constant"
+    padded = np.pad(x, [(width, width), (0, 0)], mode=mode)
+    for d in range(axes.size):
+        # device d sees global rows d*rows - width .. (d+1)*rows + width
+        np.testing.assert_array_equal(got[d], padded[d * rows:(d + 1) * rows
+                                                     + 2 * width])
+
+
+def test_a_five_point_stencil_on_halos_matches_numpy():
+    mesh = cx.make_mesh((4,), "i")
+    x = np.arange(16.0) ** 2
+
+    def stencil(block):  # block: [4] -> [4], radius 2
+        p = cx.halo_exchange(block, "i", 2, periodic=True)
+        return -p[:-4] + 16 * p[1:-3] - 30 * p[2:-2] + 16 * p[3:-1] - p[4:]
+
+    f = jax.jit(jax.shard_map(stencil, mesh=mesh, in_specs=jax.P("i"),
+                              out_specs=jax.P("i")))
+    want = sum(c * np.roll(x, -s) for c, s in
+               zip((-1, 16, -30, 16, -1), (-2, -1, 0, 1, 2), strict=True))
+    np.testing.assert_array_equal(np.asarray(f(x)), want)
+
+
+def test_halo_width_beyond_the_block_is_a_clear_error():
+    mesh = cx.make_mesh((4,), "i")
+    f = jax.shard_map(lambda b: cx.halo_exchange(b, "i", 3), mesh=mesh,
+                      in_specs=jax.P("i"), out_specs=jax.P("i"))
+    with pytest.raises(ValueError,
+                       match=r"width=3 is more than the 2 rows.*width <= 2"):
+        f(np.arange(8.0))
+    g = jax.shard_map(lambda b: cx.halo_exchange(b, "i", 0), mesh=mesh,
+                      in_specs=jax.P("i"), out_specs=jax.P("i"))
+    with pytest.raises(ValueError, match="width: expected an int >= 1, got 0"):
+        g(np.arange(8.0))
+
+
+def test_ring_reduce_scatter_needs_rows_that_split():
+    mesh = cx.make_mesh((4,), "i")
+    f = jax.shard_map(lambda b: cx.ring_reduce_scatter(b, "i"), mesh=mesh,
+                      in_specs=jax.P("i"), out_specs=jax.P("i"))
+    with pytest.raises(ValueError, match=r"shape \(3, 1\).*4 equal chunks"):
+        f(np.ones((12, 1)))
+
+
+def test_ring_all_reduce_pads_blocks_that_do_not_split():
+    # 3 elements per device over 8 devices: padded to 8, same sum.
+    mesh = cx.make_mesh((8,), "i")
+    x = np.arange(24).reshape(8, 3)
+    f = jax.jit(jax.shard_map(lambda b: cx.ring_all_reduce(b, "i"), mesh=mesh,
+                              in_specs=jax.P("i"), out_specs=jax.P("i"),
+                              check_vma=False))
+    np.testing.assert_array_equal(np.asarray(f(x)), np.tile(x.sum(0), (8, 1)))
+
+
+# -- HLO: the ring is made of permutes, and only of permutes -------------------
+
+HLO_CONFIGS = [((8,), ("i",), None), ((4, 2), ("i", "j"), "i"),
+               ((4, 2), ("i", "j"), ("j", "i"))]
+
+
+def _shard_map_stats(name, shape, names, axis):
+    recipe = cx.RECIPES[name]
+    mesh = cx.make_mesh(shape, names)
+    axes = recipe.axes(mesh, axis)
+    args = recipe.example_args(mesh, axis, dims=(2, 3))
+    block = args[0].nbytes // (axes.size * axes.rest_size)
+    stats = collective_stats(recipe.compiled("shard_map", axes),
+                             *recipe.place(*args, axes=axes))
+    return stats, axes.size, block
+
+
+@pytest.mark.parametrize(("shape", "names", "axis"), HLO_CONFIGS)
+def test_ring_all_reduce_is_2_n_minus_1_permutes_and_no_all_reduce(shape, names,
+                                                                  axis):
+    stats, n, block = _shard_map_stats("ring_all_reduce", shape, names, axis)
+    assert stats.nonzero() == {"collective-permute": 2 * (n - 1)}
+    # 6 floats per device split into n chunks (padded): the bytes of the
+    # bandwidth-optimal all-reduce when n divides the block, just over otherwise
+    chunk = -(-block // 4 // n) * 4
+    assert stats.bytes() == 2 * (n - 1) * chunk
+    assert stats.bytes() >= bytes_moved("all-reduce", block, n)
+
+
+@pytest.mark.parametrize(("shape", "names", "axis"), HLO_CONFIGS)
+@pytest.mark.parametrize("name", ["ring_all_gather", "ring_reduce_scatter"])
+def test_ring_gather_and_scatter_are_n_minus_1_permutes(name, shape, names, axis):
+    stats, n, block = _shard_map_stats(name, shape, names, axis)
+    assert stats.nonzero() == {"collective-permute": n - 1}
+    # the same bytes as the native collective's cost model
+    if name == "ring_all_gather":
+        assert stats.bytes() == pytest.approx(bytes_moved("all-gather", n * block, n))
+    else:
+        assert stats.bytes() == pytest.approx(bytes_moved("reduce-scatter", block, n))
+
+
+@pytest.mark.parametrize("form", ["shard_map", "jit"])
+@pytest.mark.parametrize("name", HALO)
+def test_halo_exchange_is_two_permutes(name, form):
+    recipe = cx.RECIPES[name]
+    mesh = cx.make_mesh((8,), "i")
+    axes = recipe.axes(mesh)
+    args = recipe.example_args(mesh, dims=(2, 3))
+    stats = collective_stats(recipe.compiled(form, axes),
+                             *recipe.place(*args, axes=axes))
+    # one row of 3 float32 each way
+    assert stats.nonzero() == {"collective-permute": 2}
+    assert stats.bytes() == 2 * 3 * 4
+
+
+def _load_recipe_file(name):
+    spec = importlib.util.spec_from_file_location(f"recipe_{name}",
+                                                  RECIPES_DIR / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_recipe_files_agree_with_the_library():
+    mesh = cx.make_mesh((8,), "i")
+    x = np.random.default_rng(5).integers(-8, 9, size=(64, 3)).astype(np.float32)
+    rings = _load_recipe_file("ring_algorithms")
+    reduced, gathered, scattered = rings.rings_shard_map(x, mesh)
+    for name, got in (("ring_all_reduce", reduced), ("ring_all_gather", gathered),
+                      ("ring_reduce_scatter", scattered)):
+        np.testing.assert_array_equal(got, cx.RECIPES[name].reference(x, mesh=mesh))
+    halo = _load_recipe_file("halo_exchange")
+    for name, periodic in (("halo_exchange", True), ("halo_exchange_open", False)):
+        np.testing.assert_array_equal(halo.stencil_shard_map(x, mesh, periodic),
+                                      cx.RECIPES[name].reference(x, mesh=mesh))
