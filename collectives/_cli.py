@@ -1,4 +1,4 @@
-"""``python -m collectives``: list, show, run, check and bench."""
+"""``python -m collectives``: list, show, run, check, bench and launch."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ from collections.abc import Sequence
 
 from collectives._check import add_check_arguments
 from collectives._check import add_run_arguments
+from collectives._launch_cli import add_launch_arguments
+from collectives._launch_cli import run_launch_command
 
 DEFAULT_DEVICES = 8
 
@@ -131,6 +133,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_bench_arguments(p)
     p.set_defaults(func=cmd_bench)
 
+    p = sub.add_parser(
+        "launch", help="run check, a recipe or a script in N local processes "
+                       "joined by JAX's distributed runtime",
+        description="e.g. launch -n 2 --devices-per-process 4 -- check")
+    add_launch_arguments(p)
+    p.set_defaults(func=run_launch_command)
     return parser
 
 

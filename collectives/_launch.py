@@ -1,0 +1,339 @@
+"""The launcher: start N worker processes on 127.0.0.1, watch them, report.
+
+Every worker runs in its own process group, so stopping it also stops
+anything it started. The launcher
+
+* picks a free loopback port for JAX's coordination service (or checks the
+  one it is given) and retries once if another program takes it first;
+* waits a bounded time for every worker to join the runtime;
+* stops all workers as soon as one fails (raises, exits non-zero, is killed)
+  or the whole run passes its time limit: SIGTERM to each process group, then
+  SIGKILL after a short grace period;
+* reports each process: status, exit code, time, a summary and its last
+  output.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Mapping
+from collections.abc import Sequence
+from pathlib import Path
+from typing import IO
+
+from collectives._launch_results import LOOPBACK
+from collectives._launch_results import LaunchResult
+from collectives._launch_results import ProcessResult
+from collectives._launch_results import check_port
+from collectives._launch_results import free_port
+from collectives._launch_results import worker_argv
+from collectives._launch_worker import WorkerEnv
+
+GRACE_SECONDS = 2.0
+SETTLE_SECONDS = 1.0
+OUTPUT_LINES = 400
+_POLL = 0.05
+_NOISE = re.compile(r"\[Gloo\] Rank|is connected to \d+ peer ranks")
+_BIND_FAILED = "Failed to add port to server"  # the coordinator's port was taken
+_PEER_DIED = "distributed service detected fatal errors"  # JAX ends a process
+
+
+class _Worker:
+    """One started worker: its process, its output and its markers."""
+
+    def __init__(self, index: int, proc: subprocess.Popen, settings: WorkerEnv,
+                 echo: IO[str] | None, lock: threading.Lock):
+        self.index = index
+        self.proc = proc
+        self.settings = settings
+        self.lines: collections.deque[str] = collections.deque(maxlen=OUTPUT_LINES)
+        self.ended: float | None = None
+        self.stopped = False
+        self._echo = echo
+        self._lock = lock
+        self._reader = threading.Thread(target=self._read, daemon=True,
+                                        name=f"launch-output-{index}")
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            line = line.rstrip("\n")
+            if _NOISE.search(line):
+                continue  # gloo's connection chatter
+            self.lines.append(line)
+            if self._echo is not None:
+                with self._lock:
+                    self._echo.write(f"[p{self.index}] {line}\n")
+                    self._echo.flush()
+
+    def has(self, marker: str) -> bool:
+        return self.settings.marker(marker).exists()
+
+    def failed(self) -> bool:
+        """Whether it ended by itself with an error (or before joining)."""
+        code = self.proc.poll()
+        return not self.stopped and code is not None and (
+            code != 0 or not self.has("ready"))
+
+    def failure_order(self) -> tuple[int, float]:
+        """Sort key: who failed first. A process that died without reporting
+        (killed, crashed) comes first, since the peers of a dead process report
+        errors of their own a moment later; then reported errors by time; last
+        processes JAX ended because another one died."""
+        when = self.result().get("time")
+        if when is not None:
+            return (1, float(when))
+        if any(_PEER_DIED in line for line in self.lines):
+            return (2, self.ended or 0.0)
+        return (0, self.ended or 0.0)
+
+    def result(self) -> dict:
+        path = self.settings.marker("result").with_suffix(".json")
+        try:
+            return json.loads(path.read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def signal_group(self, sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, sig)
+
+    def output(self) -> str:
+        self._reader.join(timeout=2.0)
+        return "\n".join(self.lines)
+
+    def close(self) -> None:
+        """Collect the rest of the output and close the pipe."""
+        self._reader.join(timeout=2.0)
+        if self.proc.stdout is not None and not self._reader.is_alive():
+            self.proc.stdout.close()
+
+
+def _describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"was killed by signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+class _Launch:
+    """One attempt: start the workers, watch them, stop them, report."""
+
+    def __init__(self, argv: list[str], *, num_processes: int,
+                 devices_per_process: int, port: int, timeout: float,
+                 startup_timeout: float, heartbeat_timeout: int,
+                 collective_timeout: int, env: Mapping[str, str] | None,
+                 cwd: str | None, echo: str, stream: IO[str]):
+        self.argv = argv
+        self.n = num_processes
+        self.m = devices_per_process
+        self.coordinator = f"{LOOPBACK}:{port}"
+        self.timeout = timeout
+        self.startup_timeout = startup_timeout
+        self.heartbeat_timeout = heartbeat_timeout
+        self.collective_timeout = collective_timeout
+        self.extra_env = dict(env or {})
+        self.cwd = cwd
+        self.echo = echo
+        self.stream = stream
+        self.workers: list[_Worker] = []
+        self.bind_failed = False
+
+    def _env(self, settings: WorkerEnv) -> dict[str, str]:
+        from collectives import _compat
+
+        env = {**os.environ, **self.extra_env, **settings.to_env()}
+        package_root = str(Path(__file__).resolve().parent.parent)
+        paths = [package_root, *env.get("PYTHONPATH", "").split(os.pathsep)]
+        env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(p for p in paths if p))
+        env["PYTHONUNBUFFERED"] = "1"
+        env["JAX_PLATFORMS"] = "cpu"
+        env["JAX_NUM_CPU_DEVICES"] = str(self.m)
+        flags = _compat.cpu_collective_timeout_flags(self.collective_timeout)
+        env["XLA_FLAGS"] = " ".join([env.get("XLA_FLAGS", ""), *flags]).strip()
+        return env
+
+    def start(self, launch_dir: str) -> None:
+        lock = threading.Lock()
+        for index in range(self.n):
+            settings = WorkerEnv(
+                coordinator=self.coordinator, num_processes=self.n,
+                process_id=index, devices_per_process=self.m, launch_dir=launch_dir,
+                startup_timeout=max(1, int(self.startup_timeout)),
+                heartbeat_timeout=self.heartbeat_timeout,
+                shutdown_timeout=max(10, self.heartbeat_timeout),
+                launcher_pid=os.getpid())
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "collectives._launch_worker", *self.argv],
+                env=self._env(settings), cwd=self.cwd, stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                errors="replace", bufsize=1, start_new_session=True)
+            echo = (self.stream if self.echo == "all"
+                    or (self.echo == "first" and index == 0) else None)
+            self.workers.append(_Worker(index, proc, settings, echo, lock))
+
+    def watch(self) -> tuple[str, _Worker | None, str]:
+        """Wait for the end; returns (kind, culprit, message)."""
+        start = time.monotonic()
+        while True:
+            time.sleep(_POLL)
+            self._note_exits(start)
+            if any(w.failed() for w in self.workers):
+                # Peers of a failed process often fail a moment later (their
+                # collective lost its partner): let them, then blame the first.
+                settle = time.monotonic() + SETTLE_SECONDS
+                while (time.monotonic() < settle
+                       and any(w.proc.poll() is None for w in self.workers)):
+                    time.sleep(_POLL)
+                    self._note_exits(start)
+                culprit = min((w for w in self.workers if w.failed()),
+                              key=_Worker.failure_order)
+                return "failed", culprit, self._failure(culprit)
+            if all(w.proc.poll() is not None for w in self.workers):
+                return "ok", None, (f"ok: {self.n} processes x {self.m} devices "
+                                    "finished")
+            elapsed = time.monotonic() - start
+            waiting = [w for w in self.workers if not w.has("ready")]
+            if waiting and elapsed > self.startup_timeout:
+                silent = [w for w in waiting if not w.has("started")]
+                return "startup", (silent or waiting)[0], self._startup_failure(
+                    waiting)
+            if elapsed > self.timeout:
+                running = [w.index for w in self.workers if w.proc.poll() is None]
+                return "timeout", None, (
+                    f"launch timed out after {self.timeout:g} s with processes "
+                    f"{running} still running; stopped them. Fix: look for a process "
+                    "that skipped a collective the others entered, or raise the "
+                    "timeout.")
+
+    def _note_exits(self, start: float) -> None:
+        for w in self.workers:
+            if w.ended is None and w.proc.poll() is not None:
+                w.ended = time.monotonic() - start
+
+    def _failure(self, w: _Worker) -> str:
+        code = w.proc.returncode
+        during = "" if w.has("ready") else " during start-up"
+        what = _describe_exit(code) if code else "exited before joining the runtime"
+        record = w.result()
+        raised = record.get("error") or (record.get("summary") if code else "")
+        because = f" ({raised})" if raised else ""
+        if w.index == 0 and not w.has("ready") and _BIND_FAILED in w.output():
+            self.bind_failed = True
+        return (f"launch failed: process {w.index} (pid {w.proc.pid}) {what}"
+                f"{during}{because} after {w.ended or 0:.1f} s; the launcher "
+                "stopped the rest.")
+
+    def _startup_failure(self, waiting: list[_Worker]) -> str:
+        silent = [w.index for w in waiting if not w.has("started")]
+        if silent:
+            return (f"launch failed: start-up timed out after "
+                    f"{self.startup_timeout:g} s: process(es) {silent} never started "
+                    "(no sign of life: a slow import, or an environment problem); "
+                    "stopped them all.")
+        return (f"launch failed: start-up timed out after {self.startup_timeout:g} s:"
+                f" processes {[w.index for w in waiting]} started but did not all "
+                f"connect to the coordinator at {self.coordinator}; stopped them all.")
+
+    def stop(self) -> None:
+        """SIGTERM every process group, SIGKILL after the grace period, reap."""
+        for w in self.workers:
+            if w.proc.poll() is None:
+                w.stopped = True
+                w.signal_group(signal.SIGTERM)
+        deadline = time.monotonic() + GRACE_SECONDS
+        while (time.monotonic() < deadline
+               and any(w.proc.poll() is None for w in self.workers)):
+            time.sleep(_POLL)
+        for w in self.workers:  # also children that outlived their worker
+            w.signal_group(signal.SIGKILL)
+        for w in self.workers:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                w.proc.wait(timeout=10)
+            w.close()
+
+    def results(self, kind: str, elapsed: float) -> tuple[ProcessResult, ...]:
+        out = []
+        for w in self.workers:
+            code = w.proc.returncode
+            record = w.result()
+            if kind == "startup" and not w.has("ready"):
+                status = "not connected" if w.has("started") else "not started"
+            elif w.stopped and (code is None or code < 0):
+                status = "timed out" if kind == "timeout" else "stopped"
+            else:
+                status = "ok" if code == 0 and w.has("ready") else "failed"
+            summary = record.get("summary", "")
+            if status != "ok" and record.get("error"):
+                summary = record["error"].splitlines()[0][:80]
+            out.append(ProcessResult(
+                index=w.index, pid=w.proc.pid, status=status, returncode=code,
+                seconds=w.ended if w.ended is not None else elapsed,
+                summary=summary, output=w.output()))
+        return tuple(out)
+
+
+def launch(target: Sequence[str], *, num_processes: int = 2,
+           devices_per_process: int = 4, port: int | None = None,
+           timeout: float = 900.0, startup_timeout: float = 60.0,
+           heartbeat_timeout: int = 30, collective_timeout: int = 120,
+           env: Mapping[str, str] | None = None, cwd: str | None = None,
+           echo: str = "first", stream: IO[str] | None = None) -> LaunchResult:
+    """Implementation of :func:`collectives.distributed.launch`."""
+    argv = worker_argv(target)
+    for name, value, low in (("num_processes", num_processes, 1),
+                             ("devices_per_process", devices_per_process, 1),
+                             ("heartbeat_timeout", heartbeat_timeout, 1),
+                             ("collective_timeout", collective_timeout, 1)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"{name}: expected an int >= {low}, got {value!r}.")
+    for name, value in (("timeout", timeout), ("startup_timeout", startup_timeout)):
+        if not value > 0:
+            raise ValueError(f"{name}: expected a positive number of seconds, got "
+                             f"{value!r}.")
+    if echo not in ("first", "all", "none"):
+        raise ValueError(f"echo: expected 'first', 'all' or 'none', got {echo!r}.")
+    if port is not None:
+        check_port(port)
+    attempts = 1 if port is not None else 2
+    for attempt in range(attempts):
+        chosen = port if port is not None else free_port()
+        run = _Launch(argv, num_processes=num_processes,
+                      devices_per_process=devices_per_process, port=chosen,
+                      timeout=timeout, startup_timeout=startup_timeout,
+                      heartbeat_timeout=heartbeat_timeout,
+                      collective_timeout=collective_timeout, env=env, cwd=cwd,
+                      echo=echo, stream=stream or sys.stdout)
+        start = time.monotonic()
+        with tempfile.TemporaryDirectory(prefix="collectives-launch-") as launch_dir:
+            kind, culprit, message = "failed", None, "launch interrupted"
+            try:
+                run.start(launch_dir)
+                kind, culprit, message = run.watch()
+            finally:
+                run.stop()
+            results = run.results(kind, time.monotonic() - start)
+        if run.bind_failed and attempt + 1 < attempts:
+            continue  # another program took the free port first: pick another
+        ok = kind == "ok" and all(p.status == "ok" for p in results)
+        if kind == "ok" and not ok:
+            bad = [p.index for p in results if p.status != "ok"]
+            message = f"launch failed: processes {bad} exited non-zero."
+        return LaunchResult(ok=ok, returncode=0 if ok else 1, message=message,
+                            processes=results, coordinator=run.coordinator,
+                            devices_per_process=devices_per_process,
+                            culprit=None if culprit is None else culprit.index)
+    raise AssertionError("unreachable")  # pragma: no cover

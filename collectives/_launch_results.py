@@ -1,0 +1,182 @@
+"""What a launch reports, and the checks made before anything starts.
+
+:class:`LaunchResult` and :class:`ProcessResult` describe how a launch and
+each of its processes ended; :func:`worker_argv`, :func:`free_port` and
+:func:`check_port` validate a launch before any process starts (a bad target
+or a busy port is an error, never a hang).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import io
+import os
+import re
+import socket
+from collections.abc import Sequence
+
+LOOPBACK = "127.0.0.1"
+_TARGETS = ("check", "run", "python")
+
+
+class LaunchError(RuntimeError):
+    """The launch could not start (e.g. its port is in use); nothing is running."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ProcessResult:
+    """How one worker process ended.
+
+    Attributes:
+      index: the process index (``jax.process_index()`` in the worker).
+      pid: its operating-system process id.
+      status: ``"ok"``, ``"failed"`` (it raised, exited non-zero or was
+        killed), ``"stopped"`` (the launcher stopped it after another failed),
+        ``"timed out"``, ``"not started"`` (no sign of life before the
+        start-up timeout) or ``"not connected"`` (it started but the runtime
+        did not come up: some peer never connected).
+      returncode: its exit code; negative for a signal, as in ``subprocess``.
+      seconds: from start to exit.
+      summary: the worker's one-line result (e.g. ``"40 agree, 0 disagree"``).
+      output: its last lines of combined stdout and stderr.
+    """
+
+    index: int
+    pid: int
+    status: str
+    returncode: int | None
+    seconds: float
+    summary: str
+    output: str
+
+    def tail(self, lines: int = 20) -> str:
+        """The last ``lines`` lines of output."""
+        return "\n".join(self.output.splitlines()[-lines:])
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchResult:
+    """The outcome of :func:`~collectives.distributed.launch`.
+
+    Attributes:
+      ok: every process finished with exit code 0.
+      returncode: 0 if ``ok``, else 1.
+      message: one sentence: what happened, naming the failed process.
+      processes: one :class:`ProcessResult` per process, by index.
+      coordinator: the ``127.0.0.1:PORT`` address the processes used.
+      devices_per_process: simulated CPU devices in each process.
+      culprit: the index of the process that failed first (the one the
+        message names), or ``None``.
+    """
+
+    ok: bool
+    returncode: int
+    message: str
+    processes: tuple[ProcessResult, ...]
+    coordinator: str
+    devices_per_process: int
+    culprit: int | None = None
+
+    @property
+    def failed(self) -> tuple[ProcessResult, ...]:
+        """The processes that did not finish well by themselves (not those the
+        launcher stopped), the culprit first."""
+        bad = [p for p in self.processes
+               if p.status in ("failed", "not started", "not connected",
+                               "timed out")]
+        return tuple(sorted(bad, key=lambda p: p.index != self.culprit))
+
+    def report(self, lines: int = 20) -> str:
+        """A per-process table, the message and the failed processes' output."""
+        out = [f"{'process':<8} {'pid':<8} {'status':<12} {'exit':>5} "
+               f"{'seconds':>8}  summary"]
+        for p in self.processes:
+            code = "-" if p.returncode is None else str(p.returncode)
+            out.append(f"{p.index:<8} {p.pid:<8} {p.status:<12} {code:>5} "
+                       f"{p.seconds:>8.1f}  {p.summary}")
+        for p in self.failed:
+            shown = lines if p.index == self.culprit else max(1, lines // 3)
+            out.append(f"--- last {shown} lines of process {p.index} (pid {p.pid}) "
+                       "---")
+            out.append(p.tail(shown) or "(no output)")
+        out.append(self.message)
+        return "\n".join(out)
+
+
+def worker_argv(target: Sequence[str]) -> list[str]:
+    """Validate a launch target and turn it into the worker's arguments.
+
+    Raises:
+      ValueError: the target is empty or not one of ``check``, ``run NAME``,
+        ``python ...``.
+    """
+    target = [str(t) for t in target]
+    if target and target[0] == "--":
+        target = target[1:]
+    if not target:
+        raise ValueError(
+            "target: nothing to run. Fix: give one after `--`, e.g. `-- check`, "
+            "`-- run psum` or `-- python my_script.py`.")
+    head = target[0]
+    if re.fullmatch(r"python[0-9.]*", os.path.basename(head)):
+        return ["python", *target[1:]]
+    if head in _TARGETS:
+        _check_arguments(target)
+        return target
+    raise ValueError(
+        f"target {' '.join(target)!r}: unknown command {head!r}. Fix: use `check "
+        "[NAMES]`, `run NAME` or `python SCRIPT.py [ARGS]` (the script runs with "
+        "this interpreter).")
+
+
+def _check_arguments(target: list[str]) -> None:
+    """Parse a ``check`` or ``run`` target here, so that a typo fails at once
+    instead of in every worker after start-up."""
+    from collectives import _check
+    from collectives import _launch_check
+    from collectives._registry import RECIPES
+
+    parser = (_launch_check.check_parser() if target[0] == "check"
+              else _launch_check.run_parser())
+    said = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(said), contextlib.redirect_stdout(said):
+            args = parser.parse_args(target[1:])
+    except SystemExit:
+        raise ValueError(f"target {' '.join(target)!r}: "
+                         f"{said.getvalue().strip()}") from None
+    names = args.names if target[0] == "check" else [args.name]
+    unknown = [name for name in names if name not in RECIPES]
+    if unknown:
+        raise ValueError(
+            f"target {' '.join(target)!r}: no recipe named {unknown[0]!r}. Known "
+            f"recipes: {', '.join(RECIPES)}.")
+    if target[0] == "check":
+        try:
+            _check.configs_from_args(args)
+        except ValueError as err:
+            raise ValueError(f"target {' '.join(target)!r}: {err}") from None
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((LOOPBACK, 0))
+        return int(sock.getsockname()[1])
+
+
+def check_port(port: int) -> None:
+    """Raise :class:`LaunchError` if ``port`` on 127.0.0.1 cannot be bound."""
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+        raise ValueError(f"port: expected an int from 1 to 65535, got {port!r}. "
+                         "Fix: pass a free port, or None to pick one.")
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((LOOPBACK, port))
+        except OSError as err:
+            raise LaunchError(
+                f"port {port} on {LOOPBACK} is not free ({err.strerror}), so the "
+                "coordinator cannot listen there. Fix: choose another port, or "
+                "leave the port out to pick a free one.") from None

@@ -1,0 +1,155 @@
+"""Multi-process runs on JAX's distributed runtime, simulated on one machine.
+
+When one process is not enough, JAX runs one process per host, joined by
+``jax.distributed.initialize``; a mesh then spans the devices of every process
+and the same collectives cross process boundaries. On CPU, several processes
+on one machine (gloo collectives over 127.0.0.1) stand in for several hosts.
+
+* :func:`launch` starts N processes with M simulated CPU devices each and runs
+  ``check``, ``run NAME`` or a Python script in every one of them, stopping
+  them all if one fails (``python -m collectives launch -n 2
+  --devices-per-process 4 -- check``).
+* :func:`initialize` joins a process to the runtime: the launcher's settings
+  if it was started by :func:`launch`, else JAX's cluster auto-detection
+  (SLURM, Open MPI, Kubernetes, Cloud TPU).
+* :func:`process_slice`, :func:`gather` and :func:`process_forms` run a
+  recipe's forms on process-local data and bring results to every process.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from collections.abc import Sequence
+from typing import IO
+
+from collectives import _launch
+from collectives import _launch_worker
+from collectives._launch_forms import gather
+from collectives._launch_forms import process_forms
+from collectives._launch_forms import process_slice
+from collectives._launch_results import LaunchError
+from collectives._launch_results import LaunchResult
+from collectives._launch_results import ProcessResult
+
+__all__ = [
+    "LaunchError",
+    "LaunchResult",
+    "ProcessResult",
+    "gather",
+    "initialize",
+    "launch",
+    "process_forms",
+    "process_slice",
+]
+
+
+def launch(target: Sequence[str], *, num_processes: int = 2,
+           devices_per_process: int = 4, port: int | None = None,
+           timeout: float = 900.0, startup_timeout: float = 60.0,
+           heartbeat_timeout: int = 30, collective_timeout: int = 120,
+           env: Mapping[str, str] | None = None, cwd: str | None = None,
+           echo: str = "first", stream: IO[str] | None = None) -> LaunchResult:
+    """Run ``target`` in ``num_processes`` local processes joined by JAX.
+
+    Each process simulates ``devices_per_process`` CPU devices, joins JAX's
+    distributed runtime through a coordinator on 127.0.0.1 (gloo collectives,
+    loopback only) and runs the target. If any process fails, the others are
+    stopped at once: SIGTERM to each process group, SIGKILL after 2 s, so
+    nothing they started outlives the launch.
+
+    Args:
+      target: what every process runs: ``["check", *names_and_options]``
+        (every recipe vs the oracle on meshes spanning all processes),
+        ``["run", name]``, or ``["python", script, *args]`` (also ``-m
+        MODULE`` / ``-c CODE``; run with this interpreter after the process
+        joined the runtime, so the script must not call
+        ``jax.distributed.initialize()`` unguarded).
+      num_processes: how many processes.
+      devices_per_process: simulated CPU devices in each.
+      port: the coordinator's port on 127.0.0.1; default a free one.
+      timeout: seconds for the whole run before every process is stopped.
+      startup_timeout: seconds for every process to start and connect.
+      heartbeat_timeout: seconds without a heartbeat before JAX declares a
+        process dead.
+      collective_timeout: seconds a CPU collective waits for its peers
+        (XLA flags; gloo's reduce-scatter keeps its own 30 s).
+      env: extra environment variables for the workers.
+      cwd: the workers' working directory (default: this one).
+      echo: whose output to echo live, prefixed ``[pI]``: ``"first"``
+        (process 0), ``"all"`` or ``"none"``. All output is kept either way.
+      stream: where to echo (default ``sys.stdout``).
+
+    Returns:
+      A :class:`LaunchResult`: ``ok``, a message naming any failed process,
+      and per process its status, exit code, summary and last output.
+
+    Raises:
+      ValueError: the target or an argument is invalid.
+      LaunchError: the port is not free; nothing was started.
+
+    Examples:
+      >>> from collectives import distributed
+      >>> result = distributed.launch(
+      ...     ["python", "-c", "import jax; print(jax.device_count())"],
+      ...     num_processes=2, devices_per_process=1, echo="none")
+      >>> result.ok, [p.tail(1) for p in result.processes]
+      (True, ['2', '2'])
+    """
+    return _launch.launch(
+        target, num_processes=num_processes, devices_per_process=devices_per_process,
+        port=port, timeout=timeout, startup_timeout=startup_timeout,
+        heartbeat_timeout=heartbeat_timeout, collective_timeout=collective_timeout,
+        env=env, cwd=cwd, echo=echo, stream=stream)
+
+
+def initialize() -> bool:
+    """Join this process to JAX's distributed runtime, once.
+
+    Under :func:`launch` the launcher's settings are used (127.0.0.1, bounded
+    timeouts, its device count); elsewhere ``jax.distributed.initialize()``
+    detects the cluster (SLURM, Open MPI, Kubernetes, Cloud TPU). Call it
+    first, before any other JAX operation.
+
+    Returns:
+      ``True`` if this call joined the process to a multi-process runtime;
+      ``False`` if it was joined already, or if no launcher or cluster was
+      found (a single process).
+
+    Raises:
+      RuntimeError: JAX already started its backends in this process.
+
+    Examples:
+      Here JAX has already run (as in any test), so it is too late, and says so:
+
+      >>> import jax
+      >>> from collectives import distributed
+      >>> _ = jax.devices()
+      >>> distributed.initialize()
+      Traceback (most recent call last):
+      ...
+      RuntimeError: distributed.initialize() came too late: ...
+    """
+    import jax
+
+    from collectives import _compat
+
+    if jax.distributed.is_initialized():
+        return False
+    if _compat.backends_initialized():
+        raise RuntimeError(
+            "distributed.initialize() came too late: JAX's backends already "
+            "started in this process, so it can no longer join other processes. "
+            "Fix: call it right after the imports, before any JAX operation "
+            "(jax.devices() and jax.device_put count).")
+    settings = _launch_worker.WorkerEnv.from_env(os.environ)
+    if settings is not None:
+        _launch_worker.join(settings)
+        return True
+    try:
+        jax.distributed.initialize()
+    except ValueError as err:
+        if "coordinator_address" not in str(err):
+            raise
+        return False  # no cluster detected: a single process
+    return True
