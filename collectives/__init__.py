@@ -25,6 +25,8 @@ from collectives._check import CheckResult
 from collectives._check import check
 from collectives._devices import make_mesh
 from collectives._devices import use_cpu_devices
+from collectives._diagram import Diagram
+from collectives._diagram import diagram
 from collectives._forms import FORMS
 from collectives._forms import Recipe
 from collectives._grads import tree_pmean
@@ -57,6 +59,7 @@ __all__ = [
     "Axes",
     "CheckResult",
     "CollectiveStats",
+    "Diagram",
     "Recipe",
     "ReplicationError",
     "allgather_matmul",
@@ -65,6 +68,7 @@ __all__ = [
     "check_permutation",
     "collective_stats",
     "device_key",
+    "diagram",
     "dp_tp_mlp_value_and_grad",
     "halo_exchange",
     "init_mlp",

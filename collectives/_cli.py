@@ -55,10 +55,26 @@ def _lookup(name: str):
     return RECIPES[name]
 
 
+def _show_diagram(name: str) -> None:
+    """The before/after grid of a core collective, as comment lines."""
+    from collectives._diagram import DIAGRAM_NAMES
+    from collectives._diagram import diagram
+
+    if name not in DIAGRAM_NAMES:
+        return
+    try:
+        text = diagram(name).text()
+    except ValueError as error:  # e.g. fewer than 4 devices on an accelerator
+        text = f"(no diagram: {error})"
+    print("\n".join(f"# {line}".rstrip() for line in text.splitlines()) + "\n")
+
+
 def cmd_show(args: argparse.Namespace) -> int:
     recipe = _lookup(args.name)
     if recipe is None:
         return 2
+    _setup(args)
+    _show_diagram(recipe.name)
     print(f"# {recipe.name}: {recipe.summary}\n")
     for label, fn in (("per-shard body (pmap and shard_map forms)", recipe.body),
                       ("global program (jit form)", recipe.program),
@@ -108,7 +124,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("list", help="recipe names, one line each")
     p.set_defaults(func=cmd_list)
 
-    p = sub.add_parser("show", help="print a recipe's source for copy-paste")
+    p = sub.add_parser("show", parents=[devices],
+                       help="what a collective does to the shards (a grid), and "
+                            "the recipe's source for copy-paste")
     p.add_argument("name")
     p.set_defaults(func=cmd_show)
 

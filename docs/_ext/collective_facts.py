@@ -1,0 +1,198 @@
+"""Figures and tables computed at build time by running the collectives.
+
+* ``{collective-diagram} NAME``: the before/after picture of one collective,
+  from :func:`collectives.diagram` (the recipe's shard_map form run on
+  labelled blocks), written as SVG to ``_generated/diagrams/``.
+* ``{collective-costs}``: per core collective, the HLO ops each form compiles
+  to and the bytes each device sends, counted by
+  :func:`collectives.hlo.collective_stats` and checked against the cost
+  model (:func:`collectives.hlo.bytes_moved`); a mismatch is a build warning.
+
+JAX runs in the Sphinx process on 8 simulated CPU devices (conf.py sets them
+up before anything starts JAX).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import ClassVar
+
+from docutils import nodes
+from sphinx.application import Sphinx
+from sphinx.util import logging
+from sphinx.util.docutils import SphinxDirective
+
+logger = logging.getLogger(__name__)
+
+N_DEVICES = 8
+_DIAGRAMS: dict = {}  # name -> Diagram, drawn once per build process
+
+# The cost model of collectives.hlo, per core recipe: which HLO kind the
+# shard_map form runs, and what the model's ``V`` is in terms of ``b``, the
+# bytes of one device's input block.
+COSTS = {
+    "psum": ("all-reduce", "b", 1),
+    "pmean": ("all-reduce", "b", 1),
+    "pmax": ("all-reduce", "b", 1),
+    "pmin": ("all-reduce", "b", 1),
+    "all_gather": ("all-gather", "n * b", "n"),
+    "all_gather_stacked": ("all-gather", "n * b", "n"),
+    "psum_scatter": ("reduce-scatter", "b", 1),
+    "all_to_all": ("all-to-all", "n * b", "n"),
+    "ppermute_ring": ("collective-permute", "b", 1),
+    "axis_index": (None, "", 0),
+}
+
+
+def hlo_formulas() -> dict[str, str]:
+    """The "bytes sent per device" column of ``collectives.hlo``'s cost table.
+
+    Read from the module docstring itself, so this page states the model in
+    the same words as the code that computes it.
+    """
+    from collectives import hlo
+
+    lines = (hlo.__doc__ or "").splitlines()
+    rule = next(line for line in lines if line.startswith("===="))
+    third = [i for i in range(1, len(rule)) if rule[i] == "=" and rule[i - 1] == " "][1]
+    formulas = {}
+    for line in lines:
+        kind = re.match(r"``([a-z-]+)``\s", line)
+        formula = re.search(r"``([^`]+)``", line[third:])
+        if kind and formula and kind.group(1) in hlo.KINDS:
+            formulas[kind.group(1)] = formula.group(1)
+    missing = set(hlo.KINDS) - set(formulas)
+    if missing:
+        raise ValueError(f"collectives.hlo's cost table has no row for {missing}")
+    return formulas
+
+
+class CollectiveDiagram(SphinxDirective):
+    """``{collective-diagram} NAME``: a figure of one collective's before/after."""
+
+    required_arguments = 1
+
+    def run(self) -> list[nodes.Node]:
+        import collectives as cx
+
+        name = self.arguments[0]
+        out = Path(self.env.srcdir) / "_generated" / "diagrams"
+        out.mkdir(parents=True, exist_ok=True)
+        done = _DIAGRAMS
+        if name not in done:
+            try:
+                diagram = cx.diagram(name)
+            except ValueError as error:
+                return [self.state.document.reporter.warning(
+                    f"collective-diagram: {error}", line=self.lineno)]
+            diagram.save(str(out / f"{name}.svg"))
+            done[name] = diagram
+        diagram = done[name]
+        image = nodes.image(uri=f"/_generated/diagrams/{name}.svg",
+                            alt=diagram.text())
+        image["classes"].append("collective-diagram")
+        caption = nodes.caption(
+            "", "", nodes.literal(name, name),
+            nodes.Text(f": {diagram.summary}. {diagram.n_devices} devices "
+                       "(columns); each input element is "
+                       "10 \N{MULTIPLICATION SIGN} device + position, "
+                       "coloured by the device it came from"
+                       + ("; grey, hatched: combined from every device."
+                          if any((s < 0).any() for s in diagram.after_source)
+                          else ".")))
+        figure = nodes.figure("", image, caption)
+        figure["ids"].append(f"diagram-{name.replace('_', '-')}")
+        return [figure]
+
+
+def _fmt(value: float) -> str:
+    return f"{value:,.0f}"
+
+
+class CollectiveCosts(SphinxDirective):
+    """``{collective-costs}``: HLO ops and bytes per device, measured and modelled."""
+
+    option_spec: ClassVar[dict] = {"rows": int, "cols": int}
+
+    def run(self) -> list[nodes.Node]:
+        import collectives as cx
+        from collectives import hlo
+
+        rows = self.options.get("rows", 256)
+        cols = self.options.get("cols", 64)
+        mesh = cx.make_mesh((N_DEVICES,), "i")
+        formulas = hlo_formulas()
+        table_rows = []
+        for name, (kind, v_text, v_factor) in COSTS.items():
+            recipe = cx.RECIPES[name]
+            axes = recipe.axes(mesh, "i")
+            args = recipe.example_args(mesh, "i", dims=(rows, cols))
+            placed = recipe.place(*args, axes=axes)
+            block = placed[0].addressable_shards[0].data.nbytes
+            measured = {}
+            for form in ("shard_map", "jit"):
+                stats = hlo.collective_stats(recipe.compiled(form, axes), *placed)
+                measured[form] = stats
+            model = 0.0
+            if kind is not None:
+                size = block * (N_DEVICES if v_factor == "n" else v_factor)
+                model = hlo.bytes_moved(kind, size, N_DEVICES)
+            got = measured["shard_map"].bytes()
+            if abs(got - model) > 1e-6 * max(1.0, model) or (
+                    kind is not None and measured["shard_map"].nonzero() != {kind: 1}):
+                logger.warning(
+                    f"collective-costs: {name}: the shard_map form compiles to "
+                    f"{measured['shard_map'].nonzero()} sending {got} bytes per "
+                    f"device; the cost model says one {kind} sending {model}",
+                    location=(self.env.docname, self.lineno))
+
+            def ops(stats) -> str:
+                found = stats.nonzero()
+                return ", ".join(f"{n} x {k}" if n > 1 else k
+                                 for k, n in found.items()) or "none"
+
+            shape = ", ".join(map(str, placed[0].addressable_shards[0].data.shape))
+            table_rows.append([
+                name, ops(measured["shard_map"]), f"f32[{shape}]: {_fmt(block)}",
+                v_text or "—", formulas[kind] if kind else "0", _fmt(got),
+                f"{ops(measured['jit'])}: {_fmt(measured['jit'].bytes())}",
+            ])
+        header = ["collective", "HLO op (shard_map and pmap)",
+                  "block b per device: bytes",
+                  "V", "bytes sent per device", f"measured, n = {N_DEVICES}",
+                  "jit form on CPU: op, bytes"]
+        return [_table(header, table_rows)]
+
+
+def _table(header: list[str], rows: list[list[str]]) -> nodes.table:
+    table = nodes.table(classes=["collective-costs"])
+    group = nodes.tgroup(cols=len(header))
+    table += group
+    for _ in header:
+        group += nodes.colspec(colwidth=1)
+    head = nodes.thead()
+    group += head
+    head += _row(header)
+    body = nodes.tbody()
+    group += body
+    for row in rows:
+        body += _row(row, code_first=True)
+    return table
+
+
+def _row(cells: list[str], code_first: bool = False) -> nodes.row:
+    row = nodes.row()
+    for i, text in enumerate(cells):
+        entry = nodes.entry()
+        para = nodes.paragraph()
+        para += nodes.literal(text, text) if code_first and i == 0 else nodes.Text(text)
+        entry += para
+        row += entry
+    return row
+
+
+def setup(app: Sphinx) -> dict:
+    app.add_directive("collective-diagram", CollectiveDiagram)
+    app.add_directive("collective-costs", CollectiveCosts)
+    return {"version": "1", "parallel_read_safe": False}

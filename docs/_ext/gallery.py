@@ -1,0 +1,293 @@
+"""The recipe gallery: one page per file in ``recipes/``, made at build time.
+
+Each page is written from the file itself: its docstring, its tagged regions
+(``# [start:NAME]`` ... ``# [end:NAME]``, pulled in with ``literalinclude``),
+its ``main()``, and what it printed when this build ran it in a subprocess.
+A new file in ``recipes/`` gets a page with no change here. A recipe that
+fails, or prints no ``ok:`` line, is a build warning (an error under ``-W``).
+
+Outputs are cached in ``_generated/gallery/.cache`` by the file's content and
+the Python that ran it, so a rebuild reruns only the files that changed.
+"""
+
+from __future__ import annotations
+
+import ast
+import concurrent.futures
+import fnmatch
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from sphinx.application import Sphinx
+from sphinx.util import logging
+
+logger = logging.getLogger(__name__)
+
+TAG = re.compile(r"^# \[start:([A-Za-z0-9_]+)\]\s*$", re.MULTILINE)
+META = re.compile(r"^(Devices|JAX versions checked|Run):\s*(.*)$")
+NUMBERED = re.compile(r"^(\s*)(\d+)\.\s+(.*)$")
+BULLET = re.compile(r"^(\s*)[*-]\s+(.*)$")
+CODE = re.compile(r"(``.+?``|`[^`]+`)")
+
+REGION_TITLES = {
+    "pmap": "pmap form (legacy: the \"before\")",
+    "shard_map": "shard_map form",
+    "jit": "jit form",
+    "numpy": "NumPy oracle",
+}
+
+
+# -- docstring to MyST ---------------------------------------------------------
+
+def _escape(text: str) -> str:
+    """Escape Markdown emphasis and HTML outside code spans."""
+    parts = CODE.split(text)
+    return "".join(
+        part if i % 2 else re.sub(r"([*_<\\])", r"\\\1", part)
+        for i, part in enumerate(parts))
+
+
+def docstring_markdown(doc: str) -> tuple[str, str]:
+    """``(title, body)`` of a recipe docstring, the body as MyST Markdown.
+
+    The docstrings are plain text: paragraphs, ``*`` bullets, numbered
+    items (numbered as in the file, not renumbered), and the ``Devices:``,
+    ``JAX versions checked:`` and ``Run:`` lines, which become a list.
+    """
+    lines = doc.strip().splitlines()
+    title = lines[0].strip().rstrip(".")
+    out: list[str] = []
+    item_indent = None  # indentation of the text of the open list item
+    in_meta = False
+    for line in lines[1:]:
+        if not line.strip():
+            out.append("")
+            item_indent, in_meta = None, False
+            continue
+        indent = len(line) - len(line.lstrip())
+        meta, numbered = META.match(line), NUMBERED.match(line)
+        bullet = BULLET.match(line)
+        if meta:
+            # One paragraph, one line each (hard breaks), apart from any list.
+            if in_meta:
+                out[-1] += "\\"
+            elif out and out[-1]:
+                out.append("")
+            out.append(f"**{meta.group(1)}:** {_escape(meta.group(2))}")
+            in_meta, item_indent = True, None
+        elif numbered:
+            if out and out[-1]:
+                out.append("")
+            out.append(f"**{numbered.group(2)}.** {_escape(numbered.group(3))}")
+            item_indent = len(numbered.group(1)) + 1
+        elif bullet:
+            out.append(f"- {_escape(bullet.group(2))}")
+            item_indent = len(bullet.group(1)) + 1
+        else:
+            if item_indent is not None and indent < item_indent and out and out[-1]:
+                out.append("")  # a paragraph after a list, not a continuation
+                item_indent = None
+            out.append(_escape(line.strip()))
+            in_meta = False
+    body = "\n".join(out).strip()
+    return title, body
+
+
+# -- running the recipes -------------------------------------------------------
+
+def _cache_key(path: Path) -> str:
+    digest = hashlib.sha256(path.read_bytes())
+    digest.update(sys.executable.encode())
+    try:
+        import jax
+        digest.update(jax.__version__.encode())
+    except ImportError:  # pragma: no cover - jax is a dependency
+        pass
+    return digest.hexdigest()
+
+
+def _run(path: Path, cache_dir: Path, timeout: float) -> dict:
+    cache = cache_dir / f"{path.stem}.json"
+    key = _cache_key(path)
+    if cache.exists():
+        cached = json.loads(cache.read_text())
+        if cached.get("key") == key and cached.get("returncode") == 0:
+            return {**cached, "cached": True}
+    env = dict(os.environ)
+    env.pop("JAX_NUM_CPU_DEVICES", None)  # the recipe sets its own count
+    env.setdefault("JAX_PLATFORMS", "cpu")
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory() as cwd:  # as a user who copied the file
+        try:
+            result = subprocess.run(
+                [sys.executable, str(path)], cwd=cwd, env=env, capture_output=True,
+                text=True, timeout=timeout)
+            returncode, stdout, stderr = result.returncode, result.stdout, result.stderr
+        except subprocess.TimeoutExpired as error:
+            returncode = -1
+            stdout = error.stdout or ""
+            stderr = f"timed out after {timeout:.0f} s"
+            stdout = stdout.decode() if isinstance(stdout, bytes) else stdout
+    record = {"key": key, "returncode": returncode, "stdout": stdout,
+              "stderr": stderr[-4000:], "seconds": time.perf_counter() - start}
+    cache.write_text(json.dumps(record))
+    return {**record, "cached": False}
+
+
+# -- writing the pages ---------------------------------------------------------
+
+def _regions(text: str) -> list[str]:
+    return [name for name in TAG.findall(text) if f"# [end:{name}]" in text]
+
+
+def _has_main(tree: ast.Module) -> bool:
+    return any(isinstance(node, ast.FunctionDef) and node.name == "main"
+               for node in tree.body)
+
+
+def _page(path: Path, run: dict, diagrams: list[str], rel: str) -> str:
+    text = path.read_text()
+    tree = ast.parse(text)
+    title, body = docstring_markdown(ast.get_docstring(tree) or path.stem)
+    name = path.stem
+    lines = [f"(recipe-{name})=", f"# `{name}.py`", "", f"**{_escape(title)}.**", "",
+             f"{{download}}`Download recipes/{name}.py <{rel}>`; run it with "
+             f"`python recipes/{name}.py` (it needs only jax and numpy).", "",
+             body, ""]
+    if diagrams:
+        lines += ["## What the collectives do to the shards", ""]
+        for collective in diagrams:
+            lines += ["```{collective-diagram} " + collective, "```", ""]
+    for region in _regions(text):
+        heading = REGION_TITLES.get(region, f"`{region}`")
+        lines += [f"## {heading}", "",
+                  f"```{{literalinclude}} {rel}",
+                  ":language: python",
+                  f':start-after: "# [start:{region}]"',
+                  f':end-before: "# [end:{region}]"',
+                  "```", ""]
+    if _has_main(tree):
+        lines += ["## Running every form against the oracle: `main()`", "",
+                  f"```{{literalinclude}} {rel}", ":language: python",
+                  ":pyobject: main", "```", ""]
+    output = run["stdout"].rstrip() or "(no output)"
+    lines += ["## Output", "",
+              f"What `python recipes/{name}.py` printed when this page was built "
+              f"({run['seconds']:.1f} s, simulated CPU devices):", "",
+              "```text", output, "```", ""]
+    return "\n".join(lines)
+
+
+def _group(name: str, groups: list[tuple[str, list[str]]]) -> str:
+    for group, patterns in groups:
+        if any(fnmatch.fnmatch(name, pattern) for pattern in patterns):
+            return group
+    return groups[-1][0] if groups else "Recipes"
+
+
+def _listing(paths: list[Path], groups: list[tuple[str, list[str]]],
+             prefix: str) -> str:
+    by_group: dict[str, list[Path]] = {group: [] for group, _ in groups}
+    for path in paths:
+        by_group.setdefault(_group(path.stem, groups), []).append(path)
+    lines = []
+    for group, members in by_group.items():
+        if not members:
+            continue
+        lines += [f"## {group}", "", "| recipe | what it shows |", "|---|---|"]
+        for path in members:
+            doc = ast.get_docstring(ast.parse(path.read_text())) or path.stem
+            title, _ = docstring_markdown(doc)
+            lines.append(f"| [`{path.stem}.py`]({prefix}{path.stem}.md) | "
+                         f"{title.replace('|', '/')} |")
+        lines.append("")
+    lines += ["```{toctree}", ":hidden:", ""]
+    lines += [f"{prefix}{path.stem}" for members in by_group.values()
+              for path in members]
+    lines += ["```", ""]
+    return "\n".join(lines)
+
+
+def _write_if_changed(path: Path, text: str) -> None:
+    if not path.exists() or path.read_text() != text:
+        path.write_text(text)
+
+
+def generate(app: Sphinx) -> None:
+    config = app.config
+    srcdir = Path(app.srcdir)
+    recipes = (srcdir / config.gallery_recipes_dir).resolve()
+    out = srcdir / "_generated" / "gallery"
+    cache_dir = out / ".cache"
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    paths = sorted(recipes.glob("*.py"))
+    if not paths:
+        logger.warning(f"gallery: no recipe files in {recipes}")
+        return
+    start = time.perf_counter()
+    jobs = config.gallery_jobs or max(2, os.cpu_count() or 2)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+        runs = dict(zip(paths, pool.map(
+            lambda p: _run(p, cache_dir, config.gallery_timeout), paths), strict=True))
+    fresh = sum(not run["cached"] for run in runs.values())
+    logger.info(f"gallery: {len(paths)} recipes ({fresh} run, "
+                f"{len(paths) - fresh} cached) in {time.perf_counter() - start:.1f} s")
+    stale = {p.name for p in out.glob("*.md")} - {f"{p.stem}.md" for p in paths}
+    for name in stale:
+        (out / name).unlink()
+    for path, run in runs.items():
+        if run["returncode"] != 0 or "ok:" not in run["stdout"]:
+            logger.warning(
+                f"gallery: recipes/{path.name} failed (exit {run['returncode']}, "
+                f"ok: line {'present' if 'ok:' in run['stdout'] else 'missing'}):\n"
+                f"{run['stdout'][-2000:]}\n{run['stderr']}",
+                location=None)
+        rel = os.path.relpath(path, out)
+        diagrams = config.gallery_diagrams.get(path.stem, [])
+        _write_if_changed(out / f"{path.stem}.md", _page(path, run, diagrams, rel))
+    _write_if_changed(out / "listing.inc",
+                      _listing(paths, config.gallery_groups, "_generated/gallery/"))
+
+
+_RECIPE_LINK = re.compile(r"\]\(\.\./recipes/([A-Za-z0-9_]+\.py)?\)")
+
+
+def link_recipes(app: Sphinx, docname: str, source: list[str]) -> None:
+    """In the hand-written pages, links into ``../recipes/`` open the gallery.
+
+    ``[text](../recipes/NAME.py)`` goes to NAME's gallery page and
+    ``[text](../recipes/)`` to the gallery itself; the files keep the plain
+    relative links that also work when browsing the repository.
+    """
+    if docname.startswith("_generated/"):
+        return
+    up = "../" * docname.count("/")
+    recipes = (Path(app.srcdir) / app.config.gallery_recipes_dir).resolve()
+
+    def target(match: re.Match) -> str:
+        file = match.group(1)
+        if file is None:
+            return f"]({up}gallery.md)"
+        if not (recipes / file).exists():
+            return match.group(0)
+        return f"]({up}_generated/gallery/{file[:-3]}.md)"
+
+    source[0] = _RECIPE_LINK.sub(target, source[0])
+
+
+def setup(app: Sphinx) -> dict:
+    app.add_config_value("gallery_recipes_dir", "../recipes", "env")
+    app.add_config_value("gallery_groups", [], "env")
+    app.add_config_value("gallery_diagrams", {}, "env")
+    app.add_config_value("gallery_jobs", 0, "env")
+    app.add_config_value("gallery_timeout", 600, "env")
+    app.connect("builder-inited", generate)
+    app.connect("source-read", link_recipes)
+    return {"version": "1", "parallel_read_safe": True}
