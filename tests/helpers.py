@@ -20,3 +20,14 @@ def run_python(*args, cwd=None, timeout=300, env=None, check=True):
             f"python {' '.join(map(str, args))} exited {result.returncode}\n"
             f"--- stdout ---\n{result.stdout}\n--- stderr ---\n{result.stderr}")
     return result
+
+
+def load_recipe(stem):
+    """Import ``recipes/<stem>.py`` as a module (recipes/ is not a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"recipe_{stem}",
+                                                  RECIPES_DIR / f"{stem}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -1,7 +1,6 @@
 """vmap batching: named vmap axes in collectives, next to pmap, shard_map and jit."""
 
 import functools
-import importlib.util
 
 import jax
 import jax.numpy as jnp
@@ -18,7 +17,7 @@ from collectives.testing import assert_forms_agree
 from collectives.testing.strategies import exact_values
 from collectives.testing.strategies import meshes
 from collectives.testing.strategies import recipe_cases
-from helpers import RECIPES_DIR
+from helpers import load_recipe
 
 # A few examples per test in the ci profile (each new shape compiles three
 # forms); the deep profile scales up with it.
@@ -231,10 +230,7 @@ def test_vmap_form_rejects_bad_input_like_the_other_forms():
 
 
 def test_recipe_file_matches_the_library_oracles():
-    spec = importlib.util.spec_from_file_location("recipe_vmap_batching",
-                                                  RECIPES_DIR / "vmap_batching.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_recipe("vmap_batching")
     mesh = cx.make_mesh((4,), "i")
     x = np.random.default_rng(1).integers(-8, 9, size=(16, 3)).astype(np.float32)
     total, centred = module.batching_shard_map(x, mesh)

@@ -17,6 +17,7 @@ from collectives._bench_overhead import run_overhead
 from collectives._bench_timing import Timing
 from collectives._bench_timing import relative_iqr
 from collectives._cli import main
+from collectives._ring import RING_OF
 from collectives.hlo import collective_stats
 from helpers import run_python
 
@@ -67,7 +68,7 @@ def test_every_collective_and_form_is_right_on_every_device(sweep):
     assert all(row["wrong"] == 0 for row in rows)
     timed = {(r["collective"], r["form"]) for r in rows if r["form"] != "copy"}
     for name in SWEPT:
-        ring = _bench_cases.RING.get(name) in cx.RECIPES
+        ring = RING_OF.get(name) in cx.RECIPES
         expected = {"pmap", "shard_map", "jit"} | ({"ring"} if ring else set())
         assert {form for n, form in timed if n == name} == expected, name
     skipped = {(s["collective"], s["form"]) for s in sweep["skipped"]}

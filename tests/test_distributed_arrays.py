@@ -1,6 +1,5 @@
 """recipes/distributed_arrays.py: layouts, constraints and committed arrays."""
 
-import importlib.util
 
 import jax
 import jax.numpy as jnp
@@ -11,16 +10,12 @@ from jax.sharding import PartitionSpec as P
 from collectives.hlo import collective_stats
 from collectives.testing import assert_replicated
 from collectives.testing import assert_sharded_as
-from helpers import RECIPES_DIR
+from helpers import load_recipe
 
 
 @pytest.fixture(scope="module")
 def rec():
-    path = RECIPES_DIR / "distributed_arrays.py"
-    spec = importlib.util.spec_from_file_location("recipe_distributed_arrays", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_recipe("distributed_arrays")
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,6 @@
 tree_pmean, and data-parallel SGD that keeps every device's params identical."""
 
 import functools
-import importlib.util
 
 import jax
 import numpy as np
@@ -20,7 +19,7 @@ from collectives.testing import assert_forms_agree
 from collectives.testing import assert_replicated
 from collectives.testing import tolerance
 from collectives.testing.strategies import recipe_cases
-from helpers import RECIPES_DIR
+from helpers import load_recipe
 
 FEW = settings(max_examples=max(3, settings.default.max_examples // 4))
 RECIPE = cx.RECIPES["dp_grads"]
@@ -173,11 +172,7 @@ def test_tree_pmean_averages_any_pytree():
 
 @functools.cache
 def _training_module():
-    spec = importlib.util.spec_from_file_location("recipe_dp_training",
-                                                  RECIPES_DIR / "dp_training.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_recipe("dp_training")
 
 
 def test_data_parallel_sgd_keeps_params_identical_and_equal_to_one_device():
@@ -221,10 +216,7 @@ def test_dp_grads_rejects_parameters_that_do_not_fit():
 
 
 def test_recipe_file_matches_the_library_oracle():
-    spec = importlib.util.spec_from_file_location("recipe_dp_grads",
-                                                  RECIPES_DIR / "dp_grads.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_recipe("dp_grads")
     params, x, y = module.example(4)
     want = RECIPE.reference(params, x, y)
     mesh = cx.make_mesh((4,), "i")

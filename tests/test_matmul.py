@@ -4,7 +4,6 @@ integer-valued data, in every form; the compiled programs hold the expected
 collectives."""
 
 import functools
-import importlib.util
 
 import jax
 import numpy as np
@@ -18,7 +17,7 @@ from collectives.hlo import collective_stats
 from collectives.testing import assert_forms_agree
 from collectives.testing.strategies import meshes
 from collectives.testing.strategies import recipe_cases
-from helpers import RECIPES_DIR
+from helpers import load_recipe
 
 ALLGATHER = ("allgather_matmul", "allgather_matmul_overlapped",
              "allgather_matmul_bidirectional")
@@ -157,10 +156,7 @@ def test_jit_form_uses_the_plain_collective(name):
 
 
 def test_recipe_file_agrees_with_the_library():
-    path = RECIPES_DIR / "collective_matmul.py"
-    spec = importlib.util.spec_from_file_location("recipe_collective_matmul", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_recipe("collective_matmul")
     mesh = cx.make_mesh((8,), "i")
     rng = np.random.default_rng(6)
     x = rng.integers(-8, 9, size=(16, 24)).astype(np.float32)

@@ -1,6 +1,5 @@
 """recipes/migrate_pmap.py: each pmap idiom equals its replacement and NumPy."""
 
-import importlib.util
 
 import jax
 import numpy as np
@@ -11,16 +10,12 @@ import collectives as cx
 from collectives import _compat
 from collectives.testing import assert_replicated
 from collectives.testing import assert_sharded_as
-from helpers import RECIPES_DIR
+from helpers import load_recipe
 
 
 @pytest.fixture(scope="module")
 def mig():
-    path = RECIPES_DIR / "migrate_pmap.py"
-    spec = importlib.util.spec_from_file_location("recipe_migrate_pmap", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_recipe("migrate_pmap")
 
 
 @pytest.fixture(scope="module")

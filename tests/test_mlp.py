@@ -11,7 +11,6 @@ chained matmuls at these sizes leave bfloat16 gradients with no digit worth
 comparing. float32 follows the tolerance policy, float64 (x64) much tighter.
 """
 
-import importlib.util
 
 import jax
 import jax.numpy as jnp
@@ -28,7 +27,7 @@ from collectives.hlo import collective_stats
 from collectives.testing import assert_forms_agree
 from collectives.testing import compare_arrays
 from collectives.testing.strategies import recipe_cases
-from helpers import RECIPES_DIR
+from helpers import load_recipe
 
 NAMES = ("dp_tp_mlp", "dp_mlp")
 
@@ -208,10 +207,7 @@ def test_dp_compiles_to_one_all_reduce(form):
 
 
 def test_recipe_file_agrees_with_the_library():
-    path = RECIPES_DIR / "dp_tp_mlp.py"
-    spec = importlib.util.spec_from_file_location("recipe_dp_tp_mlp", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_recipe("dp_tp_mlp")
     mesh = cx.make_mesh((4, 2), ("data", "model"))
     params = cx.init_mlp(module.SIZES, seed=3)
     rng = np.random.default_rng(7)

@@ -1,24 +1,17 @@
 """Every file in recipes/ runs standalone and imports only jax and numpy."""
 
 import ast
-import importlib.util
 
 import numpy as np
 import pytest
 
 import collectives as cx
 from helpers import RECIPES_DIR
+from helpers import load_recipe
 from helpers import run_python
 
 RECIPE_FILES = sorted(RECIPES_DIR.glob("*.py"))
 ALLOWED_IMPORTS = {"jax", "numpy", "functools", "math", "time", "__future__"}
-
-
-def _load(path):
-    spec = importlib.util.spec_from_file_location(f"recipe_{path.stem}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_there_are_recipe_files():
@@ -59,25 +52,25 @@ def test_recipe_files_agree_with_the_library_oracles():
     mesh = cx.make_mesh((8,), "i")
     rng = np.random.default_rng(7)
     x = rng.integers(-8, 9, size=(64, 3)).astype(np.float32)
-    reductions = _load(RECIPES_DIR / "reductions.py")
+    reductions = load_recipe("reductions")
     got = reductions.reductions_shard_map(x, mesh)
     for name, value in zip(("psum", "pmean", "pmax", "pmin"), got, strict=True):
         np.testing.assert_array_equal(value, cx.RECIPES[name].reference(x))
-    gather = _load(RECIPES_DIR / "all_gather.py")
+    gather = load_recipe("all_gather")
     tiled, stacked = gather.all_gather_jit(x, mesh)
     np.testing.assert_array_equal(tiled, cx.RECIPES["all_gather"].reference(x))
     np.testing.assert_array_equal(stacked,
                                   cx.RECIPES["all_gather_stacked"].reference(x))
-    scatter = _load(RECIPES_DIR / "psum_scatter.py")
+    scatter = load_recipe("psum_scatter")
     np.testing.assert_array_equal(scatter.psum_scatter_shard_map(x, mesh),
                                   cx.RECIPES["psum_scatter"].reference(x))
     wide = np.tile(x, (1, 8))
-    a2a = _load(RECIPES_DIR / "all_to_all.py")
+    a2a = load_recipe("all_to_all")
     np.testing.assert_array_equal(a2a.all_to_all_pmap(wide, 8),
                                   cx.RECIPES["all_to_all"].reference(wide))
-    perm = _load(RECIPES_DIR / "ppermute.py")
+    perm = load_recipe("ppermute")
     np.testing.assert_array_equal(perm.ring_shift_jit(x, mesh),
                                   cx.RECIPES["ppermute_ring"].reference(x))
-    index = _load(RECIPES_DIR / "axis_index.py")
+    index = load_recipe("axis_index")
     np.testing.assert_array_equal(index.add_index_shard_map(x, mesh),
                                   cx.RECIPES["axis_index"].reference(x))

@@ -3,7 +3,6 @@ collectives, to a single-device stencil and to the NumPy oracle; the compiled
 programs hold exactly the ppermutes the algorithms call for."""
 
 import functools
-import importlib.util
 
 import jax
 import numpy as np
@@ -23,7 +22,7 @@ from collectives.testing.strategies import collective_axes
 from collectives.testing.strategies import exact_values
 from collectives.testing.strategies import meshes
 from collectives.testing.strategies import recipe_cases
-from helpers import RECIPES_DIR
+from helpers import load_recipe
 
 RING = ("ring_all_reduce", "ring_all_gather", "ring_reduce_scatter")
 HALO = ("halo_exchange", "halo_exchange_open")
@@ -222,23 +221,15 @@ def test_halo_exchange_is_two_permutes(name, form):
     assert stats.bytes() == 2 * 3 * 4
 
 
-def _load_recipe_file(name):
-    spec = importlib.util.spec_from_file_location(f"recipe_{name}",
-                                                  RECIPES_DIR / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_recipe_files_agree_with_the_library():
     mesh = cx.make_mesh((8,), "i")
     x = np.random.default_rng(5).integers(-8, 9, size=(64, 3)).astype(np.float32)
-    rings = _load_recipe_file("ring_algorithms")
+    rings = load_recipe("ring_algorithms")
     reduced, gathered, scattered = rings.rings_shard_map(x, mesh)
     for name, got in (("ring_all_reduce", reduced), ("ring_all_gather", gathered),
                       ("ring_reduce_scatter", scattered)):
         np.testing.assert_array_equal(got, cx.RECIPES[name].reference(x, mesh=mesh))
-    halo = _load_recipe_file("halo_exchange")
+    halo = load_recipe("halo_exchange")
     for name, periodic in (("halo_exchange", True), ("halo_exchange_open", False)):
         np.testing.assert_array_equal(halo.stencil_shard_map(x, mesh, periodic),
                                       cx.RECIPES[name].reference(x, mesh=mesh))

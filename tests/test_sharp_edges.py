@@ -6,7 +6,6 @@ pitfall behaves differently across JAX versions the test branches on a named
 flag in collectives._compat and asserts what this version does.
 """
 
-import importlib.util
 
 import jax
 import jax.numpy as jnp
@@ -17,47 +16,39 @@ from jax.sharding import PartitionSpec as P
 
 import collectives as cx
 from collectives import _compat
-from helpers import RECIPES_DIR
+from helpers import load_recipe
 
 N = 8
 
 
-def _load(stem):
-    path = RECIPES_DIR / f"{stem}.py"
-    spec = importlib.util.spec_from_file_location(f"recipe_{stem}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def sharding():
-    return _load("sharp_edges_sharding")
+    return load_recipe("sharp_edges_sharding")
 
 
 @pytest.fixture(scope="module")
 def grads():
-    return _load("sharp_edges_grads")
+    return load_recipe("sharp_edges_grads")
 
 
 @pytest.fixture(scope="module")
 def ppermute():
-    return _load("sharp_edges_ppermute")
+    return load_recipe("sharp_edges_ppermute")
 
 
 @pytest.fixture(scope="module")
 def pmap_edges():
-    return _load("sharp_edges_pmap")
+    return load_recipe("sharp_edges_pmap")
 
 
 @pytest.fixture(scope="module")
 def rng():
-    return _load("sharp_edges_rng")
+    return load_recipe("sharp_edges_rng")
 
 
 @pytest.fixture(scope="module")
 def nan_edges():
-    return _load("sharp_edges_nan")
+    return load_recipe("sharp_edges_nan")
 
 
 @pytest.fixture(scope="module")
