@@ -25,6 +25,7 @@ from collectives._bench_timing import looped
 from collectives._forms import Recipe
 from collectives._layout import Axes
 from collectives._registry import RECIPES
+from collectives._ring import RING_OF
 from collectives.testing._tolerance import tolerance
 
 KIND: dict[str, str] = {
@@ -34,12 +35,6 @@ KIND: dict[str, str] = {
     "all_to_all": "all-to-all", "ppermute_ring": "collective-permute",
 }
 """The collectives the benchmark knows, by recipe name, and the kind each is."""
-
-RING: dict[str, str] = {
-    "psum": "ring_all_reduce", "all_gather": "ring_all_gather",
-    "psum_scatter": "ring_reduce_scatter",
-}
-"""The ring-from-ppermute recipe that mirrors a collective (form ``ring``)."""
 
 BENCH_FORMS: tuple[str, ...] = ("pmap", "shard_map", "jit", "ring")
 """The forms ``bench`` times by default (``--forms``); ``ring`` is the
@@ -83,7 +78,7 @@ def recipe_for(collective: str, form: str) -> Recipe | str:
                 f"{', '.join(KIND)}")
     if form != "ring":
         return RECIPES[collective]
-    name = RING.get(collective)
+    name = RING_OF.get(collective)
     if name is None:
         return f"no ring-from-ppermute variant of {collective}"
     if name not in RECIPES:
