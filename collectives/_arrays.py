@@ -97,3 +97,13 @@ def random_array(rng: np.random.Generator, shape: Shape, dtype: Any,
     if kind == "complex":
         values = values + 1j * rng.standard_normal(size=shape)
     return values.astype(dtype)
+
+
+def bitwise_differs(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Elementwise: whether ``a`` and ``b`` (same shape and dtype) differ in any
+    bit. Unlike ``!=``, NaN equals the same NaN and -0.0 differs from 0.0."""
+    a = np.ascontiguousarray(a)
+    b = np.ascontiguousarray(np.broadcast_to(b, a.shape))
+    itemsize = a.dtype.itemsize
+    return (a.view(np.uint8).reshape(*a.shape, itemsize)
+            != b.view(np.uint8).reshape(*a.shape, itemsize)).any(-1)

@@ -20,6 +20,8 @@ from jax.sharding import Mesh
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from collectives._arrays import bitwise_differs
+
 AxisArg = str | Sequence[str] | None
 
 
@@ -223,12 +225,7 @@ def to_stacked(x: np.ndarray, mesh: Mesh, spec: P) -> np.ndarray:
 
 def _first_difference(y: np.ndarray, pos: int) -> tuple[int, tuple[int, ...]] | None:
     """(copy, index) of the first copy along ``pos`` that differs bitwise."""
-    ref = np.broadcast_to(np.take(y, [0], axis=pos), y.shape)
-    a = np.ascontiguousarray(y)
-    b = np.ascontiguousarray(ref)
-    itemsize = a.dtype.itemsize
-    differs = (a.view(np.uint8).reshape(*a.shape, itemsize)
-               != b.view(np.uint8).reshape(*b.shape, itemsize)).any(-1)
+    differs = bitwise_differs(y, np.take(y, [0], axis=pos))
     if not differs.any():
         return None
     where = tuple(int(i) for i in np.argwhere(differs)[0])

@@ -17,6 +17,7 @@ from jax.sharding import Mesh
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from collectives._arrays import bitwise_differs
 from collectives._layout import check_against_spec
 
 
@@ -72,12 +73,10 @@ def _assert_copies_agree(x: jax.Array, name: str) -> None:
         groups.setdefault(key, []).append(shard)
     for shards in groups.values():
         shards = sorted(shards, key=lambda s: s.replica_id)
-        first = np.ascontiguousarray(np.asarray(shards[0].data))
-        first_bytes = first.view(np.uint8).reshape(*first.shape, first.dtype.itemsize)
+        first = np.asarray(shards[0].data)
         for shard in shards[1:]:
-            other = np.ascontiguousarray(np.asarray(shard.data))
-            differs = (other.view(np.uint8).reshape(first_bytes.shape)
-                       != first_bytes).any(-1)
+            other = np.asarray(shard.data)
+            differs = bitwise_differs(other, first)
             if not differs.any():
                 continue
             where = tuple(int(i) for i in np.argwhere(differs)[0])
