@@ -27,8 +27,6 @@ from collectives._devices import make_mesh
 from collectives._devices import use_cpu_devices
 from collectives._diagram import Diagram
 from collectives._diagram import diagram
-from collectives._forms import FORMS
-from collectives._forms import Recipe
 from collectives._grads import tree_pmean
 from collectives._halo import halo_exchange
 from collectives._layout import Axes
@@ -44,6 +42,8 @@ from collectives._montecarlo import device_key
 from collectives._permute import check_permutation
 from collectives._permute import permute
 from collectives._permute import ring_shift
+from collectives._recipe import FORMS
+from collectives._recipe import Recipe
 from collectives._registry import RECIPES
 from collectives._ring import ring_all_gather
 from collectives._ring import ring_all_reduce

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from jax import lax
 
-from collectives._forms import Recipe
+from collectives._costs import one_collective
 from collectives._layout import Axes
 from collectives._layout import make_spec
+from collectives._recipe import Recipe
 from collectives._registry import register
 
 
@@ -66,7 +67,8 @@ def _check(axes: Axes, args) -> None:
 
 
 all_to_all = register(Recipe(
-    name="all_to_all",
+    name="all_to_all", family="core", source="all_to_all.py",
+    hlo=one_collective("all-to-all"),
     summary="rows-sharded to columns-sharded: each device swaps chunks with all",
     body=all_to_all_body, program=all_to_all_program, oracle=all_to_all_oracle,
     in_specs=_in_specs, out_specs=_out_specs, example_shapes=_shapes,

@@ -28,8 +28,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from collectives import _forms
-from collectives._forms import Recipe
+from collectives import _recipe
 from collectives._layout import Axes
 from collectives._layout import AxisArg
 from collectives._layout import axis_tuple
@@ -37,6 +36,7 @@ from collectives._layout import grid_shape
 from collectives._layout import make_spec
 from collectives._numpy import mean_dtype
 from collectives._numpy import widen
+from collectives._recipe import Recipe
 from collectives._registry import register
 
 EXAMPLE_AXIS = "example"
@@ -116,16 +116,16 @@ def vmap_form(recipe: Recipe, *args: Any, mesh: jax.sharding.Mesh | None = None,
       True
     """
     axes = recipe._prepare(args, mesh, axis)
-    out = _vmap_callable(recipe, axes)(*_forms.stack_args(recipe, axes, args))
+    out = _vmap_callable(recipe, axes)(*_recipe.stack_args(recipe, axes, args))
     return jax.tree_util.tree_map(
-        jnp.asarray, _forms.unstack_outputs(recipe, axes, out, "vmap"))
+        jnp.asarray, _recipe.unstack_outputs(recipe, axes, out, "vmap"))
 
 
 @functools.cache
 def _vmap_callable(recipe: Recipe, axes: Axes) -> Callable[..., Any]:
     body = functools.partial(recipe.pmap_body or recipe.body, axis=axes.axis)
     return jax.jit(vmap_axes(body, tuple(axes.mesh.axis_names),
-                             in_axes=_forms.stacked_in_axes(recipe, axes)))
+                             in_axes=_recipe.stacked_in_axes(recipe, axes)))
 
 
 # -- vmap_psum: one psum over the device axes and the vmapped axis ----------------

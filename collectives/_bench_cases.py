@@ -22,8 +22,8 @@ from jax.sharding import PartitionSpec as P
 from collectives import _layout
 from collectives._arrays import dtype_kind
 from collectives._bench_timing import looped
-from collectives._forms import Recipe
 from collectives._layout import Axes
+from collectives._recipe import Recipe
 from collectives._registry import RECIPES
 from collectives._ring import RING_OF
 from collectives.testing._tolerance import tolerance

@@ -12,13 +12,14 @@ from __future__ import annotations
 from jax import lax
 
 from collectives import _compat
-from collectives._forms import Recipe
+from collectives._costs import one_collective
 from collectives._layout import Axes
 from collectives._layout import axis_tuple
 from collectives._layout import grid_shape
 from collectives._layout import make_spec
 from collectives._numpy import blocks
 from collectives._numpy import widen
+from collectives._recipe import Recipe
 from collectives._registry import register
 
 
@@ -128,13 +129,16 @@ def _scatter_shapes(axes: Axes, dims):
 
 
 all_gather = register(Recipe(
-    name="all_gather", summary="every device gets the whole array (tiled)",
+    name="all_gather", family="core", source="all_gather.py",
+    hlo=one_collective("all-gather"),
+    summary="every device gets the whole array (tiled)",
     body=all_gather_body, program=all_gather_program, oracle=all_gather_oracle,
     in_specs=_in_specs, out_specs=lambda axes: make_spec(None, axes.batch),
     example_shapes=_shapes, pmap_body=all_gather_pmap_body))
 
 all_gather_stacked = register(Recipe(
-    name="all_gather_stacked",
+    name="all_gather_stacked", family="core", source="all_gather.py",
+    hlo=one_collective("all-gather"),
     summary="every device gets all blocks stacked on a new axis (untiled)",
     body=all_gather_stacked_body, program=all_gather_stacked_program,
     oracle=all_gather_stacked_oracle, in_specs=_in_specs,
@@ -142,7 +146,8 @@ all_gather_stacked = register(Recipe(
     pmap_body=all_gather_stacked_pmap_body))
 
 psum_scatter = register(Recipe(
-    name="psum_scatter",
+    name="psum_scatter", family="core", source="psum_scatter.py",
+    hlo=one_collective("reduce-scatter", cpu_jit="all-reduce"),
     summary="sum over devices, each device keeps its slice (reduce-scatter)",
     body=psum_scatter_body, program=psum_scatter_program,
     oracle=psum_scatter_oracle, in_specs=_in_specs,

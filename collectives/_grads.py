@@ -30,10 +30,10 @@ import jax.numpy as jnp
 from jax import lax
 
 from collectives import _compat
-from collectives._forms import Recipe
 from collectives._layout import Axes
 from collectives._layout import make_spec
 from collectives._numpy import widen
+from collectives._recipe import Recipe
 from collectives._registry import register
 
 

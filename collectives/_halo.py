@@ -18,7 +18,6 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from collectives._forms import Recipe
 from collectives._layout import Axes
 from collectives._layout import grid_shape
 from collectives._layout import make_spec
@@ -26,6 +25,7 @@ from collectives._numpy import widen
 from collectives._permute import body_axis_size
 from collectives._permute import permute
 from collectives._permute import ring_shift
+from collectives._recipe import Recipe
 from collectives._registry import register
 from collectives._ring import Shift
 from collectives._ring import stepwise_shift

@@ -28,10 +28,10 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from collectives import _arrays
-from collectives import _forms
 from collectives import _layout
-from collectives._forms import Recipe
+from collectives import _recipe
 from collectives._layout import AxisArg
+from collectives._recipe import Recipe
 
 
 def process_slice(sharding: jax.sharding.Sharding,
@@ -165,7 +165,7 @@ def _compiled_form(recipe: Recipe, form: str, *args: Any,
                    mesh: jax.sharding.Mesh | None, axis: AxisArg) -> Any:
     axes = recipe._prepare(args, mesh, axis)
     placed = tuple(
-        _forms._map_leaves(arg, spec,
+        _recipe._map_leaves(arg, spec,
                            lambda leaf, s, _: place(leaf, NamedSharding(axes.mesh, s)),
                            f"{recipe.name}: argument {name}")
         for arg, spec, name in zip(args, recipe.in_specs(axes), recipe.arg_names,
@@ -204,9 +204,9 @@ def _pmap_form(recipe: Recipe, *args: Any, mesh: jax.sharding.Mesh | None,
         # leaf: [rows on this process, ...] -> [every row, ...]
         return _align_copies(gather(leaf), axes.mesh, spec, recipe.n_terms(axes))
 
-    stacked = _forms.stack_args(recipe, axes, args, local_stack)
-    out = _forms._pmap_callable(recipe, axes)(*stacked)
-    return _forms.unstack_outputs(recipe, axes, out, "pmap", host=gathered)
+    stacked = _recipe.stack_args(recipe, axes, args, local_stack)
+    out = _recipe._pmap_callable(recipe, axes)(*stacked)
+    return _recipe.unstack_outputs(recipe, axes, out, "pmap", host=gathered)
 
 
 def _align_copies(y: np.ndarray, mesh: jax.sharding.Mesh, spec: P,

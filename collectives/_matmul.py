@@ -29,12 +29,12 @@ import jax.numpy as jnp
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
-from collectives._forms import Recipe
 from collectives._layout import Axes
 from collectives._layout import axis_tuple
 from collectives._numpy import widen
 from collectives._permute import body_axis_size
 from collectives._permute import ring_shift
+from collectives._recipe import Recipe
 from collectives._registry import register
 from collectives._ring import Shift
 from collectives._ring import stepwise_shift

@@ -40,10 +40,10 @@ from jax import lax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from collectives._forms import Recipe
 from collectives._layout import Axes
 from collectives._layout import axis_tuple
 from collectives._permute import body_axis_size
+from collectives._recipe import Recipe
 from collectives._registry import register
 
 PARAM_NAMES = ("w1", "b1", "w2", "b2", "w3", "b3", "w4", "b4")

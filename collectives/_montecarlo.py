@@ -24,9 +24,9 @@ import numpy as np
 from jax import lax
 
 from collectives import _threefry
-from collectives._forms import Recipe
 from collectives._layout import Axes
 from collectives._layout import make_spec
+from collectives._recipe import Recipe
 from collectives._registry import register
 
 SEED = 0

@@ -16,11 +16,13 @@ import numpy as np
 from jax import lax
 
 from collectives import _compat
-from collectives._forms import Recipe
+from collectives._costs import no_collectives
+from collectives._costs import one_collective
 from collectives._layout import Axes
 from collectives._layout import axis_tuple
 from collectives._layout import grid_shape
 from collectives._layout import make_spec
+from collectives._recipe import Recipe
 from collectives._registry import register
 
 
@@ -266,13 +268,16 @@ def _shapes(axes: Axes, dims):
 
 
 ppermute_ring = register(Recipe(
-    name="ppermute_ring", summary="each device sends its block to the next (+1)",
+    name="ppermute_ring", family="core", source="ppermute.py",
+    hlo=one_collective("collective-permute"),
+    summary="each device sends its block to the next (+1)",
     body=ppermute_ring_body, program=ppermute_ring_program,
     oracle=ppermute_ring_oracle, in_specs=_in_specs, out_specs=_out_specs,
     example_shapes=_shapes, pmap_body=ppermute_ring_pmap_body))
 
 axis_index = register(Recipe(
-    name="axis_index", summary="each device adds its index along the axis",
+    name="axis_index", family="core", source="axis_index.py",
+    hlo=no_collectives, summary="each device adds its index along the axis",
     body=axis_index_body, program=axis_index_program, oracle=axis_index_oracle,
     in_specs=_in_specs, out_specs=_out_specs, example_shapes=_shapes,
     n_terms=lambda axes: 1, kinds=frozenset({"float", "int", "complex"})))

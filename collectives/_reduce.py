@@ -11,13 +11,14 @@ from __future__ import annotations
 import numpy as np
 from jax import lax
 
-from collectives._forms import Recipe
+from collectives._costs import one_collective
 from collectives._layout import Axes
 from collectives._layout import grid_shape
 from collectives._layout import make_spec
 from collectives._numpy import blocks
 from collectives._numpy import mean_dtype
 from collectives._numpy import widen
+from collectives._recipe import Recipe
 from collectives._registry import register
 
 
@@ -98,25 +99,33 @@ _SUMMABLE = frozenset({"float", "int", "complex"})
 _ORDERED = frozenset({"float", "int"})
 
 psum = register(Recipe(
-    name="psum", summary="sum of every device's block, on every device",
+    name="psum", family="core", source="reductions.py",
+    hlo=one_collective("all-reduce"),
+    summary="sum of every device's block, on every device",
     body=psum_body, program=psum_program, oracle=psum_oracle,
     in_specs=_in_specs, out_specs=_out_specs, example_shapes=_shapes,
     n_terms=_terms, kinds=_SUMMABLE))
 
 pmean = register(Recipe(
-    name="pmean", summary="mean of every device's block, on every device",
+    name="pmean", family="core", source="reductions.py",
+    hlo=one_collective("all-reduce"),
+    summary="mean of every device's block, on every device",
     body=pmean_body, program=pmean_program, oracle=pmean_oracle,
     in_specs=_in_specs, out_specs=_out_specs, example_shapes=_shapes,
     n_terms=lambda axes: axes.size + 1, kinds=_SUMMABLE))
 
 pmax = register(Recipe(
-    name="pmax", summary="elementwise max over devices, on every device",
+    name="pmax", family="core", source="reductions.py",
+    hlo=one_collective("all-reduce"),
+    summary="elementwise max over devices, on every device",
     body=pmax_body, program=pmax_program, oracle=pmax_oracle,
     in_specs=_in_specs, out_specs=_out_specs, example_shapes=_shapes,
     kinds=_ORDERED))
 
 pmin = register(Recipe(
-    name="pmin", summary="elementwise min over devices, on every device",
+    name="pmin", family="core", source="reductions.py",
+    hlo=one_collective("all-reduce"),
+    summary="elementwise min over devices, on every device",
     body=pmin_body, program=pmin_program, oracle=pmin_oracle,
     in_specs=_in_specs, out_specs=_out_specs, example_shapes=_shapes,
     kinds=_ORDERED))

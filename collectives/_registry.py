@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from collections.abc import Mapping
 
-from collectives._forms import Recipe
+from collectives._recipe import Recipe
 
 CORE: tuple[str, ...] = (
     "psum", "pmean", "pmax", "pmin", "all_gather", "all_gather_stacked",

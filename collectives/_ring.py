@@ -33,10 +33,10 @@ from jax import lax
 
 from collectives import _gather
 from collectives import _reduce
-from collectives._forms import Recipe
 from collectives._layout import axis_tuple
 from collectives._permute import body_axis_size
 from collectives._permute import ring_shift
+from collectives._recipe import Recipe
 from collectives._registry import register
 
 RING_OF = {"psum": "ring_all_reduce", "all_gather": "ring_all_gather",

@@ -159,6 +159,42 @@ class CollectiveStats:
         return tuple(op for op in self.ops if op.kind == kind)
 
 
+@dataclasses.dataclass(frozen=True)
+class Expectation:
+    """What a compiled program must contain: a recipe's cost model for one form.
+
+    Attributes:
+      counts: the exact number of ops of each collective kind; kinds not named
+        must be absent.
+      bytes: for some kinds, the bytes each device sends in all ops of that
+        kind together (:func:`bytes_moved`); kinds not named are not checked.
+
+    Examples:
+      >>> from collectives.hlo import Expectation, CollectiveStats
+      >>> Expectation({"all-reduce": 1}).mismatch(CollectiveStats(ops=()))
+      "expected {'all-reduce': 1}, compiled to {}"
+    """
+
+    counts: Mapping[str, int]
+    bytes: Mapping[str, float] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for kind in (*self.counts, *self.bytes):
+            _check_kind(kind)
+
+    def mismatch(self, stats: CollectiveStats, rel: float = 1e-6) -> str | None:
+        """``None`` when ``stats`` meets this expectation, else what differs."""
+        want = {kind: n for kind, n in self.counts.items() if n}
+        if stats.nonzero() != want:
+            return f"expected {want}, compiled to {stats.nonzero()}"
+        for kind, expected in self.bytes.items():
+            got = stats.bytes(kind)
+            if not math.isclose(got, expected, rel_tol=rel, abs_tol=1e-9):
+                return (f"expected {expected:,.0f} bytes per device in {kind}, "
+                        f"compiled to {got:,.0f}")
+        return None
+
+
 def collective_stats(fn: Callable[..., Any], *args: Any, **kwargs: Any
                      ) -> CollectiveStats:
     """Compile ``fn`` for ``args`` and count the collectives in the program.

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 import collectives as cx
-from collectives import _forms
 from collectives import _layout
+from collectives import _recipe
 from collectives.hlo import KINDS
 from collectives.hlo import bus_factor
 from collectives.hlo import bytes_moved
@@ -108,7 +108,7 @@ def test_placed_forms_emit_exactly_one_expected_collective(name, form, shape,
 
 
 def _pmap_stats(recipe, axes, args):
-    fn = _forms._pmap_callable(recipe, axes)
+    fn = _recipe._pmap_callable(recipe, axes)
     (spec,) = recipe.in_specs(axes)
     stacked = _layout.to_stacked(np.asarray(args[0]), axes.mesh, spec)
     return collective_stats(fn, stacked)

@@ -11,9 +11,9 @@ import jax
 import numpy as np
 
 from collectives._arrays import dtype_kind
-from collectives._forms import FORMS
-from collectives._forms import Recipe
 from collectives._layout import AxisArg
+from collectives._recipe import FORMS
+from collectives._recipe import Recipe
 from collectives.testing._tolerance import describe_tolerance
 from collectives.testing._tolerance import tolerance
 

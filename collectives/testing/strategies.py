@@ -34,7 +34,7 @@ from jax.sharding import PartitionSpec as P
 
 from collectives._arrays import dtype_kind
 from collectives._arrays import is_shape
-from collectives._forms import Recipe
+from collectives._recipe import Recipe
 from collectives.testing._layouts import MESH_NAMES
 from collectives.testing._layouts import MESH_SHAPES
 from collectives.testing._layouts import MESH_SHAPES_3D

@@ -33,9 +33,17 @@ from collectives._arrays import is_shape
 from collectives._arrays import random_array
 from collectives._layout import Axes
 from collectives._layout import AxisArg
+from collectives.hlo import Expectation
 
 FORMS: tuple[str, ...] = ("pmap", "shard_map", "jit")
 """The three forms every recipe runs in, legacy first."""
+
+FAMILIES: tuple[str, ...] = ("core", "pattern", "strategy")
+"""What a recipe is, in the order the gallery shows them: a core collective
+(its name is a contract), a pattern built from collectives, or a parallelism
+strategy for training."""
+
+HloFact = Callable[[Axes, tuple[Any, ...], str], "Expectation | Sequence[Expectation]"]
 
 def _no_terms(axes: Axes) -> int:
     del axes
@@ -81,6 +89,17 @@ class Recipe:
         the first are mapped with ``vmap``, which batches some collectives
         (gathers, scatters, permutes) only one axis at a time, and pmap has
         no varying/invariant types.
+      family: one of :data:`FAMILIES`; ``"core"`` recipes are the contract
+        names and come first in :data:`collectives.RECIPES`.
+      hlo: the cost model, ``hlo(axes, args, form)`` for ``form`` in
+        ``("shard_map", "jit")``: the :class:`collectives.hlo.Expectation`
+        the compiled program of that form must meet on the placed ``args``
+        (or a sequence of them, any of which is accepted, where the
+        compiler's choice depends on the backend). The conformance suite
+        compiles every recipe and checks it.
+      source: the file in the repository's ``recipes/`` folder that shows the
+        recipe standalone, e.g. ``"reductions.py"``; it is executed by the
+        tests and rendered in the gallery.
     """
 
     name: str
@@ -98,6 +117,34 @@ class Recipe:
     check_vma: bool = True
     axes_check: Callable[[Axes], str | None] = _any_axes
     pmap_body: Callable[..., Any] | None = None
+    family: str = "pattern"
+    hlo: HloFact | None = None
+    source: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.family not in FAMILIES:
+            raise ValueError(
+                f"{self.name}: family={self.family!r} is not one of "
+                f"{', '.join(FAMILIES)}. Fix: pass one of those.")
+
+    def expected_hlo(self, form: str, axes: Axes, args: Sequence[Any]
+                     ) -> tuple[Expectation, ...]:
+        """The expectations the ``form``'s compiled program may meet (any one).
+
+        Raises:
+          ValueError: the recipe declares no ``hlo`` fact, or ``form`` is not a
+            placed form.
+        """
+        if form not in ("shard_map", "jit"):
+            raise ValueError(
+                f"form: expected 'shard_map' or 'jit', got {form!r}; the pmap "
+                "form is pinned by its own test.")
+        if self.hlo is None:
+            raise ValueError(
+                f"{self.name}: declares no hlo fact. Fix: pass hlo=... to its "
+                "Recipe (see CONTRIBUTING.md).")
+        found = self.hlo(axes, tuple(args), form)
+        return (found,) if isinstance(found, Expectation) else tuple(found)
 
     # -- the public forms -------------------------------------------------
 

@@ -1,0 +1,66 @@
+"""Cost-model facts that recipes declare: what each compiled form contains.
+
+A recipe's ``hlo`` fact is ``hlo(axes, args, form)`` returning the
+:class:`collectives.hlo.Expectation` its compiled program must meet; the
+builders here cover the common shapes of that fact.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+
+from collectives._layout import Axes
+from collectives.hlo import Expectation
+from collectives.hlo import bytes_moved
+
+
+def block_bytes(axes: Axes, x: Any) -> int:
+    """Bytes of the block of ``x`` that one device holds, ``x`` sharded over
+    every mesh axis (the collective axes and the rest)."""
+    return int(np.asarray(x).nbytes) // (axes.size * axes.rest_size)
+
+
+def per_device_bytes(kind: str, block: float, n: int, *, whole: bool = False
+                     ) -> float:
+    """Bytes one device sends for a collective of ``kind`` over ``n`` devices
+    on its ``block`` (the cost model's ``V`` is derived from the block:
+    all-gather and all-to-all act on ``n`` blocks; ``whole`` says the block is
+    already the whole array, as the unscattered input of a reduce-scatter)."""
+    if kind == "collective-permute":
+        return float(block)
+    if kind in ("all-gather", "all-to-all") and not whole:
+        return bytes_moved(kind, n * block, n)
+    return bytes_moved(kind, block, n)
+
+
+def no_collectives(axes: Axes, args: tuple[Any, ...], form: str) -> Expectation:
+    """The fact of a recipe that communicates nothing in any form."""
+    del axes, args, form
+    return Expectation({})
+
+
+def one_collective(kind: str, *, cpu_jit: str | None = None
+                   ) -> Callable[[Axes, tuple[Any, ...], str], Expectation]:
+    """The fact "exactly one ``kind`` op on the one argument's block".
+
+    Args:
+      kind: the HLO kind every form compiles to.
+      cpu_jit: where XLA's CPU pipeline writes the jit form differently (a
+        sharded sum as all-reduce + dynamic-slice, which the GPU pipeline
+        fuses into a reduce-scatter), the kind the jit form has on CPU.
+    """
+
+    def fact(axes: Axes, args: tuple[Any, ...], form: str) -> Expectation:
+        (x,) = args
+        op = kind
+        if form == "jit" and cpu_jit is not None and jax.default_backend() == "cpu":
+            op = cpu_jit
+        whole = kind == "reduce-scatter"
+        moved = per_device_bytes(op, block_bytes(axes, x), axes.size, whole=whole)
+        return Expectation({op: 1}, {op: moved})
+
+    return fact
