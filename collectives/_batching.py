@@ -29,6 +29,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from collectives import _recipe
+from collectives._costs import fixed
 from collectives._layout import Axes
 from collectives._layout import AxisArg
 from collectives._layout import axis_tuple
@@ -194,6 +195,7 @@ _COMMON = dict(
 
 vmap_psum = register(Recipe(
     name="vmap_psum",
+    source="vmap_batching.py", hlo=fixed({"all-reduce": 1}),
     summary="one psum over the device axes and a vmapped batch axis at once",
     body=vmap_psum_body, program=vmap_psum_program, oracle=vmap_psum_oracle,
     out_specs=lambda axes: make_spec(axes.batch),
@@ -201,6 +203,7 @@ vmap_psum = register(Recipe(
 
 vmap_center = register(Recipe(
     name="vmap_center",
+    source="vmap_batching.py", hlo=fixed({"all-reduce": 1}),
     summary="each row minus the mean row over devices and a vmapped batch axis",
     body=vmap_center_body, program=vmap_center_program, oracle=vmap_center_oracle,
     out_specs=lambda axes: make_spec(axes.on, axes.batch),

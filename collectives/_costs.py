@@ -8,6 +8,7 @@ builders here cover the common shapes of that fact.
 from __future__ import annotations
 
 from collections.abc import Callable
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -64,3 +65,24 @@ def one_collective(kind: str, *, cpu_jit: str | None = None
         return Expectation({op: 1}, {op: moved})
 
     return fact
+
+
+def fixed(counts: Mapping[str, int], jit: Mapping[str, int] | None = None
+          ) -> Callable[[Axes, tuple[Any, ...], str], Expectation]:
+    """The fact "these counts" (``jit`` for the jit form where it differs),
+    whatever the mesh and the sizes."""
+
+    def fact(axes: Axes, args: tuple[Any, ...], form: str) -> Expectation:
+        del axes, args
+        return Expectation(jit if form == "jit" and jit is not None else counts)
+
+    return fact
+
+
+def reshards_minor_axis(axes: Axes) -> int:
+    """1 when the collective axes do not start at the mesh's first axis.
+
+    The jit form's partitioner then moves the result between the layout it
+    computes in and the declared output layout with one collective-permute.
+    """
+    return int(bool(axes.rest) and axes.names[0] != axes.mesh.axis_names[0])

@@ -30,6 +30,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from collectives import _compat
+from collectives._costs import fixed
 from collectives._layout import Axes
 from collectives._layout import make_spec
 from collectives._numpy import widen
@@ -151,7 +152,7 @@ def _check_args(axes: Axes, args) -> None:
 
 
 dp_grads = register(Recipe(
-    name="dp_grads",
+    name="dp_grads", source="dp_grads.py", hlo=fixed({"all-reduce": 1}),
     summary="data-parallel gradient of a linear model's MSE: grads averaged by pmean",
     body=dp_grads_body, program=dp_grads_program, oracle=dp_grads_oracle,
     in_specs=lambda axes: (make_spec(), make_spec(axes.on), make_spec(axes.on)),

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from collectives._costs import fixed
 from collectives._layout import Axes
 from collectives._layout import grid_shape
 from collectives._layout import make_spec
@@ -171,7 +172,8 @@ def _halo_shapes(axes: Axes, dims):
 _STENCIL_KINDS = frozenset({"float", "int", "complex"})
 
 halo_exchange_recipe = register(Recipe(
-    name="halo_exchange",
+    name="halo_exchange", source="halo_exchange.py",
+    hlo=fixed({"collective-permute": 2}),
     summary="3-point stencil on rows sharded over a ring (periodic), via halos",
     body=halo_periodic_body, pmap_body=_halo_pmap_body(periodic=True),
     program=halo_periodic_program, oracle=halo_periodic_oracle,
@@ -179,7 +181,8 @@ halo_exchange_recipe = register(Recipe(
     example_shapes=_halo_shapes, n_terms=lambda axes: 3, kinds=_STENCIL_KINDS))
 
 halo_exchange_open_recipe = register(Recipe(
-    name="halo_exchange_open",
+    name="halo_exchange_open", source="halo_exchange.py",
+    hlo=fixed({"collective-permute": 2}),
     summary="3-point stencil on rows sharded over a line (zero boundary), via halos",
     body=halo_open_body, pmap_body=_halo_pmap_body(periodic=False),
     program=halo_open_program, oracle=halo_open_oracle,

@@ -25,10 +25,14 @@ Mesh axes other than the collective ones hold replicas of ``x`` and ``w``.
 
 from __future__ import annotations
 
+from typing import Any
+
+import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
+from collectives._costs import reshards_minor_axis
 from collectives._layout import Axes
 from collectives._layout import axis_tuple
 from collectives._numpy import widen
@@ -38,6 +42,7 @@ from collectives._recipe import Recipe
 from collectives._registry import register
 from collectives._ring import Shift
 from collectives._ring import stepwise_shift
+from collectives.hlo import Expectation
 
 OVERLAPS = (None, "unidirectional", "bidirectional")
 """The ``overlap`` choices: the plain collective, or a ring one or both ways."""
@@ -293,6 +298,27 @@ def matmul_oracle(x, w, *, axes: Axes):
 _KINDS = frozenset({"float", "int", "complex"})
 
 
+def _matmul_fact(kind: str, overlap: str | None):
+    """shard_map: the one collective, or n-1 ring steps (twice as many, each
+    half the size, bidirectional). jit: the global ``x @ w``, which XLA
+    partitions with the plain collective (on CPU a sharded sum is an
+    all-reduce), plus one permute into the output layout when the collective
+    axes are not the mesh's first."""
+
+    def fact(axes: Axes, args: tuple[Any, ...], form: str) -> Expectation:
+        if form == "jit":
+            op = kind
+            if kind == "reduce-scatter" and jax.default_backend() == "cpu":
+                op = "all-reduce"
+            return Expectation({op: 1, "collective-permute": reshards_minor_axis(axes)})
+        if overlap is None:
+            return Expectation({kind: 1})
+        steps = (axes.size - 1) * (2 if overlap == "bidirectional" else 1)
+        return Expectation({"collective-permute": steps})
+
+    return fact
+
+
 def _allgather_recipe(name: str, summary: str, overlap: str | None) -> Recipe:
     def body(x, w, *, axis):
         # x: [m, K] rows, w: [K, c] columns on each device -> [n*m, c]
@@ -303,6 +329,7 @@ def _allgather_recipe(name: str, summary: str, overlap: str | None) -> Recipe:
 
     return register(Recipe(
         name=name, summary=summary, body=body, pmap_body=pmap_body,
+        source="collective_matmul.py", hlo=_matmul_fact("all-gather", overlap),
         program=matmul_program, oracle=matmul_oracle, in_specs=_allgather_specs,
         out_specs=lambda axes: P(None, axes.on),
         example_shapes=_allgather_shapes(even=overlap == "bidirectional"),
@@ -321,6 +348,7 @@ def _scatter_recipe(name: str, summary: str, overlap: str | None) -> Recipe:
 
     return register(Recipe(
         name=name, summary=summary, body=body, pmap_body=pmap_body,
+        source="collective_matmul.py", hlo=_matmul_fact("reduce-scatter", overlap),
         program=matmul_program, oracle=matmul_oracle, in_specs=_scatter_specs,
         out_specs=lambda axes: P(axes.on),
         example_shapes=_scatter_shapes(even=overlap == "bidirectional"),

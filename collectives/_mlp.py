@@ -40,6 +40,7 @@ from jax import lax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from collectives._costs import fixed
 from collectives._layout import Axes
 from collectives._layout import axis_tuple
 from collectives._permute import body_axis_size
@@ -342,7 +343,7 @@ def _terms(axes: Axes) -> int:
 _FLOAT = frozenset({"float"})
 
 dp_tp_mlp = register(Recipe(
-    name="dp_tp_mlp",
+    name="dp_tp_mlp", source="dp_tp_mlp.py", hlo=fixed({"all-reduce": 3}),
     summary="MLP loss+grads over axes (data, model): batch split over data, "
             "W2/b2/W3 over model",
     body=dp_tp_mlp_body, program=_program(model=True), oracle=mlp_oracle,
@@ -351,7 +352,7 @@ dp_tp_mlp = register(Recipe(
     n_terms=_terms, kinds=_FLOAT, axes_check=_needs_two_axes))
 
 dp_mlp = register(Recipe(
-    name="dp_mlp",
+    name="dp_mlp", source="dp_tp_mlp.py", hlo=fixed({"all-reduce": 1}),
     summary="MLP loss+grads, data parallel: batch split, params replicated, "
             "grads psum",
     body=dp_mlp_body, program=_program(model=False), oracle=mlp_oracle,

@@ -24,6 +24,7 @@ import numpy as np
 from jax import lax
 
 from collectives import _threefry
+from collectives._costs import fixed
 from collectives._layout import Axes
 from collectives._layout import make_spec
 from collectives._recipe import Recipe
@@ -215,7 +216,7 @@ def _n_terms(axes: Axes) -> int:
 
 
 metropolis = register(Recipe(
-    name="metropolis",
+    name="metropolis", source="monte_carlo.py", hlo=fixed({"all-reduce": 2}),
     summary="Metropolis chains, keys by fold_in(axis_index); mean/var by pmean",
     body=metropolis_body, program=metropolis_program, oracle=metropolis_oracle,
     in_specs=lambda axes: (make_spec(axes.on),),

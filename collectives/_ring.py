@@ -33,11 +33,14 @@ from jax import lax
 
 from collectives import _gather
 from collectives import _reduce
+from collectives._layout import Axes
 from collectives._layout import axis_tuple
 from collectives._permute import body_axis_size
 from collectives._permute import ring_shift
+from collectives._recipe import HloFact
 from collectives._recipe import Recipe
 from collectives._registry import register
+from collectives.hlo import Expectation
 
 RING_OF = {"psum": "ring_all_reduce", "all_gather": "ring_all_gather",
            "psum_scatter": "ring_reduce_scatter"}
@@ -271,7 +274,26 @@ def _mirror(native: Recipe, name: str, summary: str, body: Callable[..., Any],
     the tests prove them equal on every device."""
     return register(dataclasses.replace(
         native, name=name, summary=summary, body=body, pmap_body=_pmap_body(ring),
-        check_vma=False))
+        check_vma=False, family="pattern", source="ring_algorithms.py",
+        hlo=_ring_fact(native)))
+
+
+def _ring_fact(native: Recipe) -> HloFact:
+    """The jit form is the native program; the shard_map form is ring steps:
+    2(n-1) permutes for an all-reduce (chunks padded to n equal parts), else
+    n-1 permutes moving the native collective's bytes."""
+
+    def fact(axes: Axes, args: tuple[Any, ...], form: str) -> Expectation:
+        (expected,) = native.expected_hlo("shard_map", axes, args)
+        if form == "jit":
+            return native.hlo(axes, args, form)
+        (kind,) = expected.counts
+        permute = "collective-permute"
+        if kind == "all-reduce":
+            return Expectation({permute: 2 * (axes.size - 1)})
+        return Expectation({permute: axes.size - 1}, {permute: expected.bytes[kind]})
+
+    return fact
 
 
 ring_all_reduce_recipe = _mirror(
