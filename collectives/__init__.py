@@ -16,44 +16,44 @@ Examples:
   True
 """
 
-from collectives import _all_to_all  # noqa: F401  (registers its recipe)
-from collectives import _gather  # noqa: F401
-from collectives import _reduce  # noqa: F401
-from collectives._batching import vmap_axes
-from collectives._batching import vmap_form
+from collectives import _recipes  # noqa: F401  (registers every recipe, in order)
 from collectives._check import CheckResult
 from collectives._check import check
 from collectives._devices import make_mesh
 from collectives._devices import use_cpu_devices
 from collectives._diagram import Diagram
 from collectives._diagram import diagram
-from collectives._grads import tree_pmean
-from collectives._halo import halo_exchange
 from collectives._layout import Axes
 from collectives._layout import ReplicationError
-from collectives._matmul import allgather_matmul
-from collectives._matmul import matmul_reduce_scatter
-from collectives._mlp import dp_tp_mlp_value_and_grad
-from collectives._mlp import init_mlp
-from collectives._mlp import mlp_loss
-from collectives._mlp import mlp_specs
-from collectives._montecarlo import chain_keys
-from collectives._montecarlo import device_key
-from collectives._permute import check_permutation
-from collectives._permute import permute
-from collectives._permute import ring_shift
+from collectives._recipe import FAMILIES
 from collectives._recipe import FORMS
 from collectives._recipe import Recipe
+from collectives._recipes.batching import vmap_axes
+from collectives._recipes.batching import vmap_form
+from collectives._recipes.grads import tree_pmean
+from collectives._recipes.halo import halo_exchange
+from collectives._recipes.matmul import allgather_matmul
+from collectives._recipes.matmul import matmul_reduce_scatter
+from collectives._recipes.mlp import dp_tp_mlp_value_and_grad
+from collectives._recipes.mlp import init_mlp
+from collectives._recipes.mlp import mlp_loss
+from collectives._recipes.mlp import mlp_specs
+from collectives._recipes.montecarlo import chain_keys
+from collectives._recipes.montecarlo import device_key
+from collectives._recipes.permute import check_permutation
+from collectives._recipes.permute import permute
+from collectives._recipes.permute import ring_shift
+from collectives._recipes.ring import ring_all_gather
+from collectives._recipes.ring import ring_all_reduce
+from collectives._recipes.ring import ring_reduce_scatter
 from collectives._registry import RECIPES
-from collectives._ring import ring_all_gather
-from collectives._ring import ring_all_reduce
-from collectives._ring import ring_reduce_scatter
 from collectives.hlo import CollectiveStats
 from collectives.hlo import collective_stats
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "FAMILIES",
     "FORMS",
     "RECIPES",
     "Axes",

@@ -24,9 +24,9 @@ from collectives._arrays import dtype_kind
 from collectives._bench_timing import looped
 from collectives._layout import Axes
 from collectives._recipe import Recipe
+from collectives._recipes.ring import RING_OF
 from collectives._registry import RECIPES
-from collectives._ring import RING_OF
-from collectives.testing._tolerance import tolerance
+from collectives._tolerance import tolerance
 
 KIND: dict[str, str] = {
     "psum": "all-reduce", "pmean": "all-reduce", "pmax": "all-reduce",

@@ -15,6 +15,8 @@ import jax
 import numpy as np
 
 from collectives._arrays import dtype_kind
+from collectives._compare import assert_forms_agree
+from collectives._devices import MESH_NAMES
 from collectives._devices import make_mesh
 from collectives._registry import RECIPES
 
@@ -101,7 +103,6 @@ def check(
       [('psum', '8', True)]
     """
     # Local import: the assertions live with the test toolkit.
-    from collectives.testing import assert_forms_agree
 
     chosen = list(RECIPES) if names is None else list(names)
     for name in chosen:
@@ -148,7 +149,6 @@ def check(
 
 # -- the command line: shared by ``check`` and ``launch ... -- check`` --------
 
-MESH_NAMES = ("i", "j", "k", "l")
 """Axis names of the meshes the command line builds from ``--mesh``."""
 
 

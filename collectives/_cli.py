@@ -57,10 +57,10 @@ def _lookup(name: str):
 
 def _show_diagram(name: str) -> None:
     """The before/after grid of a core collective, as comment lines."""
-    from collectives._diagram import DIAGRAM_NAMES
     from collectives._diagram import diagram
+    from collectives._diagram import diagram_names
 
-    if name not in DIAGRAM_NAMES:
+    if name not in diagram_names():
         return
     try:
         text = diagram(name).text()

@@ -14,6 +14,11 @@ DEFAULT_AXIS_NAME = "i"
 """The axis name of the 1-D mesh used when a form is called with ``mesh=None``."""
 
 
+MESH_NAMES: tuple[str, ...] = ("i", "j", "k", "l")
+"""Mesh axis names ``check``, ``run`` and the strategies give meshes they
+make, in order: ``i`` for a 1-D mesh, ``i, j`` for 2-D..."""
+
+
 def _how_to_get_devices(n: int) -> str:
     return (
         f"On CPU, simulate {n} devices with collectives.use_cpu_devices({n}) "

@@ -21,23 +21,16 @@ import numpy as np
 from collectives import _devices
 from collectives._registry import RECIPES
 
-DIAGRAM_NAMES: tuple[str, ...] = (
-    "psum", "pmean", "pmax", "pmin", "all_gather", "all_gather_stacked",
-    "psum_scatter", "all_to_all", "ppermute_ring", "axis_index")
-"""The core collectives :func:`diagram` draws."""
+
+def diagram_names() -> tuple[str, ...]:
+    """The recipes :func:`diagram` draws: those that declare a ``diagram``."""
+    return tuple(name for name, recipe in RECIPES.items()
+                 if recipe.diagram is not None)
+
 
 COMBINED = -1
 """Source of an output element computed from several devices' elements."""
 
-# The dims passed to each recipe's example_shapes: blocks of at most a few
-# elements, so every label stays readable.
-_DIMS = {"psum_scatter": (1, 1), "all_to_all": (1, 1)}
-_DEFAULT_DIMS = (2, 1)
-# How an output element relates to the input: "combine" (a sum or mean of
-# every device's element), "local" (computed on the device from its own
-# element), otherwise a copy of one input element, found by its label.
-_RELATION = {"psum": "combine", "pmean": "combine", "psum_scatter": "combine",
-             "axis_index": "local"}
 _MAX_LABELLED = 10  # labels are 10 * device + position: one decimal digit each
 
 
@@ -159,10 +152,10 @@ def diagram(name: str, *, n_devices: int = 4) -> Diagram:
       >>> [s.ravel().tolist() for s in cx.diagram("ppermute_ring").after_source]
       [[3, 3], [0, 0], [1, 1], [2, 2]]
     """
-    if name not in DIAGRAM_NAMES:
+    if name not in diagram_names():
         raise ValueError(
             f"name: no diagram for {name!r}; diagrams exist for "
-            f"{', '.join(DIAGRAM_NAMES)}. Fix: pass one of those.")
+            f"{', '.join(diagram_names())}. Fix: pass one of those.")
     if (isinstance(n_devices, bool) or not isinstance(n_devices, (int, np.integer))
             or not 2 <= n_devices <= _MAX_LABELLED):
         raise ValueError(
@@ -172,7 +165,7 @@ def diagram(name: str, *, n_devices: int = 4) -> Diagram:
     recipe = RECIPES[name]
     mesh = _devices.make_mesh((n_devices,), "i")
     axes = recipe.axes(mesh, "i")
-    (shape,) = recipe.example_shapes(axes, _DIMS.get(name, _DEFAULT_DIMS))
+    (shape,) = recipe.example_shapes(axes, recipe.diagram.dims)
     (spec,) = recipe.in_specs(axes)
     x = _labelled(shape, jax.sharding.NamedSharding(mesh, spec), mesh)
     (placed,) = recipe.place(x, axes=axes)
@@ -216,7 +209,7 @@ def _blocks(array: jax.Array, mesh: Any) -> tuple[np.ndarray, ...]:
 
 def _sources(name: str, before: tuple[np.ndarray, ...], block: np.ndarray,
              device: int) -> np.ndarray:
-    relation = _RELATION.get(name, "copy")
+    relation = RECIPES[name].diagram.relation
     if relation == "combine":
         return np.full(block.shape, COMBINED)
     if relation == "local":

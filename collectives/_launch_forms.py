@@ -219,7 +219,7 @@ def _align_copies(y: np.ndarray, mesh: jax.sharding.Mesh, spec: P,
     lanes may differ in the last bits across processes. Copies that really
     differ stay, and ``from_stacked`` reports them.
     """
-    from collectives.testing import tolerance
+    from collectives._tolerance import tolerance
 
     k = len(mesh.axis_names)
     used = {n for names in _layout.spec_axes(spec, y.ndim - k) for n in names}

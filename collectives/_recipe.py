@@ -43,6 +43,25 @@ FAMILIES: tuple[str, ...] = ("core", "pattern", "strategy")
 (its name is a contract), a pattern built from collectives, or a parallelism
 strategy for training."""
 
+
+
+@dataclasses.dataclass(frozen=True)
+class DiagramSpec:
+    """How :func:`collectives.diagram` draws a recipe.
+
+    Attributes:
+      dims: the small ints passed to the recipe's ``example_shapes`` (blocks
+        of a few elements keep every label readable).
+      relation: how an output element relates to the input: ``"combine"`` (a
+        sum or mean of every device's element), ``"local"`` (computed on the
+        device from its own element) or ``"copy"`` (a copy of one input
+        element, found by its label).
+    """
+
+    dims: tuple[int, ...] = (2, 1)
+    relation: str = "copy"
+
+
 HloFact = Callable[[Axes, tuple[Any, ...], str], "Expectation | Sequence[Expectation]"]
 
 def _no_terms(axes: Axes) -> int:
@@ -100,6 +119,12 @@ class Recipe:
       source: the file in the repository's ``recipes/`` folder that shows the
         recipe standalone, e.g. ``"reductions.py"``; it is executed by the
         tests and rendered in the gallery.
+      diagram: how :func:`collectives.diagram` draws it (a
+        :class:`DiagramSpec`), or ``None`` for recipes it does not draw.
+      exact: whether exact-valued inputs (small integers, see
+        :meth:`example_args`) give the oracle's result bit for bit in every
+        form; ``False`` where the recipe's own arithmetic rounds (a mean over
+        an odd batch, a softmax), so the tolerance policy applies instead.
     """
 
     name: str
@@ -120,6 +145,8 @@ class Recipe:
     family: str = "pattern"
     hlo: HloFact | None = None
     source: str | None = None
+    exact: bool = True
+    diagram: DiagramSpec | None = None
 
     def __post_init__(self) -> None:
         if self.family not in FAMILIES:
@@ -401,3 +428,13 @@ def _build(recipe: Recipe, form: str, axes: Axes) -> Callable[..., Any]:
         out_shardings=_layout.shardings(axes.mesh, out_specs))
 
 
+def clear_caches() -> None:
+    """Drop every compiled form this module and JAX keep (``jax.clear_caches``).
+
+    Each new input shape compiles new programs, and both caches keep them for
+    the life of the process; long property runs call this between modules to
+    keep memory bounded.
+    """
+    _build.cache_clear()
+    _pmap_callable.cache_clear()
+    jax.clear_caches()

@@ -7,15 +7,10 @@ from collections.abc import Mapping
 
 from collectives._recipe import Recipe
 
-CORE: tuple[str, ...] = (
-    "psum", "pmean", "pmax", "pmin", "all_gather", "all_gather_stacked",
-    "psum_scatter", "all_to_all", "ppermute_ring", "axis_index")
-"""The core recipe names, a contract; they come first in :data:`RECIPES`."""
-
 
 class _Registry(Mapping[str, Recipe]):
-    """A read-only mapping: the core recipes in :data:`CORE` order, then the
-    pattern recipes in the order they were registered."""
+    """A read-only mapping in registration order: ``collectives._recipes``
+    imports its modules core collectives first, in contract order."""
 
     def __init__(self) -> None:
         self._recipes: dict[str, Recipe] = {}
@@ -24,8 +19,7 @@ class _Registry(Mapping[str, Recipe]):
         return self._recipes[name]
 
     def __iter__(self) -> Iterator[str]:
-        yield from (name for name in CORE if name in self._recipes)
-        yield from (name for name in self._recipes if name not in CORE)
+        return iter(self._recipes)
 
     def __len__(self) -> int:
         return len(self._recipes)
@@ -36,6 +30,11 @@ class _Registry(Mapping[str, Recipe]):
 
 RECIPES: Mapping[str, Recipe] = _Registry()
 """Every recipe by name (read-only); ``python -m collectives list`` prints it."""
+
+
+def core_names() -> tuple[str, ...]:
+    """The names of the core recipes (``family="core"``), a contract."""
+    return tuple(name for name, recipe in RECIPES.items() if recipe.family == "core")
 
 
 def register(recipe: Recipe) -> Recipe:

@@ -76,22 +76,21 @@ nitpick_ignore_regex = [
 
 # -- the recipe gallery ---------------------------------------------------------
 gallery_recipes_dir = "../recipes"
+# Derived from the registry: each recipe names its file (``source``), its
+# family and whether collectives.diagram draws it.
+_CORE_FILES = list(dict.fromkeys(
+    Path(r.source).stem for r in collectives.RECIPES.values() if r.family == "core"))
 gallery_groups = [
-    ("Core collectives", ["reductions", "all_gather", "psum_scatter", "all_to_all",
-                          "ppermute", "axis_index"]),
+    ("Core collectives", _CORE_FILES),
     ("Arrays, migration and processes", ["distributed_arrays", "migrate_pmap",
                                          "multi_process"]),
     ("Sharp edges", ["sharp_edges_*"]),
     ("Patterns", ["*"]),
 ]
-gallery_diagrams = {
-    "reductions": ["psum", "pmean", "pmax", "pmin"],
-    "all_gather": ["all_gather", "all_gather_stacked"],
-    "psum_scatter": ["psum_scatter"],
-    "all_to_all": ["all_to_all"],
-    "ppermute": ["ppermute_ring"],
-    "axis_index": ["axis_index"],
-}
+gallery_diagrams: dict[str, list[str]] = {}
+for _name, _recipe in collectives.RECIPES.items():
+    if _recipe.diagram is not None:
+        gallery_diagrams.setdefault(Path(_recipe.source).stem, []).append(_name)
 
 # -- HTML -----------------------------------------------------------------------
 html_theme = "sphinx_book_theme"

@@ -15,6 +15,8 @@ Which form when: shard_map when the gather feeds more per-device work; jit
 when you only need the data replicated (an output sharding of ``P()`` is the
 whole recipe); pmap only as the legacy "before".
 
+Registered as: ``collectives.RECIPES["all_gather"]``,
+``collectives.RECIPES["all_gather_stacked"]``.
 Devices: 8 (simulated on CPU by ``main()``).
 JAX versions checked: 0.8.0, 0.10.2, 0.12.0.
 Run: ``python recipes/all_gather.py``

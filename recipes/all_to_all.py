@@ -14,6 +14,7 @@ Which form when: jit when all you need is the new layout (change the output
 sharding, XLA emits the all-to-all); shard_map inside a larger per-device
 program; pmap as the legacy form.
 
+Registered as: ``collectives.RECIPES["all_to_all"]``.
 Devices: 8 (simulated on CPU by ``main()``).
 JAX versions checked: 0.8.0, 0.10.2, 0.12.0.
 Run: ``python recipes/all_to_all.py``

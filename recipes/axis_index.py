@@ -11,6 +11,7 @@ from the row index, ``row // rows_per_device``.
 
 Checks that ``psum(axis_index) == n(n-1)/2``.
 
+Registered as: ``collectives.RECIPES["axis_index"]``.
 Devices: 8 (simulated on CPU by ``main()``), as a 4x2 mesh too.
 JAX versions checked: 0.8.0, 0.10.2, 0.12.0.
 Run: ``python recipes/axis_index.py``

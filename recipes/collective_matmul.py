@@ -20,6 +20,12 @@ Which form when: shard_map to write the overlap yourself; jit for the plain
 global ``x @ w`` (XLA picks the collective; XLA:CPU does not decompose it into
 permutes); pmap as the legacy form.
 
+Registered as: ``collectives.RECIPES["allgather_matmul"]``,
+``collectives.RECIPES["allgather_matmul_overlapped"]``,
+``collectives.RECIPES["allgather_matmul_bidirectional"]``,
+``collectives.RECIPES["matmul_reduce_scatter"]``,
+``collectives.RECIPES["matmul_reduce_scatter_overlapped"]``,
+``collectives.RECIPES["matmul_reduce_scatter_bidirectional"]``.
 Devices: 8 (simulated on CPU by ``main()``).
 JAX versions checked: 0.8.0, 0.10.2, 0.12.0.
 Run: ``python recipes/collective_matmul.py``

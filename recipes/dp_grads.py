@@ -20,6 +20,7 @@ Exactness: with integer-valued data and a batch size times output width that
 is a power of two, every scaling is a power of two and every sum an exact
 integer, so all forms equal the NumPy closed form bit for bit.
 
+Registered as: ``collectives.RECIPES["dp_grads"]``.
 Devices: 8 (simulated on CPU by ``main()``).
 JAX versions checked: 0.8.0, 0.10.2, 0.12.0.
 Run: ``python recipes/dp_grads.py``

@@ -27,6 +27,8 @@ Which form when:
     second device axis: the model axis can only be ``vmap``ped on each device,
     which computes the same numbers but does not spread the model.
 
+Registered as: ``collectives.RECIPES["dp_tp_mlp"]``,
+``collectives.RECIPES["dp_mlp"]``.
 Devices: 8 (simulated on CPU by ``main()``).
 JAX versions checked: 0.8.0, 0.10.2, 0.12.0.
 Run: ``python recipes/dp_tp_mlp.py``

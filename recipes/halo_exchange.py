@@ -16,6 +16,8 @@ stencil steps per exchange); jit for the global program with ``jnp.roll``
 wrapped row rather than ``jnp.pad`` + slices, which XLA:CPU compiles to many
 more permutes); pmap as the legacy form.
 
+Registered as: ``collectives.RECIPES["halo_exchange"]``,
+``collectives.RECIPES["halo_exchange_open"]``.
 Devices: 8 (simulated on CPU by ``main()``).
 JAX versions checked: 0.8.0, 0.10.2, 0.12.0.
 Run: ``python recipes/halo_exchange.py``

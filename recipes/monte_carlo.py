@@ -38,6 +38,7 @@ device holding C chains and n devices holding C / n.
 Which form when: shard_map or jit for new code (jit needs no axis_index:
 the keys come from arange); pmap(vmap) is the legacy idiom.
 
+Registered as: ``collectives.RECIPES["metropolis"]``.
 Devices: 8 (simulated on CPU by ``main()``).
 JAX versions checked: 0.8.0, 0.10.2, 0.12.0.
 Run: ``python recipes/monte_carlo.py``

@@ -14,6 +14,7 @@ Which form when: shard_map for explicit neighbour communication; jit when
 the global program is a roll (``jnp.roll`` of a sharded axis becomes a
 collective-permute); pmap as the legacy form.
 
+Registered as: ``collectives.RECIPES["ppermute_ring"]``.
 Devices: 8 (simulated on CPU by ``main()``).
 JAX versions checked: 0.8.0, 0.10.2, 0.12.0.
 Run: ``python recipes/ppermute.py``

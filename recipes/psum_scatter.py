@@ -11,6 +11,7 @@ Which form when: shard_map to keep the scattered slice for more local work
 (e.g. updating a sharded parameter); jit when a sum's output sharding is
 ``P("i")`` (XLA emits the reduce-scatter for you); pmap as the legacy form.
 
+Registered as: ``collectives.RECIPES["psum_scatter"]``.
 Devices: 8 (simulated on CPU by ``main()``).
 JAX versions checked: 0.8.0, 0.10.2, 0.12.0.
 Run: ``python recipes/psum_scatter.py``

@@ -20,6 +20,9 @@ is no jit form of a hand-written ring: the global program of a jit form is
 A ring result is the same on every device, but shard_map types ppermute
 results as varying, so a replicated out_specs needs ``check_vma=False``.
 
+Registered as: ``collectives.RECIPES["ring_all_reduce"]``,
+``collectives.RECIPES["ring_all_gather"]``,
+``collectives.RECIPES["ring_reduce_scatter"]``.
 Devices: 8 (simulated on CPU by ``main()``).
 JAX versions checked: 0.8.0, 0.10.2, 0.12.0.
 Run: ``python recipes/ring_algorithms.py``

@@ -21,6 +21,8 @@ And the other way round: ``vmap`` of a shard_map adds a batch dimension to
 it; ``spmd_axis_name="i"`` splits that batch over mesh axis "i" instead of
 repeating it on every device.
 
+Registered as: ``collectives.RECIPES["vmap_psum"]``,
+``collectives.RECIPES["vmap_center"]``.
 Devices: 8 (simulated on CPU by ``main()``).
 JAX versions checked: 0.8.0, 0.10.2, 0.12.0.
 Run: ``python recipes/vmap_batching.py``

@@ -7,6 +7,23 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 RECIPES_DIR = ROOT / "recipes"
+RECIPE_FILES = sorted(RECIPES_DIR.glob("*.py"))
+"""Every standalone recipe file; tests/test_recipe_files.py runs each."""
+
+
+def runnable_configs(recipe):
+    """``(mesh, axis)`` for each of ``check``'s mesh configurations that
+    ``recipe`` runs on (its ``axes_check`` passes), in ``check``'s order."""
+    import collectives as cx
+    from collectives._check import standard_configs
+
+    configs = []
+    for shape, names, axis in standard_configs():
+        mesh = cx.make_mesh(shape, names)
+        if recipe.axes_check(recipe.axes(mesh, axis)) is None:
+            configs.append((mesh, axis))
+    assert configs, f"{recipe.name} runs on none of check's mesh configurations"
+    return configs
 
 
 def run_python(*args, cwd=None, timeout=300, env=None, check=True):

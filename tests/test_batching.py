@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from jax import lax
 
 import collectives as cx
+from collectives._registry import core_names
 from collectives.hlo import collective_stats
 from collectives.testing import assert_forms_agree
 from collectives.testing.strategies import exact_values
@@ -23,8 +24,7 @@ from helpers import load_recipe
 # forms); the deep profile scales up with it.
 FEW = settings(max_examples=max(3, settings.default.max_examples // 4))
 
-CORE = ("psum", "pmean", "pmax", "pmin", "all_gather", "all_gather_stacked",
-        "psum_scatter", "all_to_all", "ppermute_ring", "axis_index")
+CORE = core_names()
 
 
 @given(data=st.data())

@@ -17,7 +17,7 @@ from collectives._bench_overhead import run_overhead
 from collectives._bench_timing import Timing
 from collectives._bench_timing import relative_iqr
 from collectives._cli import main
-from collectives._ring import RING_OF
+from collectives._recipes.ring import RING_OF
 from collectives.hlo import collective_stats
 from helpers import run_python
 

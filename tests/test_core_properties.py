@@ -1,5 +1,7 @@
 """Every core recipe: pmap == shard_map == jit == the NumPy oracle, on drawn cases."""
 
+import re
+
 import jax
 import numpy as np
 import pytest
@@ -7,13 +9,22 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import collectives as cx
-from collectives._registry import CORE
+from collectives._registry import core_names
 from collectives.testing import assert_forms_agree
 from collectives.testing.strategies import meshes
 from collectives.testing.strategies import recipe_cases
+from helpers import ROOT
+
+CORE = core_names()
 
 
-def test_core_names_are_registered_first():
+def test_core_names_are_the_readme_contract_and_registered_first():
+    # The README's "Core recipes" bullet is the contract; the registry lists
+    # those recipes first, in that order.
+    text = (ROOT / "README.md").read_text()
+    bullet = text[text.index("- **Core recipes**"):].split("\n- ")[0]
+    contract = tuple(re.findall(r"`([a-z_]+)`", bullet))
+    assert contract == CORE
     assert tuple(cx.RECIPES)[: len(CORE)] == CORE
 
 

@@ -6,8 +6,9 @@ import pytest
 import collectives as cx
 from collectives import _cli
 from collectives._diagram import COMBINED
-from collectives._diagram import DIAGRAM_NAMES
+from collectives._diagram import diagram_names
 
+DIAGRAM_NAMES = diagram_names()
 N = 4
 
 

@@ -27,11 +27,11 @@ from collectives import _launch_forms
 from collectives import _layout
 from collectives import distributed
 from collectives._launch import worker_argv
+from collectives._registry import core_names
 from helpers import RECIPES_DIR
 from helpers import run_python
 
-CORE = ("psum", "pmean", "pmax", "pmin", "all_gather", "all_gather_stacked",
-        "psum_scatter", "all_to_all", "ppermute_ring", "axis_index", "dp_grads")
+CORE = (*core_names(), "dp_grads")
 FORMS = ("pmap", "shard_map", "jit")
 BOUND_SECONDS = 60  # the launcher must give up on a failed run within this
 

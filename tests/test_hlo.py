@@ -14,6 +14,7 @@ import pytest
 import collectives as cx
 from collectives import _layout
 from collectives import _recipe
+from collectives._registry import core_names
 from collectives.hlo import KINDS
 from collectives.hlo import bus_factor
 from collectives.hlo import bytes_moved
@@ -26,30 +27,19 @@ CONFIGS = [((8,), ("i",), None), ((8,), ("i",), "i"),
            ((4, 2), ("i", "j"), "j")]
 CONFIG_IDS = ["8-all", "8-i", "4x2-all", "4x2-i", "4x2-j"]
 
-# The one collective each core recipe compiles to, in every form.
-KIND = {
-    "psum": "all-reduce", "pmean": "all-reduce", "pmax": "all-reduce",
-    "pmin": "all-reduce", "all_gather": "all-gather",
-    "all_gather_stacked": "all-gather", "psum_scatter": "reduce-scatter",
-    "all_to_all": "all-to-all", "ppermute_ring": "collective-permute",
-    "axis_index": None,
-}
+CORE = core_names()
 
 
-def _jit_kind(name: str) -> set[str | None]:
-    """What the jit form (XLA's SPMD partitioner) emits on this platform.
-
-    The partitioner writes a sharded sum as all-reduce + dynamic-slice; XLA's
-    GPU pipeline fuses that pair into a reduce-scatter (ReduceScatterCreator),
-    the CPU pipeline does not. So on CPU the jit psum_scatter is an
-    all-reduce: twice the bytes of the shard_map form's reduce-scatter (the
-    benchmark shows the cost). Elsewhere either is accepted.
-    """
-    if name == "psum_scatter":
-        if jax.default_backend() == "cpu":
-            return {"all-reduce"}
-        return {"reduce-scatter", "all-reduce"}
-    return {KIND[name]}
+def _kinds(recipe, form, axes, args) -> set[str | None]:
+    """The one collective kind (``None``: none) that the recipe's declared cost
+    model accepts for ``form`` (on CPU the jit psum_scatter is an all-reduce:
+    XLA's CPU pipeline does not fuse all-reduce + dynamic-slice into a
+    reduce-scatter)."""
+    found = set()
+    for expected in recipe.expected_hlo(form, axes, args):
+        assert len(expected.counts) <= 1, expected
+        found.add(next(iter(expected.counts), None))
+    return found
 
 
 def _setup(name, shape, names, axis):
@@ -77,13 +67,13 @@ def _expected_bytes(kind: str, block: int, n: int) -> float:
 
 @pytest.mark.parametrize(("shape", "names", "axis"), CONFIGS, ids=CONFIG_IDS)
 @pytest.mark.parametrize("form", ["shard_map", "jit"])
-@pytest.mark.parametrize("name", sorted(KIND))
+@pytest.mark.parametrize("name", CORE)
 def test_placed_forms_emit_exactly_one_expected_collective(name, form, shape,
                                                            names, axis):
     recipe, axes, args = _setup(name, shape, names, axis)
     stats = collective_stats(recipe.compiled(form, axes),
                              *recipe.place(*args, axes=axes))
-    kinds = {KIND[name]} if form == "shard_map" else _jit_kind(name)
+    kinds = _kinds(recipe, form, axes, args)
     if kinds == {None}:
         # axis_index is arithmetic on the partition id: no communication.
         assert stats.nonzero() == {} and stats.count() == 0
@@ -115,7 +105,7 @@ def _pmap_stats(recipe, axes, args):
 
 
 @pytest.mark.parametrize(("shape", "names", "axis"), CONFIGS, ids=CONFIG_IDS)
-@pytest.mark.parametrize("name", sorted(KIND))
+@pytest.mark.parametrize("name", CORE)
 def test_pmap_form_communicates_only_over_the_pmapped_axis(name, shape, names,
                                                             axis):
     # pmap maps the first mesh axis over devices and vmaps the others on each
@@ -124,11 +114,12 @@ def test_pmap_form_communicates_only_over_the_pmapped_axis(name, shape, names,
     recipe, axes, args = _setup(name, shape, names, axis)
     stats = _pmap_stats(recipe, axes, args)
     first = names[0]
-    if KIND[name] is None or first not in axes.names:
+    (kind,) = _kinds(recipe, "shard_map", axes, args)
+    if kind is None or first not in axes.names:
         assert stats.nonzero() == {}
         return
     (op,) = stats.ops
-    assert stats.nonzero() == {KIND[name]: 1}
+    assert stats.nonzero() == {kind: 1}
     n = shape[0]
     assert op.group_size == n  # devices, or source-target pairs of the ring
     if len(shape) == 1:

@@ -73,5 +73,5 @@ def test_pmap_form_checks_declared_replication():
     with pytest.raises(cx.ReplicationError, match="declared replicated"):
         wrong.pmap(x, mesh=mesh)
     # shard_map's static check catches the same mistake at trace time.
-    with pytest.raises(Exception, match=r"(?i)vary|replicat|vma"):
+    with pytest.raises(ValueError, match=r"(?i)vary|replicat|vma"):
         wrong.shard_map(x, mesh=mesh)

@@ -14,7 +14,7 @@ from jax import lax
 
 import collectives as cx
 from collectives import _compat
-from collectives._ring import RING_OF
+from collectives._recipes.ring import RING_OF
 from collectives.hlo import bytes_moved
 from collectives.hlo import collective_stats
 from collectives.testing import assert_forms_agree

@@ -16,13 +16,13 @@
 Importing this module needs only jax and numpy.
 """
 
-from collectives.testing._assertions import Agreement
-from collectives.testing._assertions import assert_forms_agree
-from collectives.testing._assertions import compare_arrays
+from collectives._compare import Agreement
+from collectives._compare import assert_forms_agree
+from collectives._compare import compare_arrays
+from collectives._tolerance import tolerance
 from collectives.testing._placement import assert_replicated
 from collectives.testing._placement import assert_sharded_as
 from collectives.testing._profiles import register_profiles
-from collectives.testing._tolerance import tolerance
 
 __all__ = [
     "Agreement",

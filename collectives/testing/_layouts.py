@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
+from collectives._devices import MESH_NAMES
 from collectives._devices import make_mesh
 from collectives._layout import spec_axes
 
@@ -25,8 +26,6 @@ MESH_SHAPES: tuple[tuple[int, ...], ...] = (
 MESH_SHAPES_3D: tuple[tuple[int, ...], ...] = ((2, 2, 2),)
 """Mesh shapes drawn for ``meshes(ndim=3)``."""
 
-MESH_NAMES = ("i", "j", "k")
-"""Default mesh axis names, in order."""
 
 
 @functools.cache

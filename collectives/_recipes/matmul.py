@@ -36,12 +36,12 @@ from collectives._costs import reshards_minor_axis
 from collectives._layout import Axes
 from collectives._layout import axis_tuple
 from collectives._numpy import widen
-from collectives._permute import body_axis_size
-from collectives._permute import ring_shift
 from collectives._recipe import Recipe
+from collectives._recipes.permute import body_axis_size
+from collectives._recipes.permute import ring_shift
+from collectives._recipes.ring import Shift
+from collectives._recipes.ring import stepwise_shift
 from collectives._registry import register
-from collectives._ring import Shift
-from collectives._ring import stepwise_shift
 from collectives.hlo import Expectation
 
 OVERLAPS = (None, "unidirectional", "bidirectional")

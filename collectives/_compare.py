@@ -14,8 +14,8 @@ from collectives._arrays import dtype_kind
 from collectives._layout import AxisArg
 from collectives._recipe import FORMS
 from collectives._recipe import Recipe
-from collectives.testing._tolerance import describe_tolerance
-from collectives.testing._tolerance import tolerance
+from collectives._tolerance import describe_tolerance
+from collectives._tolerance import tolerance
 
 REFERENCE = "reference"
 

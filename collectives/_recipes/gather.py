@@ -19,6 +19,7 @@ from collectives._layout import grid_shape
 from collectives._layout import make_spec
 from collectives._numpy import blocks
 from collectives._numpy import widen
+from collectives._recipe import DiagramSpec
 from collectives._recipe import Recipe
 from collectives._registry import register
 
@@ -130,6 +131,7 @@ def _scatter_shapes(axes: Axes, dims):
 
 all_gather = register(Recipe(
     name="all_gather", family="core", source="all_gather.py",
+    diagram=DiagramSpec(),
     hlo=one_collective("all-gather"),
     summary="every device gets the whole array (tiled)",
     body=all_gather_body, program=all_gather_program, oracle=all_gather_oracle,
@@ -138,6 +140,7 @@ all_gather = register(Recipe(
 
 all_gather_stacked = register(Recipe(
     name="all_gather_stacked", family="core", source="all_gather.py",
+    diagram=DiagramSpec(),
     hlo=one_collective("all-gather"),
     summary="every device gets all blocks stacked on a new axis (untiled)",
     body=all_gather_stacked_body, program=all_gather_stacked_program,
@@ -147,6 +150,7 @@ all_gather_stacked = register(Recipe(
 
 psum_scatter = register(Recipe(
     name="psum_scatter", family="core", source="psum_scatter.py",
+    diagram=DiagramSpec(dims=(1, 1), relation="combine"),
     hlo=one_collective("reduce-scatter", cpu_jit="all-reduce"),
     summary="sum over devices, each device keeps its slice (reduce-scatter)",
     body=psum_scatter_body, program=psum_scatter_program,

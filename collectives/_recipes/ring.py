@@ -31,14 +31,14 @@ from typing import Any
 import jax.numpy as jnp
 from jax import lax
 
-from collectives import _gather
-from collectives import _reduce
 from collectives._layout import Axes
 from collectives._layout import axis_tuple
-from collectives._permute import body_axis_size
-from collectives._permute import ring_shift
 from collectives._recipe import HloFact
 from collectives._recipe import Recipe
+from collectives._recipes import gather as _gather
+from collectives._recipes import reduce as _reduce
+from collectives._recipes.permute import body_axis_size
+from collectives._recipes.permute import ring_shift
 from collectives._registry import register
 from collectives.hlo import Expectation
 
@@ -274,7 +274,7 @@ def _mirror(native: Recipe, name: str, summary: str, body: Callable[..., Any],
     the tests prove them equal on every device."""
     return register(dataclasses.replace(
         native, name=name, summary=summary, body=body, pmap_body=_pmap_body(ring),
-        check_vma=False, family="pattern", source="ring_algorithms.py",
+        check_vma=False, family="pattern", source="ring_algorithms.py", diagram=None,
         hlo=_ring_fact(native)))
 
 

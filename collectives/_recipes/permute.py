@@ -22,6 +22,7 @@ from collectives._layout import Axes
 from collectives._layout import axis_tuple
 from collectives._layout import grid_shape
 from collectives._layout import make_spec
+from collectives._recipe import DiagramSpec
 from collectives._recipe import Recipe
 from collectives._registry import register
 
@@ -269,6 +270,7 @@ def _shapes(axes: Axes, dims):
 
 ppermute_ring = register(Recipe(
     name="ppermute_ring", family="core", source="ppermute.py",
+    diagram=DiagramSpec(),
     hlo=one_collective("collective-permute"),
     summary="each device sends its block to the next (+1)",
     body=ppermute_ring_body, program=ppermute_ring_program,
@@ -277,6 +279,7 @@ ppermute_ring = register(Recipe(
 
 axis_index = register(Recipe(
     name="axis_index", family="core", source="axis_index.py",
+    diagram=DiagramSpec(relation="local"),
     hlo=no_collectives, summary="each device adds its index along the axis",
     body=axis_index_body, program=axis_index_program, oracle=axis_index_oracle,
     in_specs=_in_specs, out_specs=_out_specs, example_shapes=_shapes,

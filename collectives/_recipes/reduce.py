@@ -18,6 +18,7 @@ from collectives._layout import make_spec
 from collectives._numpy import blocks
 from collectives._numpy import mean_dtype
 from collectives._numpy import widen
+from collectives._recipe import DiagramSpec
 from collectives._recipe import Recipe
 from collectives._registry import register
 
@@ -100,6 +101,7 @@ _ORDERED = frozenset({"float", "int"})
 
 psum = register(Recipe(
     name="psum", family="core", source="reductions.py",
+    diagram=DiagramSpec(relation="combine"),
     hlo=one_collective("all-reduce"),
     summary="sum of every device's block, on every device",
     body=psum_body, program=psum_program, oracle=psum_oracle,
@@ -108,6 +110,7 @@ psum = register(Recipe(
 
 pmean = register(Recipe(
     name="pmean", family="core", source="reductions.py",
+    diagram=DiagramSpec(relation="combine"),
     hlo=one_collective("all-reduce"),
     summary="mean of every device's block, on every device",
     body=pmean_body, program=pmean_program, oracle=pmean_oracle,
@@ -116,6 +119,7 @@ pmean = register(Recipe(
 
 pmax = register(Recipe(
     name="pmax", family="core", source="reductions.py",
+    diagram=DiagramSpec(),
     hlo=one_collective("all-reduce"),
     summary="elementwise max over devices, on every device",
     body=pmax_body, program=pmax_program, oracle=pmax_oracle,
@@ -124,6 +128,7 @@ pmax = register(Recipe(
 
 pmin = register(Recipe(
     name="pmin", family="core", source="reductions.py",
+    diagram=DiagramSpec(),
     hlo=one_collective("all-reduce"),
     summary="elementwise min over devices, on every device",
     body=pmin_body, program=pmin_program, oracle=pmin_oracle,

@@ -23,11 +23,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from collectives import _threefry
 from collectives._costs import fixed
 from collectives._layout import Axes
 from collectives._layout import make_spec
 from collectives._recipe import Recipe
+from collectives._recipes import threefry as _threefry
 from collectives._registry import register
 
 SEED = 0

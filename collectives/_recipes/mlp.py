@@ -43,8 +43,8 @@ from jax.sharding import PartitionSpec as P
 from collectives._costs import fixed
 from collectives._layout import Axes
 from collectives._layout import axis_tuple
-from collectives._permute import body_axis_size
 from collectives._recipe import Recipe
+from collectives._recipes.permute import body_axis_size
 from collectives._registry import register
 
 PARAM_NAMES = ("w1", "b1", "w2", "b2", "w3", "b3", "w4", "b4")
@@ -344,6 +344,7 @@ _FLOAT = frozenset({"float"})
 
 dp_tp_mlp = register(Recipe(
     name="dp_tp_mlp", source="dp_tp_mlp.py", hlo=fixed({"all-reduce": 3}),
+    exact=False,  # relu layers round in float16 and bfloat16
     summary="MLP loss+grads over axes (data, model): batch split over data, "
             "W2/b2/W3 over model",
     body=dp_tp_mlp_body, program=_program(model=True), oracle=mlp_oracle,
@@ -353,6 +354,7 @@ dp_tp_mlp = register(Recipe(
 
 dp_mlp = register(Recipe(
     name="dp_mlp", source="dp_tp_mlp.py", hlo=fixed({"all-reduce": 1}),
+    exact=False,
     summary="MLP loss+grads, data parallel: batch split, params replicated, "
             "grads psum",
     body=dp_mlp_body, program=_program(model=False), oracle=mlp_oracle,

@@ -14,6 +14,7 @@ from jax import lax
 from collectives._costs import one_collective
 from collectives._layout import Axes
 from collectives._layout import make_spec
+from collectives._recipe import DiagramSpec
 from collectives._recipe import Recipe
 from collectives._registry import register
 
@@ -68,6 +69,7 @@ def _check(axes: Axes, args) -> None:
 
 all_to_all = register(Recipe(
     name="all_to_all", family="core", source="all_to_all.py",
+    diagram=DiagramSpec(dims=(1, 1)),
     hlo=one_collective("all-to-all"),
     summary="rows-sharded to columns-sharded: each device swaps chunks with all",
     body=all_to_all_body, program=all_to_all_program, oracle=all_to_all_oracle,

@@ -23,13 +23,13 @@ from collectives._layout import Axes
 from collectives._layout import grid_shape
 from collectives._layout import make_spec
 from collectives._numpy import widen
-from collectives._permute import body_axis_size
-from collectives._permute import permute
-from collectives._permute import ring_shift
 from collectives._recipe import Recipe
+from collectives._recipes.permute import body_axis_size
+from collectives._recipes.permute import permute
+from collectives._recipes.permute import ring_shift
+from collectives._recipes.ring import Shift
+from collectives._recipes.ring import stepwise_shift
 from collectives._registry import register
-from collectives._ring import Shift
-from collectives._ring import stepwise_shift
 
 
 def _halo(x, axis, width: int, periodic: bool, shift: Shift | None):

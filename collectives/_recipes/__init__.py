@@ -1,0 +1,27 @@
+"""Every recipe, registered in the order :data:`collectives.RECIPES` lists them.
+
+Importing this package imports each recipe module once, in the order below:
+the core collectives first (their names are a contract), then the patterns
+built from them, then the parallelism strategies. That order is the
+registry's order; a new recipe module is added here, and nowhere else.
+"""
+# ruff: noqa: I001  (the import order is the registration order)
+
+# The core collectives, in contract order.
+from collectives._recipes import reduce  # psum pmean pmax pmin
+from collectives._recipes import gather  # all_gather(_stacked) psum_scatter
+from collectives._recipes import all_to_all  # all_to_all
+from collectives._recipes import permute  # ppermute_ring axis_index
+
+# Patterns built from the collectives.
+from collectives._recipes import ring
+from collectives._recipes import halo
+from collectives._recipes import matmul
+from collectives._recipes import mlp
+from collectives._recipes import grads
+from collectives._recipes import batching
+from collectives._recipes import montecarlo
+
+__all__ = [
+    "all_to_all", "batching", "gather", "grads", "halo", "matmul", "mlp",
+    "montecarlo", "permute", "reduce", "ring"]
