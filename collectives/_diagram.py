@@ -23,7 +23,8 @@ from collectives._registry import RECIPES
 
 DIAGRAM_NAMES: tuple[str, ...] = (
     "psum", "pmean", "pmax", "pmin", "all_gather", "all_gather_stacked",
-    "psum_scatter", "all_to_all", "ppermute_ring", "axis_index")
+    "psum_scatter", "all_to_all", "all_to_all_blocks", "ppermute_ring",
+    "axis_index")
 """The core collectives :func:`diagram` draws."""
 
 COMBINED = -1
@@ -31,7 +32,7 @@ COMBINED = -1
 
 # The dims passed to each recipe's example_shapes: blocks of at most a few
 # elements, so every label stays readable.
-_DIMS = {"psum_scatter": (1, 1), "all_to_all": (1, 1)}
+_DIMS = {"psum_scatter": (1, 1), "all_to_all": (1, 1), "all_to_all_blocks": (1,)}
 _DEFAULT_DIMS = (2, 1)
 # How an output element relates to the input: "combine" (a sum or mean of
 # every device's element), "local" (computed on the device from its own
