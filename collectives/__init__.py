@@ -19,6 +19,8 @@ Examples:
 from collectives import _all_to_all  # noqa: F401  (registers its recipe)
 from collectives import _gather  # noqa: F401
 from collectives import _reduce  # noqa: F401
+from collectives._attention import all_to_all_attention
+from collectives._attention import ring_attention
 from collectives._batching import vmap_axes
 from collectives._batching import vmap_form
 from collectives._check import CheckResult
@@ -62,6 +64,7 @@ __all__ = [
     "Diagram",
     "Recipe",
     "ReplicationError",
+    "all_to_all_attention",
     "allgather_matmul",
     "chain_keys",
     "check",
@@ -79,6 +82,7 @@ __all__ = [
     "permute",
     "ring_all_gather",
     "ring_all_reduce",
+    "ring_attention",
     "ring_reduce_scatter",
     "ring_shift",
     "tree_pmean",
