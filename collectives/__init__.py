@@ -39,6 +39,8 @@ from collectives._mlp import dp_tp_mlp_value_and_grad
 from collectives._mlp import init_mlp
 from collectives._mlp import mlp_loss
 from collectives._mlp import mlp_specs
+from collectives._moe import moe_layer
+from collectives._moe import moe_layer_dropless
 from collectives._montecarlo import chain_keys
 from collectives._montecarlo import device_key
 from collectives._permute import check_permutation
@@ -79,6 +81,8 @@ __all__ = [
     "matmul_reduce_scatter",
     "mlp_loss",
     "mlp_specs",
+    "moe_layer",
+    "moe_layer_dropless",
     "permute",
     "ring_all_gather",
     "ring_all_reduce",
