@@ -28,6 +28,8 @@ from collectives._layout import ReplicationError
 from collectives._recipe import FAMILIES
 from collectives._recipe import FORMS
 from collectives._recipe import Recipe
+from collectives._recipes.attention import all_to_all_attention
+from collectives._recipes.attention import ring_attention
 from collectives._recipes.batching import vmap_axes
 from collectives._recipes.batching import vmap_form
 from collectives._recipes.grads import tree_pmean
@@ -38,6 +40,8 @@ from collectives._recipes.mlp import dp_tp_mlp_value_and_grad
 from collectives._recipes.mlp import init_mlp
 from collectives._recipes.mlp import mlp_loss
 from collectives._recipes.mlp import mlp_specs
+from collectives._recipes.moe import moe_layer
+from collectives._recipes.moe import moe_layer_dropless
 from collectives._recipes.montecarlo import chain_keys
 from collectives._recipes.montecarlo import device_key
 from collectives._recipes.permute import check_permutation
@@ -62,6 +66,7 @@ __all__ = [
     "Diagram",
     "Recipe",
     "ReplicationError",
+    "all_to_all_attention",
     "allgather_matmul",
     "chain_keys",
     "check",
@@ -76,9 +81,12 @@ __all__ = [
     "matmul_reduce_scatter",
     "mlp_loss",
     "mlp_specs",
+    "moe_layer",
+    "moe_layer_dropless",
     "permute",
     "ring_all_gather",
     "ring_all_reduce",
+    "ring_attention",
     "ring_reduce_scatter",
     "ring_shift",
     "tree_pmean",

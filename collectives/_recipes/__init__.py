@@ -22,6 +22,10 @@ from collectives._recipes import grads
 from collectives._recipes import batching
 from collectives._recipes import montecarlo
 
+# Parallelism strategies.
+from collectives._recipes import attention
+from collectives._recipes import moe
+
 __all__ = [
-    "all_to_all", "batching", "gather", "grads", "halo", "matmul", "mlp",
-    "montecarlo", "permute", "reduce", "ring"]
+    "all_to_all", "attention", "batching", "gather", "grads", "halo", "matmul",
+    "mlp", "moe", "montecarlo", "permute", "reduce", "ring"]

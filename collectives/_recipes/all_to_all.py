@@ -9,10 +9,13 @@ columns instead of rows. ``jit`` emits the same all-to-all for a change of
 
 from __future__ import annotations
 
+import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from collectives._costs import one_collective
 from collectives._layout import Axes
+from collectives._layout import grid_shape
 from collectives._layout import make_spec
 from collectives._recipe import DiagramSpec
 from collectives._recipe import Recipe
@@ -75,3 +78,63 @@ all_to_all = register(Recipe(
     body=all_to_all_body, program=all_to_all_program, oracle=all_to_all_oracle,
     in_specs=_in_specs, out_specs=_out_specs, example_shapes=_shapes,
     validate=_check))
+
+
+# -- the exchange form: split and concatenate along dim 0 -------------------
+# Each device cuts its block [n*c, ...] into n chunks along dim 0, sends chunk
+# j to device j and concatenates what it receives, in device order, along dim
+# 0. The form of JAX's shard_map tutorial and of every MoE dispatch. In the
+# global view, [n*n*c, ...] seen as [n (source), n (chunk), c, ...] has its
+# first two axes swapped.
+
+
+def all_to_all_blocks_body(x, *, axis):
+    # x: [n*c, ...] on each device -> [n*c, ...]: chunk d is device d's chunk `me`
+    return lax.all_to_all(x, axis, split_axis=0, concat_axis=0, tiled=True)
+
+
+def _swap_chunks(x, n: int, reshape, swap):
+    head, rest = x.shape[0], x.shape[1:]
+    return reshape(swap(reshape(x, (n, n, head // (n * n), *rest)), 0, 1), x.shape)
+
+
+def all_to_all_blocks_program(x, *, axes: Axes):
+    # x: [n*n*c, ...] sharded by dim 0; the same values must end up on the
+    # same devices, so jit moves chunk j of every block to device j.
+    return _swap_chunks(x, axes.size, jnp.reshape, jnp.swapaxes)
+
+
+def all_to_all_blocks_oracle(x, *, axes: Axes):
+    return _swap_chunks(np.asarray(x), axes.size, np.reshape, np.swapaxes).copy()
+
+
+def _blocks_specs(axes: Axes):
+    return (make_spec(axes.on, axes.batch),)
+
+
+def _blocks_shapes(axes: Axes, dims):
+    # [n*n*c] (1-D) or [n*n*c, rest*m, ...]: dim 0 splits into n blocks of n chunks
+    return (grid_shape(axes, dims, lead=axes.size),)
+
+
+def _check_blocks(axes: Axes, args) -> None:
+    (x,) = args
+    shape = tuple(np.shape(x))
+    n = axes.size
+    if len(shape) < 1 or shape[0] % (n * n):
+        raise ValueError(
+            f"all_to_all_blocks: argument x has shape {shape}; dim 0 must split "
+            f"into {n} blocks (one per device along {axes.names}) of {n} equal "
+            f"chunks (one for each device), i.e. be a multiple of n*n = {n * n}. "
+            f"Fix: pad dim 0 to a multiple of {n * n}.")
+
+
+all_to_all_blocks = register(Recipe(
+    name="all_to_all_blocks", family="core", source="all_to_all_blocks.py",
+    diagram=DiagramSpec(dims=(1,)),
+    hlo=one_collective("all-to-all"),
+    summary="exchange: each device sends chunk j of its block to device j (dim 0)",
+    body=all_to_all_blocks_body, program=all_to_all_blocks_program,
+    oracle=all_to_all_blocks_oracle, in_specs=_blocks_specs,
+    out_specs=lambda axes: make_spec(axes.on, axes.batch),
+    example_shapes=_blocks_shapes, validate=_check_blocks))

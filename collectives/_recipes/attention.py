@@ -1,0 +1,389 @@
+"""Sequence parallelism: attention with the sequence sharded over devices.
+
+Long contexts do not fit one device, so ``q``, ``k`` and ``v`` (each
+``[seq, heads, head_dim]``) are sharded along the sequence. Every query needs
+every key, and two recipes bring them together:
+
+* **ring attention** (:func:`ring_attention`): each device keeps its query
+  block and passes its key/value block round the ring with ``ppermute``,
+  ``n - 1`` steps inside a ``lax.scan``. Scores never exist for the whole
+  sequence: an online (log-sum-exp) softmax keeps, per query, the running
+  maximum ``m``, the running sum ``l`` of ``exp(score - m)`` and the
+  unnormalised output ``o``, rescaling them by ``exp(m_old - m_new)`` when a
+  larger score arrives. K/V per device stay ``1/n`` of the sequence. With
+  ``causal=True`` a query attends to keys at or before its position; blocks
+  wholly above the diagonal (from later devices) are masked out entirely.
+* **all-to-all attention** (:func:`all_to_all_attention`): one ``all_to_all``
+  per tensor reshards ``q``, ``k``, ``v`` from sequence-sharded to
+  head-sharded, attention runs locally on whole sequences for ``heads / n``
+  heads, and a fourth ``all_to_all`` brings the output back to sequence
+  sharding. The heads must divide evenly over the devices.
+
+Both compute in float32 at least (``float16``/``bfloat16`` inputs are
+upcast for the scores and the softmax statistics) and return the input
+dtype. The jit form of both recipes is plain dense attention on the global
+arrays; XLA decides the communication.
+
+Mesh axes other than the sequence axes shard the heads.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from collectives import _compat
+from collectives._costs import block_bytes
+from collectives._costs import per_device_bytes
+from collectives._layout import Axes
+from collectives._layout import make_spec
+from collectives._recipe import Recipe
+from collectives._recipes.permute import body_axis_size
+from collectives._recipes.permute import ring_shift
+from collectives._recipes.ring import Shift
+from collectives._recipes.ring import stepwise_shift
+from collectives._registry import register
+from collectives.hlo import Expectation
+
+_FLOAT = frozenset({"float"})
+
+
+def _acc_dtype(dtype) -> Any:
+    """The dtype scores and softmax statistics are computed in (>= float32)."""
+    return jnp.promote_types(dtype, jnp.float32)
+
+
+def _check_qkv(q, k, v, what: str) -> None:
+    if q.ndim != 3 or k.shape != q.shape or v.shape != q.shape:
+        raise ValueError(
+            f"{what}: expected q, k, v of one shape [seq, heads, head_dim], got "
+            f"q {q.shape}, k {k.shape}, v {v.shape}. Fix: pass three 3-D arrays of "
+            "the same shape (split a fused qkv projection first).")
+
+
+# -- the online softmax ------------------------------------------------------
+# Stats per head and query: m [h, s] running max, total [h, s] running sum
+# of exp(score - m), o [h, s, d] running sum of exp(score - m) * v.
+
+def _scores(q, k, mask):
+    # q: [s, h, d], k: [t, h, d] -> [h, s, t], scaled; masked entries -inf
+    scores = jnp.einsum("shd,thd->hst", q, k) / math.sqrt(q.shape[-1])
+    return scores if mask is None else jnp.where(mask, scores, -jnp.inf)
+
+
+def _first_block(q, k, v, mask):
+    """The stats of one block, the first one seen (every row has a finite
+    score: the own block holds the diagonal)."""
+    scores = _scores(q, k, mask)
+    m = scores.max(-1)
+    p = jnp.exp(scores - m[..., None])
+    return m, p.sum(-1), jnp.einsum("hst,thd->hsd", p, v)
+
+
+def _add_block(stats, q, k, v, mask):
+    """Fold one more key/value block into the stats (log-sum-exp rescaling)."""
+    m, total, o = stats
+    scores = _scores(q, k, mask)
+    m_new = jnp.maximum(m, scores.max(-1))  # finite: m is
+    rescale = jnp.exp(m - m_new)
+    p = jnp.exp(scores - m_new[..., None])  # exp(-inf) = 0 where masked
+    return (m_new, total * rescale + p.sum(-1),
+            o * rescale[..., None] + jnp.einsum("hst,thd->hsd", p, v))
+
+
+def _finish(stats, dtype):
+    _, total, o = stats
+    return jnp.transpose(o / total[..., None], (1, 0, 2)).astype(dtype)  # [s, h, d]
+
+
+def _causal_mask(q_block: int, k_block: int, rows: int):
+    # query position p sees key position t when t <= p
+    q_pos = q_block * rows + jnp.arange(rows)
+    k_pos = k_block * rows + jnp.arange(rows)
+    return (q_pos[:, None] >= k_pos[None, :])[None]  # [1, s, t]: all heads
+
+
+def _match_vma(tree):
+    """Mark every leaf varying over the union of the leaves' axes, so the
+    scan carry has one type in and out under ``check_vma``."""
+    leaves = jax.tree_util.tree_leaves(tree)
+    axes = frozenset().union(*(_compat.vma(leaf) for leaf in leaves))
+
+    def mark(x):
+        missing = tuple(sorted(axes - _compat.vma(x)))
+        return _compat.pvary(x, missing) if missing else x
+
+    return jax.tree_util.tree_map(mark, tree)
+
+
+def _ring_attention(q, k, v, axis, causal: bool, shift: Shift):
+    n = lax.axis_size(axis)
+    me = lax.axis_index(axis)
+    rows = q.shape[0]
+    acc = _acc_dtype(q.dtype)
+    qf = q.astype(acc)
+
+    def mask(src):
+        return _causal_mask(me, src, rows) if causal else None
+
+    # step 0: the own block (for causal, the diagonal block)
+    stats = _first_block(qf, k.astype(acc), v.astype(acc), mask(me))
+
+    def step(carry, i):
+        k, v, stats = carry
+        # one ppermute each: now the K and V blocks of device me - i
+        k, v = shift(k, axis, 1), shift(v, axis, 1)
+        stats = _add_block(stats, qf, k.astype(acc), v.astype(acc),
+                           mask((me - i) % n))
+        return _match_vma((k, v, stats)), None
+
+    carry = _match_vma((k, v, stats))
+    (_, _, stats), _ = lax.scan(step, carry, jnp.arange(1, n), unroll=True)
+    return _finish(stats, q.dtype)
+
+
+def ring_attention(q, k, v, axis, *, causal: bool = False):
+    """Softmax attention over a sequence sharded along ``axis``; call inside a body.
+
+    Each device keeps its query block; key/value blocks travel round the ring
+    (``n - 1`` ``ppermute`` steps of one K and one V block, in a
+    ``lax.scan``) and are folded in with an online log-sum-exp softmax, so no
+    device ever holds more than one remote K/V block or the full score
+    matrix. Differentiable (autodiff through the scan).
+
+    Args:
+      q, k, v: this device's sequence block, ``[s, heads, head_dim]`` each;
+        device ``d`` holds positions ``d * s : (d + 1) * s``.
+      axis: the mesh axis name (or tuple) the sequence is sharded over.
+      causal: mask keys after the query's position (blocks from later
+        devices are masked out entirely).
+
+    Returns:
+      ``[s, heads, head_dim]``: this device's rows of
+      ``softmax(q k^T / sqrt(head_dim)) v``, in ``q``'s dtype.
+
+    Raises:
+      ValueError: the shapes differ or are not 3-D, or ``axis`` is not bound.
+
+    Examples:
+      >>> import functools, jax, numpy as np
+      >>> import collectives as cx
+      >>> mesh = cx.make_mesh((4,), "i")
+      >>> q, k, v = np.random.default_rng(0).normal(size=(3, 16, 2, 4))
+      >>> body = functools.partial(cx.ring_attention, axis="i", causal=True)
+      >>> f = jax.shard_map(body, mesh=mesh, in_specs=(jax.P("i"),) * 3,
+      ...                   out_specs=jax.P("i"))
+      >>> got = jax.jit(f)(q, k, v)
+      >>> want = cx.RECIPES["ring_attention_causal"].reference(q, k, v, mesh=mesh)
+      >>> bool(np.allclose(got, want, atol=1e-5))
+      True
+    """
+    _check_qkv(q, k, v, "ring_attention")
+    body_axis_size(axis, "ring_attention")
+    return _ring_attention(q, k, v, axis, causal, ring_shift)
+
+
+def _attend_dense(q, k, v, causal: bool):
+    """Dense attention on whole sequences, [S, h, d] each, in >= float32."""
+    acc = _acc_dtype(q.dtype)
+    rows = q.shape[0]
+    mask = _causal_mask(0, 0, rows) if causal else None
+    stats = _first_block(q.astype(acc), k.astype(acc), v.astype(acc), mask)
+    return _finish(stats, q.dtype)
+
+
+def _heads_error(heads: int, n: int, axis, what: str) -> ValueError:
+    return ValueError(
+        f"{what}: q, k, v have {heads} heads (per device block), which must "
+        f"split evenly over the {n} devices along axis {axis!r}. Fix: use a "
+        f"head count that is a multiple of {n}, or ring_attention, which "
+        "shards only the sequence.")
+
+
+def all_to_all_attention(q, k, v, axis, *, causal: bool = False):
+    """Attention by resharding sequence -> heads and back; call inside a body.
+
+    One ``all_to_all`` each turns ``q``, ``k``, ``v`` from sequence blocks
+    ``[s, H, d]`` into head groups ``[n * s, H / n, d]`` (whole sequences),
+    attention runs locally, and one more ``all_to_all`` turns the output back
+    into sequence blocks. Four all-to-alls, each moving ``(n-1)/n`` of a
+    block; memory per device holds whole sequences for ``H / n`` heads.
+
+    Args:
+      q, k, v: this device's sequence block, ``[s, H, head_dim]`` each.
+      axis: the mesh axis name (or tuple) the sequence is sharded over.
+      causal: mask keys after the query's position.
+
+    Returns:
+      ``[s, H, head_dim]``: this device's rows of the attention output.
+
+    Raises:
+      ValueError: ``H`` is not a multiple of the axis size, the shapes differ,
+        or ``axis`` is not bound.
+
+    Examples:
+      >>> import functools, jax, numpy as np
+      >>> import collectives as cx
+      >>> mesh = cx.make_mesh((4,), "i")
+      >>> q, k, v = np.random.default_rng(0).normal(size=(3, 8, 4, 2))
+      >>> body = functools.partial(cx.all_to_all_attention, axis="i")
+      >>> f = jax.shard_map(body, mesh=mesh, in_specs=(jax.P("i"),) * 3,
+      ...                   out_specs=jax.P("i"))
+      >>> got = jax.jit(f)(q, k, v)
+      >>> want = cx.RECIPES["all_to_all_attention"].reference(q, k, v, mesh=mesh)
+      >>> bool(np.allclose(got, want, atol=1e-5))
+      True
+    """
+    _check_qkv(q, k, v, "all_to_all_attention")
+    n = body_axis_size(axis, "all_to_all_attention")
+    if q.shape[1] % n:
+        raise _heads_error(q.shape[1], n, axis, "all_to_all_attention")
+    return _all_to_all_attention(q, k, v, axis, causal)
+
+
+def _all_to_all_attention(q, k, v, axis, causal: bool):
+    def to_heads(x):
+        # [s, H, d] sequence block -> [n*s, H/n, d]: whole sequence, H/n heads
+        return lax.all_to_all(x, axis, split_axis=1, concat_axis=0, tiled=True)
+
+    out = _attend_dense(to_heads(q), to_heads(k), to_heads(v), causal)
+    # [n*s, H/n, d] -> [s, H, d]: back to this device's sequence block
+    return lax.all_to_all(out, axis, split_axis=0, concat_axis=1, tiled=True)
+
+
+# -- recipes ---------------------------------------------------------------
+# Global view: q, k, v [S, H, D], S sharded over the recipe's axes, H over the
+# other mesh axes; output [S, H, D] sharded the same way.
+
+def attention_program(q, k, v, *, axes: Axes, causal: bool = False):
+    # dense attention on the global arrays; jit partitions it
+    del axes
+    return _attend_dense(q, k, v, causal)
+
+
+def attention_oracle(q, k, v, *, axes: Axes, causal: bool = False):
+    """Dense softmax attention in float64 (stable: the row max is subtracted)."""
+    del axes
+    dtype = np.result_type(q)
+    q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
+    scores = np.einsum("shd,thd->hst", q, k) / math.sqrt(q.shape[-1])
+    if causal:
+        seq = q.shape[0]
+        scores = np.where(np.tri(seq, dtype=bool)[None], scores, -np.inf)
+    p = np.exp(scores - scores.max(-1, keepdims=True))
+    out = np.einsum("hst,thd->shd", p / p.sum(-1, keepdims=True), v)
+    return out.astype(dtype)
+
+
+def _specs(axes: Axes):
+    spec = make_spec(axes.on, axes.batch)
+    return (spec, spec, spec)
+
+
+def _shapes(heads_per_device: bool):
+    def shapes(axes: Axes, dims):
+        s, h, d = (tuple(dims) * 3)[:3]
+        heads = axes.rest_size * h * (axes.size if heads_per_device else 1)
+        shape = (axes.size * s, heads, d)
+        return (shape, shape, shape)
+    return shapes
+
+
+def _n_terms(axes: Axes) -> int:
+    # exp, sums over the sequence (at most 3 keys per device in the examples)
+    # and the rescaling at each ring step
+    return 16 * axes.size
+
+
+def _jit_fact(axes: Axes, block: int) -> Expectation:
+    # dense attention on sequence-sharded inputs: XLA all-gathers K and V
+    # (sequence parallelism by all-gather), each device then computes its rows
+    gathered = per_device_bytes("all-gather", block, axes.size)
+    return Expectation({"all-gather": 2}, {"all-gather": 2 * gathered})
+
+
+def _ring_fact(axes: Axes, args, form: str) -> Expectation:
+    """shard_map: ``n - 1`` ring steps of one K and one V block each (the
+    scan is unrolled, so the HLO holds ``2 (n - 1)`` collective-permutes);
+    jit: two all-gathers of K and V."""
+    block = block_bytes(axes, args[0])
+    if form == "jit":
+        return _jit_fact(axes, block)
+    steps = 2 * (axes.size - 1)
+    return Expectation({"collective-permute": steps},
+                       {"collective-permute": steps * block})
+
+
+def _all_to_all_fact(axes: Axes, args, form: str) -> Expectation:
+    """shard_map: one all-to-all each for q, k, v and the output; jit: two
+    all-gathers of K and V."""
+    block = block_bytes(axes, args[0])
+    if form == "jit":
+        return _jit_fact(axes, block)
+    moved = per_device_bytes("all-to-all", block, axes.size)
+    return Expectation({"all-to-all": 4}, {"all-to-all": 4 * moved})
+
+
+def _check_recipe_args(heads_split: bool, what: str):
+    def validate(axes: Axes, args) -> None:
+        q, k, v = (np.shape(x) for x in args)
+        if len(q) != 3 or k != q or v != q:
+            raise ValueError(
+                f"{what}: expected q, k, v of one shape [seq, heads, head_dim], got "
+                f"q {q}, k {k}, v {v}. Fix: pass three 3-D arrays of the same "
+                "shape.")
+        local_heads = q[1] // axes.rest_size
+        if heads_split and local_heads % axes.size:
+            raise _heads_error(local_heads, axes.size, axes.axis, what)
+    return validate
+
+
+def _ring_recipe(name: str, summary: str, causal: bool) -> Recipe:
+    def body(q, k, v, *, axis):
+        # q, k, v: [s, h, d] sequence blocks -> [s, h, d]
+        return _ring_attention(q, k, v, axis, causal, ring_shift)
+
+    def pmap_body(q, k, v, *, axis):
+        return _ring_attention(q, k, v, axis, causal, stepwise_shift)
+
+    return register(Recipe(
+        name=name, summary=summary, family="strategy", source="ring_attention.py",
+        hlo=_ring_fact,
+        body=body, pmap_body=pmap_body,
+        program=functools.partial(attention_program, causal=causal),
+        oracle=functools.partial(attention_oracle, causal=causal),
+        in_specs=_specs, out_specs=lambda axes: _specs(axes)[0],
+        example_shapes=_shapes(heads_per_device=False), arg_names=("q", "k", "v"),
+        n_terms=_n_terms, kinds=_FLOAT, validate=_check_recipe_args(False, name)))
+
+
+ring_attention_recipe = _ring_recipe(
+    "ring_attention",
+    "sequence-sharded attention: K/V blocks round the ring, online softmax",
+    causal=False)
+ring_attention_causal_recipe = _ring_recipe(
+    "ring_attention_causal",
+    "ring attention with a causal mask (blocks above the diagonal masked)",
+    causal=True)
+
+
+def _all_to_all_body(q, k, v, *, axis):
+    # q, k, v: [s, H, d] sequence blocks -> [S, H/n, d] head groups -> [s, H, d]
+    return _all_to_all_attention(q, k, v, axis, False)
+
+
+all_to_all_attention_recipe = register(Recipe(
+    name="all_to_all_attention", family="strategy", source="all_to_all_attention.py",
+    hlo=_all_to_all_fact,
+    summary="sequence-sharded attention: all_to_all to heads, local attention, back",
+    body=_all_to_all_body, program=attention_program, oracle=attention_oracle,
+    in_specs=_specs, out_specs=lambda axes: _specs(axes)[0],
+    example_shapes=_shapes(heads_per_device=True), arg_names=("q", "k", "v"),
+    n_terms=_n_terms, kinds=_FLOAT,
+    validate=_check_recipe_args(True, "all_to_all_attention")))
