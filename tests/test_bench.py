@@ -10,14 +10,14 @@ import numpy as np
 import pytest
 
 import collectives as cx
-from collectives import _bench_cases
-from collectives import _bench_report
 from collectives import bench
-from collectives._bench_overhead import run_overhead
-from collectives._bench_timing import Timing
-from collectives._bench_timing import relative_iqr
 from collectives._cli import main
 from collectives._ring import RING_OF
+from collectives.bench import _cases
+from collectives.bench import _report
+from collectives.bench._overhead import run_overhead
+from collectives.bench._timing import Timing
+from collectives.bench._timing import relative_iqr
 from collectives.hlo import collective_stats
 from helpers import run_python
 
@@ -29,7 +29,7 @@ def axes():
     return cx.RECIPES["psum"].axes(cx.make_mesh((8,), "i"))
 
 
-SWEPT = (*_bench_cases.DEFAULT_COLLECTIVES, "pmean", "all_gather_stacked")
+SWEPT = (*_cases.DEFAULT_COLLECTIVES, "pmean", "all_gather_stacked")
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +89,7 @@ def test_sizes_follow_the_nccl_tests_convention(sweep, axes, name, unit):
         assert row["busbw_gbps"] == pytest.approx(
             row["algbw_gbps"] * (1.0 if row["form"] == "copy"
                                  else cx.hlo.bus_factor(row["kind"], 8)))
-    case = _bench_cases.plan(name, "shard_map", axes, 4096, "float32")
+    case = _cases.plan(name, "shard_map", axes, 4096, "float32")
     block = 4096 // (8 if name == "all_gather" else 1)  # bytes each device sends in
     assert (case.size, case.count) == (4096, 1024)
     assert int(np.prod(case.shape)) * 4 == 8 * block
@@ -108,18 +108,18 @@ RING_PERMUTES = {"psum": 2 * 2 * 7, "all_gather": 2 * 7, "psum_scatter": 2 * 7}
 
 @pytest.mark.parametrize("name", sorted(LOOPED))
 def test_the_timed_loop_runs_the_collective_every_time_round(axes, name):
-    for form in _bench_cases.BENCH_FORMS:
-        case = _bench_cases.plan(name, form, axes, 1024, "float32")
+    for form in _cases.BENCH_FORMS:
+        case = _cases.plan(name, form, axes, 1024, "float32")
         if isinstance(case, str):
             continue
-        x = _bench_cases.make_input(case.shape, "float32")
+        x = _cases.make_input(case.shape, "float32")
         (spec,) = case.recipe.in_specs(axes)
-        fn = _bench_cases._program(form, case.recipe, axes)
+        fn = _cases._program(form, case.recipe, axes)
         if form == "pmap":
-            args = (_bench_cases.to_device_stacked(x, axes, spec), np.int32(3))
+            args = (_cases.to_device_stacked(x, axes, spec), np.int32(3))
         else:
             args = (case.recipe.place(x, axes=axes)[0],
-                    _bench_cases._iters_array(axes.mesh, 3))
+                    _cases._iters_array(axes.mesh, 3))
         expected = LOOPED[name]
         if form == "ring":
             expected = {"collective-permute": RING_PERMUTES[name]}
@@ -132,21 +132,21 @@ def test_the_timed_loop_runs_the_collective_every_time_round(axes, name):
 
 
 def test_the_check_counts_wrong_elements_on_every_device_copy(axes):
-    case = _bench_cases.plan("psum", "shard_map", axes, 64, "float32")
-    x = _bench_cases.make_input(case.shape, "float32")
-    call, expected = _bench_cases.bind(case, x)
-    assert _bench_cases.check(case, call, expected, x) == 0
+    case = _cases.plan("psum", "shard_map", axes, 64, "float32")
+    x = _cases.make_input(case.shape, "float32")
+    call, expected = _cases.bind(case, x)
+    assert _cases.check(case, call, expected, x) == 0
     wrong = expected.copy()
     wrong[0, 1] += 1
     # psum's result is replicated: each of the 8 device copies disagrees once
-    assert _bench_cases.check(case, call, wrong, x) == 8
-    pcase = _bench_cases.plan("all_gather", "pmap", axes, 256, "float32")
-    px = _bench_cases.make_input(pcase.shape, "float32")
-    pcall, pexpected = _bench_cases.bind(pcase, px)
-    assert _bench_cases.check(pcase, pcall, pexpected, px) == 0
+    assert _cases.check(case, call, wrong, x) == 8
+    pcase = _cases.plan("all_gather", "pmap", axes, 256, "float32")
+    px = _cases.make_input(pcase.shape, "float32")
+    pcall, pexpected = _cases.bind(pcase, px)
+    assert _cases.check(pcase, pcall, pexpected, px) == 0
     pexpected = pexpected.copy()
     pexpected[3] += 1  # pmap's stacked layout: device 3's whole copy
-    assert _bench_cases.check(pcase, pcall, pexpected, px) == pexpected[3].size
+    assert _cases.check(pcase, pcall, pexpected, px) == pexpected[3].size
 
 
 def test_schema_checker_reports_each_problem(sweep):
@@ -169,14 +169,14 @@ def test_schema_checker_reports_each_problem(sweep):
 def test_plot_draws_a_png(sweep, tmp_path):
     pytest.importorskip("matplotlib", reason="--plot needs the bench extra")
     path = tmp_path / "busbw.png"
-    _bench_report.plot(sweep, str(path))
+    _report.plot(sweep, str(path))
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_plot_without_matplotlib_says_how_to_get_it(sweep, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import fails
     with pytest.raises(RuntimeError, match=r"pip install 'collectives\[bench\]'"):
-        _bench_report.plot(sweep, str(tmp_path / "busbw.png"))
+        _report.plot(sweep, str(tmp_path / "busbw.png"))
 
 
 def test_overhead_ratios_are_reported_with_their_targets(axes):

@@ -21,11 +21,11 @@ from jax.sharding import PartitionSpec as P
 
 from collectives import _layout
 from collectives._arrays import dtype_kind
-from collectives._bench_timing import looped
 from collectives._forms import Recipe
 from collectives._layout import Axes
 from collectives._registry import RECIPES
 from collectives._ring import RING_OF
+from collectives.bench._timing import looped
 from collectives.testing._tolerance import tolerance
 
 KIND: dict[str, str] = {

@@ -19,12 +19,12 @@ import jax
 import numpy as np
 from jax import lax
 
-from collectives import _bench_cases
-from collectives._bench_timing import interleaved
-from collectives._bench_timing import relative_iqr
 from collectives._layout import Axes
 from collectives._layout import to_stacked
 from collectives._registry import RECIPES
+from collectives.bench import _cases
+from collectives.bench._timing import interleaved
+from collectives.bench._timing import relative_iqr
 from collectives.hlo import collective_stats
 
 OVERHEAD_COLLECTIVES: tuple[str, ...] = (
@@ -76,7 +76,7 @@ def _pmap(name: str, axes: Axes) -> Callable[..., Any]:
     recipe = RECIPES[name]
     body = functools.partial(recipe.pmap_body or recipe.body, axis=axes.axis)
     return jax.pmap(body, axis_name=axes.names[0],
-                    devices=list(_bench_cases.pmap_devices(axes)))
+                    devices=list(_cases.pmap_devices(axes)))
 
 
 def _shape(name: str, axes: Axes, size: int, dtype: Any) -> tuple[int, ...]:
@@ -126,12 +126,12 @@ def run_overhead(names: tuple[str, ...], axes: Axes, *, size: int, dtype: Any,
                 f"{', '.join(BARE)}.")
         recipe = RECIPES[name]
         shape = _shape(name, axes, size, dtype)
-        x = _bench_cases.make_input(shape, dtype)
+        x = _cases.make_input(shape, dtype)
         expected = np.asarray(recipe.reference(x, mesh=axes.mesh, axis=axes.axis))
         (placed,) = recipe.place(x, axes=axes)
         (spec,) = recipe.in_specs(axes)
         host = np.ascontiguousarray(to_stacked(x, axes.mesh, spec))
-        device = _bench_cases.to_device_stacked(x, axes, spec)
+        device = _cases.to_device_stacked(x, axes, spec)
         fns = {"recipe shard_map": recipe.compiled("shard_map", axes),
                "bare shard_map": _bare(name, axes),
                "jit": recipe.compiled("jit", axes)}

@@ -1,0 +1,129 @@
+"""The ``bench`` command line: its flags, the sweep or the overhead ratios, the
+files it writes."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+from typing import TextIO
+
+import jax
+
+from collectives._devices import make_mesh
+from collectives.bench import _cases
+from collectives.bench import _report
+from collectives.bench._cases import BENCH_FORMS
+from collectives.bench._cases import DEFAULT_COLLECTIVES
+from collectives.bench._overhead import OVERHEAD_COLLECTIVES
+from collectives.bench._overhead import run_overhead
+from collectives.bench._report import SCHEMA_ID
+from collectives.bench._sweep import _dtype_name
+from collectives.bench._sweep import machine_info
+from collectives.bench._sweep import parse_size
+from collectives.bench._sweep import run
+from collectives.bench._sweep import size_sweep
+
+
+def _size_arg(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``bench`` flags, named after nccl-tests' where they exist."""
+    parser.add_argument(
+        "-c", "--collectives", nargs="+", metavar="NAME",
+        help=f"collectives to time (default: {' '.join(DEFAULT_COLLECTIVES)}; also "
+        "pmean, pmax, pmin, all_gather_stacked; with --overhead: every core "
+        "recipe)")
+    parser.add_argument(
+        "--forms", nargs="+", default=list(BENCH_FORMS), metavar="FORM",
+        help=f"forms to time (default: {' '.join(BENCH_FORMS)}; ring = the ring "
+        "built from ppermute, where one exists)")
+    parser.add_argument("-d", "--dtype", default="float32",
+                        help="element type (default: %(default)s)")
+    parser.add_argument("-b", "--minbytes", type=_size_arg, default=parse_size("1K"),
+                        metavar="SIZE", help="smallest size S (default: 1K)")
+    parser.add_argument("-e", "--maxbytes", type=_size_arg, default=parse_size("4M"),
+                        metavar="SIZE", help="largest size S (default: 4M)")
+    parser.add_argument("-f", "--stepfactor", type=float, default=4.0, metavar="F",
+                        help="multiply the size by F each step (default: 4)")
+    parser.add_argument("-n", "--iters", type=int, default=None, metavar="N",
+                        help="collectives inside one timed call (default: enough "
+                        "for --min-time)")
+    parser.add_argument("-w", "--warmup", type=int, default=1, metavar="N",
+                        help="untimed calls before timing (default: 1)")
+    parser.add_argument("-r", "--samples", type=int, default=5, metavar="N",
+                        help="timed calls; median and spread over them (default: 5)")
+    parser.add_argument("--min-time", type=float, default=0.01, metavar="SECONDS",
+                        help="target duration of one timed call (default: 0.01)")
+    parser.add_argument("--json", metavar="FILE", help="write the results as JSON")
+    parser.add_argument("--plot", metavar="FILE",
+                        help="draw busbw against size (needs the bench extra)")
+    parser.add_argument("--overhead", action="store_true",
+                        help="measure overhead ratios instead of the size sweep")
+    parser.add_argument("--overhead-size", type=_size_arg, default=parse_size("64K"),
+                        metavar="SIZE", help="buffer per device for --overhead "
+                        "(default: 64K)")
+    parser.add_argument("-q", "--quiet", action="store_true",
+                        help="no progress lines on stderr")
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run ``bench`` with parsed arguments; 1 if any result was wrong."""
+    try:
+        return _main(args)
+    except (TypeError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+
+def _main(args: argparse.Namespace) -> int:
+    progress = None if args.quiet else sys.stderr
+    if args.overhead:
+        doc = _overhead_doc(args.collectives or OVERHEAD_COLLECTIVES, args, progress)
+    else:
+        sizes = size_sweep(args.minbytes, args.maxbytes, args.stepfactor)
+        doc = run(args.collectives or DEFAULT_COLLECTIVES, args.forms,
+                  dtype=args.dtype, sizes=sizes,
+                  samples=args.samples, warmup=args.warmup, iters=args.iters,
+                  min_time=args.min_time, out=sys.stdout, progress=progress)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(doc, f, indent=1)
+    if args.plot and doc["results"]:
+        _report.plot(doc, args.plot)
+    return 1 if doc["summary"]["wrong"] else 0
+
+
+def _overhead_doc(names: Sequence[str], args: argparse.Namespace,
+                  progress: TextIO | None) -> dict[str, Any]:
+    axes = _cases.RECIPES["psum"].axes(make_mesh((jax.device_count(),), "i"))
+    say = (lambda line: print(f"# {line}", file=progress, flush=True)) \
+        if progress else None
+    samples = max(args.samples, 31)  # ratios of noisy times need many pairs
+    rows = run_overhead(tuple(names), axes, size=args.overhead_size,
+                        dtype=_dtype_name(args.dtype), samples=samples,
+                        min_time=args.min_time, progress=say)
+    machine = machine_info()
+    print(f"# collectives bench --overhead: {machine['devices']} "
+          f"{machine['backend']} devices, JAX {machine['jax']}, {args.dtype}, "
+          f"{args.overhead_size} B per device, per-call times (dispatch "
+          "included), calls interleaved")
+    for line in _report.format_overhead(rows):
+        print(line)
+    return {
+        "schema": SCHEMA_ID, "machine": machine,
+        "settings": {"collectives": list(names), "forms": ["shard_map", "jit", "pmap"],
+                     "dtype": args.dtype, "sizes": [args.overhead_size],
+                     "samples": samples, "warmup": 1, "iters": 1,
+                     "min_time_s": args.min_time},
+        "results": [], "skipped": [],
+        "summary": {"avg_busbw_gbps": None, "wrong": 0, "by_collective": {}},
+        "overhead": rows,
+    }
