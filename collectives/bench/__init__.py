@@ -12,8 +12,10 @@ prints one row:
 * ``iters``: collectives run inside one compiled call (a ``fori_loop`` with a
   runtime trip count), so dispatch is amortised out of the figure; picked
   to make a call last ``--min-time`` unless ``-n`` fixes it;
-* ``time``: the median over ``-r`` timed calls of call time / ``iters``;
-  ``spread``: the interquartile range of those samples over the median;
+* ``time``: the median over the timed calls of call time / ``iters``, and
+  ``±95%``: the half-width of its 95 % bootstrap interval over the median.
+  Calls are taken (at least ``-r``) until every interval is within
+  ``--precision`` (2 %) or ``--budget`` seconds are spent;
 * ``algbw = S / time`` and ``busbw = algbw * factor`` with nccl-tests'
   factors (all-reduce ``2(n-1)/n``; all-gather, reduce-scatter and
   all-to-all ``(n-1)/n``; permute 1), in GB/s (1e9 bytes per second);
@@ -21,14 +23,21 @@ prints one row:
   same ``S`` bytes on every device, measured in the same run (the ``copy``
   rows): on simulated CPU devices a collective is memory traffic, so the copy
   is its practical limit;
+* ``args``, ``out``, ``temp``: the per-device argument, output and temporary
+  bytes of the form's compiled program (:func:`memory_per_device`);
 * ``#wrong``: elements that differ from the NumPy oracle, counted on every
   device's copy of the output after one collective (nccl-tests' check).
 
-``--json FILE`` writes the rows with the schema :data:`SCHEMA`;
-``--plot FILE`` draws busbw against size (needs matplotlib: the ``bench``
+After the rows, the alpha-beta cost model fitted per collective and form
+(``time = alpha + beta * S * factor``, with intervals and the model's error).
+``--json FILE`` writes everything with the versioned schema :data:`SCHEMA`
+(``schema.json``), ``--csv FILE`` the rows; ``--plot FILE`` draws busbw
+against size with the intervals as bands (needs matplotlib: the ``bench``
 extra). ``--overhead`` measures ratios instead: recipe shard_map form / bare
 ``shard_map(lax.<op>)``, jit / shard_map and pmap with host input / device
-input, with the calls interleaved so drift cancels.
+input, with the calls interleaved so drift cancels; each ratio gets a 95 %
+interval and a verdict against its target: *met*, *not met* or
+*inconclusive*.
 
 Examples:
   >>> from collectives.bench import parse_size, size_sweep
@@ -42,11 +51,12 @@ from collectives.bench._cases import BENCH_FORMS
 from collectives.bench._cases import DEFAULT_COLLECTIVES
 from collectives.bench._command import add_arguments
 from collectives.bench._command import main
-from collectives.bench._report import SCHEMA
-from collectives.bench._report import schema_errors
+from collectives.bench._memory import memory_per_device
+from collectives.bench._schema import SCHEMA
+from collectives.bench._schema import schema_errors
 from collectives.bench._sweep import parse_size
 from collectives.bench._sweep import run
 from collectives.bench._sweep import size_sweep
 
 __all__ = ["BENCH_FORMS", "DEFAULT_COLLECTIVES", "SCHEMA", "add_arguments", "main",
-           "parse_size", "run", "schema_errors", "size_sweep"]
+           "memory_per_device", "parse_size", "run", "schema_errors", "size_sweep"]

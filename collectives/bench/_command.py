@@ -19,12 +19,19 @@ from collectives.bench._cases import BENCH_FORMS
 from collectives.bench._cases import DEFAULT_COLLECTIVES
 from collectives.bench._overhead import OVERHEAD_COLLECTIVES
 from collectives.bench._overhead import run_overhead
-from collectives.bench._report import SCHEMA_ID
+from collectives.bench._schema import SCHEMA_ID
+from collectives.bench._stats import CONFIDENCE
+from collectives.bench._stats import Stopping
 from collectives.bench._sweep import _dtype_name
 from collectives.bench._sweep import machine_info
 from collectives.bench._sweep import parse_size
 from collectives.bench._sweep import run
 from collectives.bench._sweep import size_sweep
+
+SWEEP_SAMPLES, SWEEP_BUDGET = 5, 2.0
+"""Rounds at least, and timing seconds per collective and size, of the sweep."""
+OVERHEAD_SAMPLES, OVERHEAD_BUDGET = 10, 10.0
+"""Rounds at least, and timing seconds per collective, of ``--overhead``."""
 
 
 def _size_arg(text: str) -> int:
@@ -58,13 +65,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "for --min-time)")
     parser.add_argument("-w", "--warmup", type=int, default=1, metavar="N",
                         help="untimed calls before timing (default: 1)")
-    parser.add_argument("-r", "--samples", type=int, default=5, metavar="N",
-                        help="timed calls; median and spread over them (default: 5)")
+    parser.add_argument("-r", "--samples", type=int, default=None, metavar="N",
+                        help="timed rounds at least; more are taken until every "
+                        "interval meets --precision or --budget runs out "
+                        f"(default: {SWEEP_SAMPLES}; with --overhead "
+                        f"{OVERHEAD_SAMPLES})")
+    parser.add_argument("--precision", type=float, default=0.02, metavar="FRACTION",
+                        help="target half-width of each 95%% interval over its "
+                        "median (default: 0.02, i.e. ±2%%)")
+    parser.add_argument("--budget", type=float, default=None, metavar="SECONDS",
+                        help="timing seconds per collective and size (with "
+                        "--overhead: per collective) beyond the first rounds "
+                        f"(default: {SWEEP_BUDGET:g}; with --overhead "
+                        f"{OVERHEAD_BUDGET:g})")
+    parser.add_argument("--max-samples", type=int, default=1000, metavar="N",
+                        help="timed rounds at most (default: %(default)s)")
     parser.add_argument("--min-time", type=float, default=0.01, metavar="SECONDS",
                         help="target duration of one timed call (default: 0.01)")
-    parser.add_argument("--json", metavar="FILE", help="write the results as JSON")
-    parser.add_argument("--plot", metavar="FILE",
-                        help="draw busbw against size (needs the bench extra)")
+    parser.add_argument("--json", metavar="FILE", help="write the results as JSON "
+                        "(schema: collectives/bench/schema.json)")
+    parser.add_argument("--csv", metavar="FILE", help="write the table rows (with "
+                        "--overhead: the ratios) as CSV")
+    parser.add_argument("--plot", metavar="FILE", help="draw busbw against size with "
+                        "the 95%% intervals as bands (needs the bench extra)")
+    parser.add_argument("--no-memory", dest="memory", action="store_false",
+                        help="skip the per-device memory of each form (saves one "
+                        "compilation per form and size)")
     parser.add_argument("--overhead", action="store_true",
                         help="measure overhead ratios instead of the size sweep")
     parser.add_argument("--overhead-size", type=_size_arg, default=parse_size("64K"),
@@ -91,11 +117,17 @@ def _main(args: argparse.Namespace) -> int:
         sizes = size_sweep(args.minbytes, args.maxbytes, args.stepfactor)
         doc = run(args.collectives or DEFAULT_COLLECTIVES, args.forms,
                   dtype=args.dtype, sizes=sizes,
-                  samples=args.samples, warmup=args.warmup, iters=args.iters,
-                  min_time=args.min_time, out=sys.stdout, progress=progress)
+                  samples=args.samples or SWEEP_SAMPLES, warmup=args.warmup,
+                  iters=args.iters, min_time=args.min_time,
+                  precision=args.precision,
+                  budget=SWEEP_BUDGET if args.budget is None else args.budget,
+                  max_samples=args.max_samples, memory=args.memory,
+                  out=sys.stdout, progress=progress)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(doc, f, indent=1)
+    if args.csv:
+        _report.write_csv(doc, args.csv)
     if args.plot and doc["results"]:
         _report.plot(doc, args.plot)
     return 1 if doc["summary"]["wrong"] else 0
@@ -106,24 +138,31 @@ def _overhead_doc(names: Sequence[str], args: argparse.Namespace,
     axes = _cases.RECIPES["psum"].axes(make_mesh((jax.device_count(),), "i"))
     say = (lambda line: print(f"# {line}", file=progress, flush=True)) \
         if progress else None
-    samples = max(args.samples, 31)  # ratios of noisy times need many pairs
+    samples = args.samples or OVERHEAD_SAMPLES
+    budget = OVERHEAD_BUDGET if args.budget is None else args.budget
+    stopping = Stopping(precision=args.precision, budget=budget, min_samples=samples,
+                        max_samples=max(samples, args.max_samples))
     rows = run_overhead(tuple(names), axes, size=args.overhead_size,
-                        dtype=_dtype_name(args.dtype), samples=samples,
+                        dtype=_dtype_name(args.dtype), stopping=stopping,
                         min_time=args.min_time, progress=say)
     machine = machine_info()
     print(f"# collectives bench --overhead: {machine['devices']} "
           f"{machine['backend']} devices, JAX {machine['jax']}, {args.dtype}, "
           f"{args.overhead_size} B per device, per-call times (dispatch "
-          "included), calls interleaved")
+          "included), calls interleaved; verdict: met if the whole 95 % interval "
+          "is at or below the target, not met if above, else inconclusive")
     for line in _report.format_overhead(rows):
         print(line)
     return {
         "schema": SCHEMA_ID, "machine": machine,
         "settings": {"collectives": list(names), "forms": ["shard_map", "jit", "pmap"],
-                     "dtype": args.dtype, "sizes": [args.overhead_size],
-                     "samples": samples, "warmup": 1, "iters": 1,
-                     "min_time_s": args.min_time},
-        "results": [], "skipped": [],
+                     "dtype": _dtype_name(args.dtype), "sizes": [args.overhead_size],
+                     "samples": samples, "max_samples": stopping.max_samples,
+                     "precision": args.precision, "budget_s": budget,
+                     "confidence": CONFIDENCE, "warmup": 1, "iters": 1,
+                     "min_time_s": args.min_time,
+                     "overhead_size": args.overhead_size},
+        "results": [], "skipped": [], "fit": [], "ring_vs_native": [],
         "summary": {"avg_busbw_gbps": None, "wrong": 0, "by_collective": {}},
         "overhead": rows,
     }

@@ -1,177 +1,51 @@
-"""The benchmark's outputs: the nccl-tests-style table, the JSON schema and its
-checker, and the plot."""
+"""The benchmark's outputs: the nccl-tests-style table, the overhead and
+cost-model tables, CSV, and the plot."""
 
 from __future__ import annotations
 
+import csv
 from collections.abc import Mapping
 from collections.abc import Sequence
 from typing import Any
 
-from collectives.hlo import KINDS
-
-SCHEMA_ID = "collectives-bench/1"
-
-_NUMBER = {"type": "number"}
-_COUNT = {"type": "integer", "minimum": 0}
-_TEXT = {"type": "string"}
-_ROW_FORMS = ["pmap", "shard_map", "jit", "ring", "copy"]
-
-ROW_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "required": ["collective", "kind", "form", "size", "count", "type", "devices",
-                 "iters", "time_us", "time_us_samples", "spread", "algbw_gbps",
-                 "busbw_gbps", "copy_fraction", "wrong"],
-    "additionalProperties": False,
-    "properties": {
-        "collective": _TEXT,
-        "kind": {"enum": [*KINDS, "copy"]},
-        "form": {"enum": _ROW_FORMS},
-        "size": {"type": "integer", "minimum": 1},
-        "count": {"type": "integer", "minimum": 1},
-        "type": _TEXT,
-        "devices": {"type": "integer", "minimum": 1},
-        "iters": {"type": "integer", "minimum": 1},
-        "time_us": {"type": "number", "minimum": 0},
-        "time_us_samples": {"type": "array", "items": _NUMBER},
-        "spread": {"type": "number", "minimum": 0},
-        "algbw_gbps": {"type": "number", "minimum": 0},
-        "busbw_gbps": {"type": "number", "minimum": 0},
-        "copy_fraction": {"type": ["number", "null"]},
-        "wrong": _COUNT,
-    },
-}
-
-OVERHEAD_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "required": ["name", "collective", "numerator", "denominator", "ratio",
-                 "spread", "target", "met", "samples"],
-    "additionalProperties": False,
-    "properties": {
-        "name": _TEXT, "collective": _TEXT, "numerator": _TEXT, "denominator": _TEXT,
-        "ratio": {"type": "number", "minimum": 0},
-        "spread": {"type": "number", "minimum": 0},
-        "target": {"type": ["number", "null"]},
-        "met": {"type": ["boolean", "null"]},
-        "samples": {"type": "integer", "minimum": 1},
-    },
-}
-
-SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "required": ["schema", "machine", "settings", "results", "skipped", "summary"],
-    "properties": {
-        "schema": {"enum": [SCHEMA_ID]},
-        "machine": {
-            "type": "object",
-            "required": ["backend", "device_kind", "devices", "simulated", "jax",
-                         "python", "cpu_count"],
-            "properties": {
-                "backend": _TEXT, "device_kind": _TEXT,
-                "devices": {"type": "integer", "minimum": 1},
-                "simulated": {"type": "boolean"}, "jax": _TEXT, "python": _TEXT,
-                "cpu_count": {"type": ["integer", "null"]},
-            },
-        },
-        "settings": {
-            "type": "object",
-            "required": ["collectives", "forms", "dtype", "sizes", "samples",
-                         "warmup", "iters", "min_time_s"],
-            "properties": {
-                "collectives": {"type": "array", "items": _TEXT},
-                "forms": {"type": "array", "items": _TEXT},
-                "dtype": _TEXT,
-                "sizes": {"type": "array", "items": {"type": "integer", "minimum": 1}},
-                "samples": {"type": "integer", "minimum": 1},
-                "warmup": _COUNT,
-                "iters": {"type": ["integer", "null"], "minimum": 1},
-                "min_time_s": {"type": "number", "minimum": 0},
-            },
-        },
-        "results": {"type": "array", "items": ROW_SCHEMA},
-        "skipped": {
-            "type": "array",
-            "items": {"type": "object", "required": ["collective", "form", "reason"],
-                      "properties": {"collective": _TEXT, "form": _TEXT,
-                                     "reason": _TEXT}},
-        },
-        "summary": {
-            "type": "object",
-            "required": ["avg_busbw_gbps", "wrong", "by_collective"],
-            "properties": {
-                "avg_busbw_gbps": {"type": ["number", "null"]},
-                "wrong": _COUNT,
-                "by_collective": {"type": "object"},
-            },
-        },
-        "overhead": {"type": "array", "items": OVERHEAD_SCHEMA},
-    },
-}
-"""The JSON document ``bench --json`` writes, as a JSON Schema (a subset:
-``type``, ``enum``, ``required``, ``properties``, ``additionalProperties``,
-``items``, ``minimum``), checked by :func:`schema_errors`."""
-
-_TYPES: Mapping[str, Any] = {
-    "object": dict, "array": list, "string": str, "boolean": bool,
-    "integer": int, "number": (int, float), "null": type(None),
-}
-
-
-def _is(value: Any, name: str) -> bool:
-    if name in ("integer", "number") and isinstance(value, bool):
-        return False
-    return isinstance(value, _TYPES[name])
-
-
-def schema_errors(value: Any, schema: Mapping[str, Any] = SCHEMA,
-                  where: str = "$") -> list[str]:
-    """Every way ``value`` breaks ``schema``, as ``"$.path: problem"`` lines."""
-    errors: list[str] = []
-    if "enum" in schema and value not in schema["enum"]:
-        errors.append(f"{where}: {value!r} is not one of {schema['enum']}")
-    types = schema.get("type")
-    if types is not None:
-        names = [types] if isinstance(types, str) else list(types)
-        if not any(_is(value, name) for name in names):
-            return [*errors, f"{where}: expected {' or '.join(names)}, got "
-                             f"{type(value).__name__} {value!r:.60}"]
-    if "minimum" in schema and _is(value, "number") and value < schema["minimum"]:
-        errors.append(f"{where}: {value} is below the minimum {schema['minimum']}")
-    if isinstance(value, dict):
-        for key in schema.get("required", ()):
-            if key not in value:
-                errors.append(f"{where}: missing required key {key!r}")
-        properties = schema.get("properties", {})
-        for key, item in value.items():
-            if key in properties:
-                errors += schema_errors(item, properties[key], f"{where}.{key}")
-            elif schema.get("additionalProperties") is False:
-                errors.append(f"{where}: unexpected key {key!r}")
-    if isinstance(value, list) and "items" in schema:
-        for index, item in enumerate(value):
-            errors += schema_errors(item, schema["items"], f"{where}[{index}]")
-    return errors
-
+from collectives.bench._memory import MEMORY_FIELDS
 
 # -- the table -----------------------------------------------------------------
 
-COLUMNS = ("size", "count", "type", "form", "iters", "time", "spread", "algbw",
-           "busbw", "busbw/copy", "#wrong")
-_HEAD = ("#      size      count      type       form  iters    time(us)  spread  "
-         "algbw(GB/s)  busbw(GB/s)  busbw/copy  #wrong")
-_UNITS = "#       (B) (elements)"
+_HEAD = ("#      size      count      type       form  iters    time(us)   ±95%    n  "
+         "algbw(GB/s)  busbw(GB/s)  busbw/copy    args     out    temp  #wrong")
+_UNITS = ("#       (B) (elements)                             (median)                "
+          "    (median)                 per device, bytes")
 
 
 def header_lines() -> list[str]:
     return [_HEAD, _UNITS]
 
 
+def _bytes(n: int | None) -> str:
+    if n is None:
+        return "-"
+    for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.1f}{unit}"
+    return str(n)
+
+
+def _half_width(low: float, high: float, median: float) -> float:
+    return (high - low) / 2 / median if median > 0 else float("inf")
+
+
 def format_row(row: Mapping[str, Any]) -> str:
-    fraction = row["copy_fraction"]
-    frac = "-" if fraction is None else f"{fraction:.2f}"
+    low, high = row["time_us_ci"]
+    half = _half_width(low, high, row["time_us"])
+    memory = row["memory"] or {}
+    mem = " ".join(f"{_bytes(memory.get(key)):>7}"
+                   for key in ("argument_bytes", "output_bytes", "temp_bytes"))
     return (f"{row['size']:>11} {row['count']:>10} {row['type']:>9} "
             f"{row['form']:>10} {row['iters']:>6} {row['time_us']:>11.2f} "
-            f"{100 * row['spread']:>6.1f}% {row['algbw_gbps']:>12.3f} "
-            f"{row['busbw_gbps']:>12.3f} {frac:>11} {row['wrong']:>7}")
+            f"{100 * half:>5.1f}% {row['samples']:>4} {row['algbw_gbps']:>12.3f} "
+            f"{row['busbw_gbps']:>12.3f} {row['copy_fraction']:>11.2f} {mem} "
+            f"{row['wrong']:>7}")
 
 
 def averages(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, float]]:
@@ -186,20 +60,83 @@ def averages(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, float]]:
             for name, forms in sums.items()}
 
 
+def _interval(value: float, ci: Sequence[float], digits: int) -> str:
+    return f"{value:.{digits}f} [{ci[0]:.{digits}f}, {ci[1]:.{digits}f}]"
+
+
 def format_overhead(rows: Sequence[Mapping[str, Any]]) -> list[str]:
-    lines = [f"# {'ratio':<62} {'median':>7} {'spread':>7} {'target':>7}  met"]
+    lines = [f"# {'ratio':<58} {'median':>7} {'95 % interval':>16} {'n':>4} "
+             f"{'target':>7}  verdict"]
     for row in rows:
         target = "-" if row["target"] is None else f"<={row['target']:.2f}"
-        met = {True: "yes", False: "NO", None: "-"}[row["met"]]
-        lines.append(f"  {row['name']:<62} {row['ratio']:>7.3f} "
-                     f"{100 * row['spread']:>6.1f}% {target:>7}  {met}")
+        low, high = row["ratio_ci"]
+        lines.append(f"  {row['name']:<58} {row['ratio']:>7.3f} "
+                     f"{f'[{low:.3f}, {high:.3f}]':>16} {row['samples']:>4} "
+                     f"{target:>7}  {row['verdict'] or '-'}")
     return lines
+
+
+def format_fits(fits: Sequence[Mapping[str, Any]],
+                comparisons: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The alpha-beta table, and the ring forms against the native ones."""
+    lines = ["#", "# Cost model: time = alpha + beta * S * bus factor, per collective "
+             "and form (95 % intervals;", "# error = fitted / measured time - 1)",
+             f"# {'collective':<14} {'form':<10} {'alpha (us)':>26} "
+             f"{'beta (ns/B)':>26} {'1/beta (GB/s)':>13} {'rms err':>8} "
+             f"{'max err':>8}"]
+    for fit in fits:
+        bw = "-" if fit["busbw_gbps"] is None else f"{fit['busbw_gbps']:.3f}"
+        lines.append(
+            f"  {fit['collective']:<14} {fit['form']:<10} "
+            f"{_interval(fit['alpha_us'], fit['alpha_us_ci'], 1):>26} "
+            f"{_interval(fit['beta_ns_per_byte'], fit['beta_ns_per_byte_ci'], 3):>26} "
+            f"{bw:>13} {100 * fit['rms_error']:>7.1f}% {100 * fit['max_error']:>7.1f}%")
+    for comp in comparisons:
+        ratios = [f"{label} x{comp[key]:.2f}" for label, key in
+                  (("alpha", "alpha_ratio"), ("beta", "beta_ratio"))
+                  if comp[key] is not None]
+        lines.append(f"# ring / {comp['native_form']} for {comp['collective']}: "
+                     + (", ".join(ratios) or "not comparable"))
+    return lines
+
+
+# -- CSV -------------------------------------------------------------------------
+
+def _flat(row: Mapping[str, Any]) -> dict[str, Any]:
+    """One CSV record: intervals as ``*_low``/``*_high``, memory as
+    ``memory_*``; the raw samples are left to the JSON."""
+    flat: dict[str, Any] = {}
+    for key, value in row.items():
+        if key.endswith("_samples"):
+            continue
+        if key.endswith("_ci"):
+            stem = key[:-3]
+            flat[f"{stem}_low"], flat[f"{stem}_high"] = value or (None, None)
+        elif key == "memory":
+            for field in MEMORY_FIELDS:
+                flat[f"memory_{field}"] = None if value is None else value[field]
+        else:
+            flat[key] = value
+    return flat
+
+
+def write_csv(doc: Mapping[str, Any], path: str) -> None:
+    """The table rows (or, for ``--overhead``, the ratios) as CSV, one header
+    line then one record per row; empty cells for nulls."""
+    rows = doc.get("overhead") or doc["results"]
+    records = [_flat(row) for row in rows]
+    fields = list(dict.fromkeys(key for record in records for key in record))
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(records)
 
 
 # -- the plot ------------------------------------------------------------------
 
 def plot(doc: Mapping[str, Any], path: str) -> None:
-    """busbw against size, one panel per collective, one line per form.
+    """busbw against size, one panel per collective, one line per form with
+    its 95 % interval as a band, the same-run copy dashed as the limit.
 
     Raises:
       RuntimeError: matplotlib is not installed.
@@ -227,11 +164,16 @@ def plot(doc: Mapping[str, Any], path: str) -> None:
         mine = [r for r in rows if r["collective"] == name]
         kind = next(r["kind"] for r in mine if r["form"] != "copy")
         for form in dict.fromkeys(r["form"] for r in mine):
-            pts = sorted((r["size"], r["busbw_gbps"])
+            pts = sorted((r["size"], r["busbw_gbps"], *r["busbw_gbps_ci"])
                          for r in mine if r["form"] == form)
+            sizes = [p[0] for p in pts]
             style = dict(color="black", linestyle="--") if form == "copy" else {}
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=".", label=form,
-                    **style)
+            label = "copy (limit)" if form == "copy" else form
+            (line,) = ax.plot(sizes, [p[1] for p in pts], marker=".", label=label,
+                              **style)
+            # the 95 % interval of the median as a band around the line
+            ax.fill_between(sizes, [p[2] for p in pts], [p[3] for p in pts],
+                            color=line.get_color(), alpha=0.2, linewidth=0)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_title(f"{name} ({kind})", fontsize=10)

@@ -18,7 +18,12 @@ from collectives.bench import _cases
 from collectives.bench import _report
 from collectives.bench._cases import BENCH_FORMS
 from collectives.bench._cases import DEFAULT_COLLECTIVES
-from collectives.bench._report import SCHEMA_ID
+from collectives.bench._fit import fit_rows
+from collectives.bench._fit import ring_vs_native
+from collectives.bench._schema import SCHEMA_ID
+from collectives.bench._stats import CONFIDENCE
+from collectives.bench._stats import Stopping
+from collectives.bench._stats import median_ratio_interval
 from collectives.bench._timing import Timing
 from collectives.bench._timing import measure
 from collectives.hlo import bus_factor
@@ -67,19 +72,30 @@ def machine_info() -> dict[str, Any]:
 
 
 def _row(case: _cases.Case, form: str, timing: Timing, wrong: int,
-         copy_bw: float | None) -> dict[str, Any]:
-    seconds = timing.median
-    algbw = case.size / seconds / 1e9
+         copy: Timing | None, memory: dict[str, int] | None) -> dict[str, Any]:
+    """One table row; ``copy`` is the same-run copy's timing (None for the copy
+    row itself), paired sample by sample with this form's."""
+    est = timing.interval
     factor = 1.0 if form == "copy" else bus_factor(case.kind, case.axes.size)
-    busbw = algbw * factor
+    bus = est.scaled(case.size * factor / 1e9)  # GB/s from seconds
+    if copy is None:
+        fraction, fraction_ci = 1.0, [1.0, 1.0]
+    else:  # busbw / copy bw = factor * t_copy / t_form, per round
+        ratio = median_ratio_interval(copy.samples, timing.samples)
+        fraction = factor * ratio.median
+        fraction_ci = [factor * ratio.low, factor * ratio.high]
     return {
         "collective": case.collective,
         "kind": "copy" if form == "copy" else case.kind, "form": form,
         "size": case.size, "count": case.count, "type": case.dtype,
-        "devices": case.axes.size, "iters": timing.iters, "time_us": seconds * 1e6,
+        "devices": case.axes.size, "iters": timing.iters,
+        "time_us": est.median * 1e6, "time_us_ci": [est.low * 1e6, est.high * 1e6],
         "time_us_samples": [t * 1e6 for t in timing.samples],
-        "spread": timing.spread, "algbw_gbps": algbw, "busbw_gbps": busbw,
-        "copy_fraction": busbw / copy_bw if copy_bw else None, "wrong": wrong,
+        "samples": len(timing.samples), "stopped": timing.stopped,
+        "algbw_gbps": bus.median / factor, "busbw_gbps": bus.median,
+        "busbw_gbps_ci": [bus.low, bus.high],
+        "copy_fraction": fraction, "copy_fraction_ci": fraction_ci,
+        "wrong": wrong, "memory": memory, "model_error": None,
     }
 
 
@@ -107,8 +123,9 @@ def run(collectives: Sequence[str] = DEFAULT_COLLECTIVES,
         forms: Sequence[str] = BENCH_FORMS, *, dtype: Any = "float32",
         sizes: Sequence[int] = (1024,), samples: int = 5, warmup: int = 1,
         iters: int | None = None, min_time: float = 0.01,
-        out: TextIO | None = None, progress: TextIO | None = None
-        ) -> dict[str, Any]:
+        precision: float = 0.02, budget: float = 2.0, max_samples: int = 200,
+        memory: bool = True, out: TextIO | None = None,
+        progress: TextIO | None = None) -> dict[str, Any]:
     """Run the sweep on a 1-D mesh over every device; return the JSON document.
 
     Args:
@@ -116,23 +133,33 @@ def run(collectives: Sequence[str] = DEFAULT_COLLECTIVES,
       forms: among ``pmap``, ``shard_map``, ``jit``, ``ring``.
       dtype: element type of every buffer.
       sizes: target sizes ``S`` in bytes (rounded to whole elements per device).
-      samples: timed calls per row (median and spread over them).
+      samples: timed calls per row at least (the median and its interval
+        are over them); more are taken until every row's interval is within
+        ``precision`` or ``budget`` runs out.
       warmup: untimed calls per row after calibration.
       iters: collectives per call; ``None`` picks enough for ``min_time``.
       min_time: target seconds per timed call when ``iters`` is ``None``.
+      precision: the target half-width of each median's 95 % interval, as a
+        fraction of the median (0.02: ±2 %).
+      budget: seconds of timing per collective and size, at most, beyond the
+        first ``samples`` rounds.
+      max_samples: timed calls per row at most.
+      memory: add each form's per-device memory (``memory_analysis()``); this
+        compiles each form once more per size.
       out: where the table is printed as rows complete (``None``: nowhere).
       progress: where progress lines go (``None``: nowhere).
 
     Returns:
-      A dict matching :data:`SCHEMA`.
+      A dict matching :data:`SCHEMA`, with the alpha-beta fit of every
+      collective and form swept over 3 sizes or more.
 
     Raises:
-      ValueError: an unknown collective or form.
+      ValueError: an unknown collective or form, or bad sampling settings.
 
     Examples:
       >>> from collectives import bench
-      >>> doc = bench.run(["psum"], ["shard_map"], sizes=[64], samples=1,
-      ...                 warmup=0, iters=2)
+      >>> doc = bench.run(["psum"], ["shard_map"], sizes=[64], samples=3,
+      ...                 warmup=0, iters=2, budget=0)
       >>> [(r["form"], r["size"], r["count"], r["wrong"]) for r in doc["results"]]
       [('copy', 64, 16, 0), ('shard_map', 64, 16, 0)]
       >>> bench.schema_errors(doc)
@@ -141,7 +168,10 @@ def run(collectives: Sequence[str] = DEFAULT_COLLECTIVES,
     _check_names(collectives, forms)
     dtype_name = _dtype_name(dtype)
     axes = _cases.RECIPES["psum"].axes(make_mesh((jax.device_count(),), "i"))
-    timing_args = dict(samples=samples, warmup=warmup, iters=iters, min_time=min_time)
+    stopping = Stopping(precision=precision, budget=budget, min_samples=samples,
+                        max_samples=max(samples, max_samples))
+    timing_args = dict(stopping=stopping, warmup=warmup, iters=iters,
+                       min_time=min_time)
     machine = machine_info()
 
     def show(line: str) -> None:
@@ -150,7 +180,8 @@ def run(collectives: Sequence[str] = DEFAULT_COLLECTIVES,
 
     show(f"# collectives bench: {machine['devices']} {machine['backend']} devices"
          f"{' (simulated)' if machine['simulated'] else ''}, JAX {machine['jax']}, "
-         f"{dtype_name}, {samples} samples, warm-up {warmup}, iters "
+         f"{dtype_name}, {samples} to {stopping.max_samples} samples (until "
+         f"±{100 * precision:g} % at 95 % or {budget:g} s), warm-up {warmup}, iters "
          f"{iters or f'auto (>= {1000 * min_time:g} ms per call)'}")
     rows: list[dict[str, Any]] = []
     skipped: list[dict[str, str]] = []
@@ -172,7 +203,7 @@ def run(collectives: Sequence[str] = DEFAULT_COLLECTIVES,
                        for form in forms]
             cases = [case for case in planned if not isinstance(case, str)]
             if cases:
-                new_rows, counts = _one_size(cases, timing_args, counts)
+                new_rows, counts = _one_size(cases, timing_args, counts, memory)
                 for row in new_rows:
                     rows.append(row)
                     show(_report.format_row(row))
@@ -183,6 +214,11 @@ def run(collectives: Sequence[str] = DEFAULT_COLLECTIVES,
         averages = _report.averages([r for r in rows if r["collective"] == name])
         show("# Avg bus bandwidth (GB/s): " + ", ".join(
             f"{form} {bw:.3f}" for form, bw in averages.get(name, {}).items()))
+    fits = fit_rows(rows)
+    comparisons = ring_vs_native(fits)
+    if fits:
+        for line in _report.format_fits(fits, comparisons):
+            show(line)
     measured = [r for r in rows if r["form"] != "copy"]
     wrong = sum(r["wrong"] for r in rows)
     avg = sum(r["busbw_gbps"] for r in measured) / len(measured) if measured else None
@@ -193,16 +229,19 @@ def run(collectives: Sequence[str] = DEFAULT_COLLECTIVES,
         "schema": SCHEMA_ID, "machine": machine,
         "settings": {"collectives": list(collectives), "forms": list(forms),
                      "dtype": dtype_name, "sizes": [int(s) for s in sizes],
-                     "samples": samples, "warmup": warmup, "iters": iters,
+                     "samples": samples, "max_samples": stopping.max_samples,
+                     "precision": precision, "budget_s": budget,
+                     "confidence": CONFIDENCE, "warmup": warmup, "iters": iters,
                      "min_time_s": min_time},
-        "results": rows, "skipped": skipped,
+        "results": rows, "skipped": skipped, "fit": fits,
+        "ring_vs_native": comparisons,
         "summary": {"avg_busbw_gbps": avg, "wrong": wrong,
                     "by_collective": _report.averages(rows)},
     }
 
 
 def _one_size(cases: list[_cases.Case], timing_args: dict[str, Any],
-              counts: dict[str, tuple[int, int]]
+              counts: dict[str, tuple[int, int]], memory: bool
               ) -> tuple[list[dict[str, Any]], dict[str, tuple[int, int]]]:
     """The copy row and one row per form for one collective at one size.
 
@@ -214,19 +253,21 @@ def _one_size(cases: list[_cases.Case], timing_args: dict[str, Any],
     calls = {"copy": copy_call}
     wrong = {"copy": _cases.count_wrong(copy_call(1), copy_x, 0.0, 0.0)}
     inputs: dict[tuple[int, ...], np.ndarray] = {}
+    memories: dict[str, dict[str, int] | None] = {}
     for case in cases:
         if case.shape not in inputs:
             inputs[case.shape] = _cases.make_input(case.shape, case.dtype)
         x = inputs[case.shape]
         calls[case.form], expected = _cases.bind(case, x)
         wrong[case.form] = _cases.check(case, calls[case.form], expected, x)
+        if memory:
+            memories[case.form] = _cases.memory(case, x)
     guess = {form: max(1, round(n * size / first.size))
              for form, (n, size) in counts.items()}
     # The copy and every form are timed turn by turn (see measure).
     timings = measure(calls, **timing_args, guess=guess)
-    copy_row = _row(first, "copy", timings["copy"], wrong["copy"], None)
-    copy_row["copy_fraction"] = 1.0
+    copy_row = _row(first, "copy", timings["copy"], wrong["copy"], None, None)
     rows = [copy_row] + [
         _row(case, case.form, timings[case.form], wrong[case.form],
-             copy_row["busbw_gbps"]) for case in cases]
+             timings["copy"], memories.get(case.form)) for case in cases]
     return rows, {form: (t.iters, first.size) for form, t in timings.items()}
