@@ -248,3 +248,13 @@ def test_csv_records_flatten_intervals_and_memory():
         "memory_argument_bytes": 4, "memory_output_bytes": 4,
         "memory_temp_bytes": 0, "memory_alias_bytes": 0}
     assert _flat({"memory": None})["memory_temp_bytes"] is None
+
+
+def test_on_one_device_the_fit_uses_the_buffer_bytes():
+    # bus factors are 0 on one device (nothing crosses a link)
+    assert bus_factor("all-reduce", 1) == 0
+    rows = [dict(synthetic_row("jit", size, 5.0, 0.0), devices=1,
+                 time_us=5.0 + 0.25e-3 * size) for size in SIZES]
+    (fit,) = fit_rows(rows)
+    assert fit["beta_ns_per_byte"] == pytest.approx(0.25)
+    assert fit["alpha_us"] == pytest.approx(5.0)

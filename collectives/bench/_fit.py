@@ -2,7 +2,8 @@
 
 ``bytes`` is a row's size ``S`` times nccl-tests' bus factor (the bytes a ring
 would move per device: ``2(n-1)/n * S`` for an all-reduce...), so ``1 / beta``
-is the asymptotic bus bandwidth and ``alpha`` the latency of one collective.
+is the asymptotic bus bandwidth and ``alpha`` the latency of one collective
+(on one device, where every factor is 0, ``bytes`` is ``S`` itself).
 The fit is least squares on *relative* error (weights ``1 / t**2``), since the
 times of a sweep span orders of magnitude and each row matters alike; the
 intervals are the usual 95 % Student-t intervals from the residuals, so a
@@ -102,8 +103,10 @@ def fit_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for (name, form), mine in groups.items():
         if len({row["size"] for row in mine}) < 3:
             continue
-        factors = [1.0 if form == "copy" else bus_factor(row["kind"], row["devices"])
-                   for row in mine]
+        # On one device the bus factors are 0 (nothing crosses a link): fit
+        # against the buffer's bytes instead.
+        factors = [1.0 if form == "copy" else
+                   bus_factor(row["kind"], row["devices"]) or 1.0 for row in mine]
         x = [row["size"] * f for row, f in zip(mine, factors, strict=True)]
         fit = fit_line(x, [row["time_us"] * 1e-6 for row in mine])
         for row, error in zip(mine, fit.errors, strict=True):

@@ -77,7 +77,7 @@ def _row(case: _cases.Case, form: str, timing: Timing, wrong: int,
     row itself), paired sample by sample with this form's."""
     est = timing.interval
     factor = 1.0 if form == "copy" else bus_factor(case.kind, case.axes.size)
-    bus = est.scaled(case.size * factor / 1e9)  # GB/s from seconds
+    alg = est.scaled(case.size / 1e9)  # GB/s from seconds
     if copy is None:
         fraction, fraction_ci = 1.0, [1.0, 1.0]
     else:  # busbw / copy bw = factor * t_copy / t_form, per round
@@ -92,8 +92,8 @@ def _row(case: _cases.Case, form: str, timing: Timing, wrong: int,
         "time_us": est.median * 1e6, "time_us_ci": [est.low * 1e6, est.high * 1e6],
         "time_us_samples": [t * 1e6 for t in timing.samples],
         "samples": len(timing.samples), "stopped": timing.stopped,
-        "algbw_gbps": bus.median / factor, "busbw_gbps": bus.median,
-        "busbw_gbps_ci": [bus.low, bus.high],
+        "algbw_gbps": alg.median, "busbw_gbps": alg.median * factor,
+        "busbw_gbps_ci": [alg.low * factor, alg.high * factor],
         "copy_fraction": fraction, "copy_fraction_ci": fraction_ci,
         "wrong": wrong, "memory": memory, "model_error": None,
     }
