@@ -20,12 +20,12 @@ from collectives.bench._cases import DEFAULT_COLLECTIVES
 from collectives.bench._overhead import OVERHEAD_COLLECTIVES
 from collectives.bench._overhead import run_overhead
 from collectives.bench._schema import SCHEMA_ID
-from collectives.bench._stats import CONFIDENCE
 from collectives.bench._stats import Stopping
 from collectives.bench._sweep import _dtype_name
 from collectives.bench._sweep import machine_info
 from collectives.bench._sweep import parse_size
 from collectives.bench._sweep import run
+from collectives.bench._sweep import settings
 from collectives.bench._sweep import size_sweep
 
 SWEEP_SAMPLES, SWEEP_BUDGET = 5, 2.0
@@ -139,9 +139,10 @@ def _overhead_doc(names: Sequence[str], args: argparse.Namespace,
     say = (lambda line: print(f"# {line}", file=progress, flush=True)) \
         if progress else None
     samples = args.samples or OVERHEAD_SAMPLES
-    budget = OVERHEAD_BUDGET if args.budget is None else args.budget
-    stopping = Stopping(precision=args.precision, budget=budget, min_samples=samples,
-                        max_samples=max(samples, args.max_samples))
+    stopping = Stopping(
+        precision=args.precision,
+        budget=OVERHEAD_BUDGET if args.budget is None else args.budget,
+        min_samples=samples, max_samples=max(samples, args.max_samples))
     rows = run_overhead(tuple(names), axes, size=args.overhead_size,
                         dtype=_dtype_name(args.dtype), stopping=stopping,
                         min_time=args.min_time, progress=say)
@@ -155,12 +156,9 @@ def _overhead_doc(names: Sequence[str], args: argparse.Namespace,
         print(line)
     return {
         "schema": SCHEMA_ID, "machine": machine,
-        "settings": {"collectives": list(names), "forms": ["shard_map", "jit", "pmap"],
-                     "dtype": _dtype_name(args.dtype), "sizes": [args.overhead_size],
-                     "samples": samples, "max_samples": stopping.max_samples,
-                     "precision": args.precision, "budget_s": budget,
-                     "confidence": CONFIDENCE, "warmup": 1, "iters": 1,
-                     "min_time_s": args.min_time,
+        "settings": {**settings(names, ["shard_map", "jit", "pmap"],
+                                _dtype_name(args.dtype), [args.overhead_size],
+                                stopping, warmup=1, iters=1, min_time=args.min_time),
                      "overhead_size": args.overhead_size},
         "results": [], "skipped": [], "fit": [], "ring_vs_native": [],
         "summary": {"avg_busbw_gbps": None, "wrong": 0, "by_collective": {}},

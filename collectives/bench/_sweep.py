@@ -227,17 +227,24 @@ def run(collectives: Sequence[str] = DEFAULT_COLLECTIVES,
     show(f"# Avg bus bandwidth    : {avg or 0:.4f} GB/s (every row but copy)")
     return {
         "schema": SCHEMA_ID, "machine": machine,
-        "settings": {"collectives": list(collectives), "forms": list(forms),
-                     "dtype": dtype_name, "sizes": [int(s) for s in sizes],
-                     "samples": samples, "max_samples": stopping.max_samples,
-                     "precision": precision, "budget_s": budget,
-                     "confidence": CONFIDENCE, "warmup": warmup, "iters": iters,
-                     "min_time_s": min_time},
+        "settings": settings(collectives, forms, dtype_name, sizes, stopping,
+                             warmup=warmup, iters=iters, min_time=min_time),
         "results": rows, "skipped": skipped, "fit": fits,
         "ring_vs_native": comparisons,
         "summary": {"avg_busbw_gbps": avg, "wrong": wrong,
                     "by_collective": _report.averages(rows)},
     }
+
+
+def settings(collectives: Sequence[str], forms: Sequence[str], dtype: str,
+             sizes: Sequence[int], stopping: Stopping, *, warmup: int,
+             iters: int | None, min_time: float) -> dict[str, Any]:
+    """The ``settings`` object of the JSON document."""
+    return {"collectives": list(collectives), "forms": list(forms), "dtype": dtype,
+            "sizes": [int(s) for s in sizes], "samples": stopping.min_samples,
+            "max_samples": stopping.max_samples, "precision": stopping.precision,
+            "budget_s": stopping.budget, "confidence": CONFIDENCE,
+            "warmup": warmup, "iters": iters, "min_time_s": min_time}
 
 
 def _one_size(cases: list[_cases.Case], timing_args: dict[str, Any],
