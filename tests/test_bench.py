@@ -301,5 +301,9 @@ def test_the_schema_is_package_data_and_versioned():
     assert json.loads(text) == bench.SCHEMA
     assert bench.SCHEMA["$id"] == "collectives-bench/2"
     assert bench.SCHEMA["properties"]["schema"]["enum"] == ["collectives-bench/2"]
+    # the JSON file spells out the HLO kinds and forms; they must be the package's
+    row = bench.SCHEMA["properties"]["results"]["items"]["properties"]
+    assert row["kind"]["enum"] == [*cx.hlo.KINDS, "copy"]
+    assert row["form"]["enum"] == [*bench.BENCH_FORMS, "copy"]
     setup = (Path(__file__).parent.parent / "setup.cfg").read_text()
     assert "schema.json" in setup.split("[options.package_data]")[1].split("[")[0]
