@@ -62,6 +62,30 @@ class DiagramSpec:
     relation: str = "copy"
 
 
+@dataclasses.dataclass(frozen=True)
+class BenchSpec:
+    """How ``python -m collectives bench`` times a recipe.
+
+    Attributes:
+      bare: ``bare(x, axis, n)``, the bare ``lax`` primitive the recipe's
+        shard_map form is compared with (``bench --overhead``).
+      kind: the HLO collective kind the recipe runs (``None``: none), which
+        fixes the nccl-tests size convention and bus factor of a sweep; only
+        recipes with a kind are swept.
+      bare_check_vma: ``check_vma`` for the bare program (a plain
+        ``all_gather`` result is varying, so its ``out_specs=P()`` needs
+        ``False``: the way such code was written before the invariant gather).
+      default: whether the sweep times it when ``-c`` is not given.
+      jit_target: whether the jit form / shard_map form ratio has a target.
+    """
+
+    bare: Callable[..., Any]
+    kind: str | None = None
+    bare_check_vma: bool = True
+    default: bool = False
+    jit_target: bool = False
+
+
 HloFact = Callable[[Axes, tuple[Any, ...], str], "Expectation | Sequence[Expectation]"]
 
 def _no_terms(axes: Axes) -> int:
@@ -121,6 +145,8 @@ class Recipe:
         tests and rendered in the gallery.
       diagram: how :func:`collectives.diagram` draws it (a
         :class:`DiagramSpec`), or ``None`` for recipes it does not draw.
+      bench: how the benchmark times it (a :class:`BenchSpec`), or ``None``
+        for recipes it does not time.
       exact: whether exact-valued inputs (small integers, see
         :meth:`example_args`) give the oracle's result bit for bit in every
         form; ``False`` where the recipe's own arithmetic rounds (a mean over
@@ -147,6 +173,7 @@ class Recipe:
     source: str | None = None
     exact: bool = True
     diagram: DiagramSpec | None = None
+    bench: BenchSpec | None = None
 
     def __post_init__(self) -> None:
         if self.family not in FAMILIES:

@@ -1,27 +1,31 @@
 """collectives.bench: a tiny sweep end to end (no timing assertions), the
-correctness check, the repetition loop's structure and the JSON schema."""
+correctness check, the repetition loop's structure, memory, the JSON schema and
+CSV. The statistics are tested on synthetic samples in test_bench_stats.py."""
 
 import copy
+import csv
 import json
 import sys
+from pathlib import Path
 
 import jax
 import numpy as np
 import pytest
 
 import collectives as cx
-from collectives import _bench_cases
-from collectives import _bench_report
 from collectives import bench
-from collectives._bench_overhead import run_overhead
-from collectives._bench_timing import Timing
-from collectives._bench_timing import relative_iqr
 from collectives._cli import main
 from collectives._recipes.ring import RING_OF
+from collectives.bench import _cases
+from collectives.bench import _report
+from collectives.bench._overhead import run_overhead
+from collectives.bench._stats import Stopping
+from collectives.bench._stats import median_interval
+from collectives.bench._timing import Timing
 from collectives.hlo import collective_stats
 from helpers import run_python
 
-FAST = dict(samples=1, warmup=0, iters=2, min_time=0.0)
+FAST = dict(samples=2, warmup=0, iters=2, min_time=0.0, budget=0.0)
 
 
 @pytest.fixture(scope="module")
@@ -29,36 +33,46 @@ def axes():
     return cx.RECIPES["psum"].axes(cx.make_mesh((8,), "i"))
 
 
-SWEPT = (*_bench_cases.DEFAULT_COLLECTIVES, "pmean", "all_gather_stacked")
+SWEPT = (*_cases.DEFAULT_COLLECTIVES, "pmean", "all_gather_stacked")
 
 
 @pytest.fixture(scope="module")
 def sweep():
-    return bench.run(SWEPT, sizes=(8,), **FAST)
+    return bench.run(SWEPT, sizes=(8,), memory=False, **FAST)
 
 
-def test_cli_smoke_prints_the_table_and_valid_json(tmp_path):
-    out_json = tmp_path / "bench.json"
+def test_cli_smoke_prints_the_table_and_valid_json_and_csv(tmp_path):
+    out_json, out_csv = tmp_path / "bench.json", tmp_path / "bench.csv"
     result = run_python("-m", "collectives", "bench", "-c", "psum", "-b", "1K",
-                        "-e", "4K", "-f", "4", "-r", "1", "-w", "0", "-n", "2",
-                        "--json", str(out_json), "-q")
+                        "-e", "16K", "-f", "4", "-r", "2", "-w", "0", "-n", "2",
+                        "--forms", "pmap", "shard_map", "jit",
+                        "--budget", "0", "--json", str(out_json), "--csv",
+                        str(out_csv), "-q")
     lines = result.stdout.splitlines()
     header = next(line for line in lines if "algbw(GB/s)" in line)
-    for column in ("size", "count", "type", "form", "time(us)", "spread",
-                   "busbw(GB/s)", "busbw/copy", "#wrong"):
+    for column in ("size", "count", "type", "form", "time(us)", "±95%",
+                   "busbw(GB/s)", "busbw/copy", "args", "out", "temp", "#wrong"):
         assert column in header
-    rows = [line.split() for line in lines if line and not line.startswith("#")]
-    # 2 sizes x (copy + pmap, shard_map, jit, and the ring form if registered)
+    rows = [line.split() for line in lines
+            if line and not line.startswith("#") and line.split()[0].isdigit()]
+    # 3 sizes x (copy + pmap, shard_map, jit)
     forms = {row[3] for row in rows}
-    assert {"copy", "pmap", "shard_map", "jit"} <= forms
-    assert len(rows) == 2 * len(forms)
+    assert forms == {"copy", "pmap", "shard_map", "jit"}
+    assert len(rows) == 3 * len(forms)
     assert all(row[-1] == "0" for row in rows)  # #wrong
-    assert {int(row[0]) for row in rows} == {1024, 4096}
+    assert {int(row[0]) for row in rows} == {1024, 4096, 16384}
     assert "# Out of bounds values : 0 OK" in result.stdout
-    assert "# Avg bus bandwidth" in result.stdout
+    assert "# Cost model: time = alpha + beta * S * bus factor" in result.stdout
     doc = json.loads(out_json.read_text())
     assert bench.schema_errors(doc) == []
     assert len(doc["results"]) == len(rows)
+    assert {(f["collective"], f["form"]) for f in doc["fit"]} == {
+        ("psum", form) for form in forms}
+    records = list(csv.DictReader(out_csv.read_text().splitlines()))
+    assert len(records) == len(rows)
+    assert {"time_us_low", "time_us_high", "memory_temp_bytes",
+            "model_error"} <= set(records[0])
+    assert "time_us_samples" not in records[0]
 
 
 def test_every_collective_and_form_is_right_on_every_device(sweep):
@@ -89,7 +103,7 @@ def test_sizes_follow_the_nccl_tests_convention(sweep, axes, name, unit):
         assert row["busbw_gbps"] == pytest.approx(
             row["algbw_gbps"] * (1.0 if row["form"] == "copy"
                                  else cx.hlo.bus_factor(row["kind"], 8)))
-    case = _bench_cases.plan(name, "shard_map", axes, 4096, "float32")
+    case = _cases.plan(name, "shard_map", axes, 4096, "float32")
     block = 4096 // (8 if name == "all_gather" else 1)  # bytes each device sends in
     assert (case.size, case.count) == (4096, 1024)
     assert int(np.prod(case.shape)) * 4 == 8 * block
@@ -108,18 +122,18 @@ RING_PERMUTES = {"psum": 2 * 2 * 7, "all_gather": 2 * 7, "psum_scatter": 2 * 7}
 
 @pytest.mark.parametrize("name", sorted(LOOPED))
 def test_the_timed_loop_runs_the_collective_every_time_round(axes, name):
-    for form in _bench_cases.BENCH_FORMS:
-        case = _bench_cases.plan(name, form, axes, 1024, "float32")
+    for form in _cases.BENCH_FORMS:
+        case = _cases.plan(name, form, axes, 1024, "float32")
         if isinstance(case, str):
             continue
-        x = _bench_cases.make_input(case.shape, "float32")
+        x = _cases.make_input(case.shape, "float32")
         (spec,) = case.recipe.in_specs(axes)
-        fn = _bench_cases._program(form, case.recipe, axes)
+        fn = _cases._program(form, case.recipe, axes)
         if form == "pmap":
-            args = (_bench_cases.to_device_stacked(x, axes, spec), np.int32(3))
+            args = (_cases.to_device_stacked(x, axes, spec), np.int32(3))
         else:
             args = (case.recipe.place(x, axes=axes)[0],
-                    _bench_cases._iters_array(axes.mesh, 3))
+                    _cases._iters_array(axes.mesh, 3))
         expected = LOOPED[name]
         if form == "ring":
             expected = {"collective-permute": RING_PERMUTES[name]}
@@ -132,21 +146,21 @@ def test_the_timed_loop_runs_the_collective_every_time_round(axes, name):
 
 
 def test_the_check_counts_wrong_elements_on_every_device_copy(axes):
-    case = _bench_cases.plan("psum", "shard_map", axes, 64, "float32")
-    x = _bench_cases.make_input(case.shape, "float32")
-    call, expected = _bench_cases.bind(case, x)
-    assert _bench_cases.check(case, call, expected, x) == 0
+    case = _cases.plan("psum", "shard_map", axes, 64, "float32")
+    x = _cases.make_input(case.shape, "float32")
+    call, expected = _cases.bind(case, x)
+    assert _cases.check(case, call, expected, x) == 0
     wrong = expected.copy()
     wrong[0, 1] += 1
     # psum's result is replicated: each of the 8 device copies disagrees once
-    assert _bench_cases.check(case, call, wrong, x) == 8
-    pcase = _bench_cases.plan("all_gather", "pmap", axes, 256, "float32")
-    px = _bench_cases.make_input(pcase.shape, "float32")
-    pcall, pexpected = _bench_cases.bind(pcase, px)
-    assert _bench_cases.check(pcase, pcall, pexpected, px) == 0
+    assert _cases.check(case, call, wrong, x) == 8
+    pcase = _cases.plan("all_gather", "pmap", axes, 256, "float32")
+    px = _cases.make_input(pcase.shape, "float32")
+    pcall, pexpected = _cases.bind(pcase, px)
+    assert _cases.check(pcase, pcall, pexpected, px) == 0
     pexpected = pexpected.copy()
     pexpected[3] += 1  # pmap's stacked layout: device 3's whole copy
-    assert _bench_cases.check(pcase, pcall, pexpected, px) == pexpected[3].size
+    assert _cases.check(pcase, pcall, pexpected, px) == pexpected[3].size
 
 
 def test_schema_checker_reports_each_problem(sweep):
@@ -157,31 +171,34 @@ def test_schema_checker_reports_each_problem(sweep):
     doc["results"][2]["form"] = "nccl"
     doc["results"][3]["time_us"] = "fast"
     doc["results"][4]["extra"] = 1
+    doc["results"][5]["time_us_ci"] = [1.0]
     errors = bench.schema_errors(doc)
     assert any("$.results[0]: missing required key 'busbw_gbps'" in e for e in errors)
     assert any("$.results[1].wrong: -1 is below the minimum 0" in e for e in errors)
     assert any("$.results[2].form: 'nccl' is not one of" in e for e in errors)
     assert any("$.results[3].time_us: expected number" in e for e in errors)
     assert any("$.results[4]: unexpected key 'extra'" in e for e in errors)
-    assert len(errors) == 5
+    assert any("$.results[5].time_us_ci: 1 items, fewer than 2" in e for e in errors)
+    assert len(errors) == 6
 
 
 def test_plot_draws_a_png(sweep, tmp_path):
     pytest.importorskip("matplotlib", reason="--plot needs the bench extra")
     path = tmp_path / "busbw.png"
-    _bench_report.plot(sweep, str(path))
+    _report.plot(sweep, str(path))
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_plot_without_matplotlib_says_how_to_get_it(sweep, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import fails
     with pytest.raises(RuntimeError, match=r"pip install 'collectives\[bench\]'"):
-        _bench_report.plot(sweep, str(tmp_path / "busbw.png"))
+        _report.plot(sweep, str(tmp_path / "busbw.png"))
 
 
 def test_overhead_ratios_are_reported_with_their_targets(axes):
+    stopping = Stopping(budget=0.0, min_samples=3)
     rows = run_overhead(("psum", "all_to_all"), axes, size=256, dtype="float32",
-                        samples=2, min_time=0.0)
+                        stopping=stopping, min_time=0.0)
     assert [r["name"] for r in rows] == [
         "psum: recipe shard_map / bare shard_map", "psum: jit / recipe shard_map",
         "psum: pmap host input / pmap device input",
@@ -189,21 +206,38 @@ def test_overhead_ratios_are_reported_with_their_targets(axes):
         "all_to_all: jit / recipe shard_map",
         "all_to_all: pmap host input / pmap device input"]
     assert [r["target"] for r in rows] == [1.03, 1.10, None, 1.03, None, None]
+    row_schema = bench.SCHEMA["properties"]["overhead"]["items"]
     for row in rows:
-        assert row["ratio"] > 0 and row["samples"] == 2
-        row_schema = bench.SCHEMA["properties"]["overhead"]["items"]
+        low, high = row["ratio_ci"]
+        assert 0 < low <= row["ratio"] <= high and row["samples"] >= 3
+        assert (row["verdict"] is None) == (row["target"] is None)
         assert bench.schema_errors(row, row_schema) == []
+
+
+def test_two_runs_with_a_generous_target_give_the_same_verdicts(axes):
+    # Real timings differ between the runs; the verdicts must not. A target far
+    # above any plausible ratio, enough rounds that a few slow calls cannot
+    # move the median's interval, and a seeded bootstrap make them reproducible.
+    stopping = Stopping(precision=0.05, budget=0.2, min_samples=15)
+    runs = [run_overhead(("psum",), axes, size=256, dtype="float32",
+                         stopping=stopping, min_time=0.001, recipe_target=10.0,
+                         jit_target=10.0) for _ in range(2)]
+    verdicts = [[row["verdict"] for row in rows] for rows in runs]
+    assert verdicts[0] == verdicts[1] == ["met", "met", None]
 
 
 def test_overhead_cli_writes_valid_json(tmp_path, capsys):
     out_json = tmp_path / "overhead.json"
     assert main(["bench", "--overhead", "-c", "psum", "--overhead-size", "64",
-                 "--min-time", "0", "--json", str(out_json), "-q"]) == 0
+                 "--min-time", "0", "-r", "3", "--budget", "0", "--json",
+                 str(out_json), "-q"]) == 0
     printed = capsys.readouterr().out
     assert "psum: recipe shard_map / bare shard_map" in printed
+    assert "95 % interval" in printed and "verdict" in printed
     doc = json.loads(out_json.read_text())
     assert bench.schema_errors(doc) == []
-    assert len(doc["overhead"]) == 3 and doc["overhead"][0]["samples"] == 31
+    assert len(doc["overhead"]) == 3 and doc["overhead"][0]["samples"] >= 3
+    assert doc["overhead"][0]["verdict"] in ("met", "not met", "inconclusive")
 
 
 def test_sizes_and_statistics_helpers():
@@ -216,7 +250,8 @@ def test_sizes_and_statistics_helpers():
         bench.size_sweep(64, 8, 2)
     timing = Timing(iters=4, samples=(1.0, 2.0, 3.0, 4.0, 100.0))
     assert timing.median == 3.0
-    assert timing.spread == pytest.approx(relative_iqr([1, 2, 3, 4, 100])) == 2 / 3
+    assert timing.interval.low <= 3.0 <= timing.interval.high
+    assert timing.interval == median_interval(timing.samples)
 
 
 def test_unknown_names_fail_clearly(capsys):
@@ -228,3 +263,47 @@ def test_unknown_names_fail_clearly(capsys):
         bench.run(("psum",), sizes=(8,), dtype="floaty", **FAST)
     assert main(["bench", "-c", "nope", "-q"]) == 2
     assert "error: --collectives: unknown collective 'nope'" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="--precision: expected a fraction above 0"):
+        bench.run(("psum",), sizes=(8,), **{**FAST, "precision": 0})
+    assert main(["bench", "-c", "psum", "--budget", "-1", "-q"]) == 2
+    assert "--budget: expected seconds >= 0, got -1" in capsys.readouterr().err
+
+
+# Per device: psum's argument and output are the buffer S; all_gather's
+# argument is S / 8 (S is the gathered output); the copy row has no program.
+MEMORY = {"psum": (1, 1), "all_gather": (1 / 8, 1), "psum_scatter": (1, 1 / 8)}
+
+
+def test_rows_carry_each_forms_memory_per_device():
+    doc = bench.run(tuple(MEMORY), ("pmap", "jit"), sizes=(256,), **FAST)
+    assert bench.schema_errors(doc) == []
+    for row in doc["results"]:
+        name = row["collective"]
+        if row["form"] == "copy":
+            assert row["memory"] is None
+            continue
+        memory = row["memory"]
+        if memory is None:  # a backend without memory_analysis()
+            continue
+        arg, out = MEMORY[name]
+        assert memory["argument_bytes"] == row["size"] * arg, row["form"]
+        assert memory["output_bytes"] == row["size"] * out, row["form"]
+        assert memory["temp_bytes"] >= 0
+
+
+def test_memory_per_device_needs_a_jitted_callable():
+    with pytest.raises(TypeError, match=r"fn: expected a jax.jit or jax.pmap"):
+        bench.memory_per_device(lambda x: x, np.ones(4))
+
+
+def test_the_schema_is_package_data_and_versioned():
+    text = (Path(bench.__file__).parent / "schema.json").read_text()
+    assert json.loads(text) == bench.SCHEMA
+    assert bench.SCHEMA["$id"] == "collectives-bench/2"
+    assert bench.SCHEMA["properties"]["schema"]["enum"] == ["collectives-bench/2"]
+    # the JSON file spells out the HLO kinds and forms; they must be the package's
+    row = bench.SCHEMA["properties"]["results"]["items"]["properties"]
+    assert row["kind"]["enum"] == [*cx.hlo.KINDS, "copy"]
+    assert row["form"]["enum"] == [*bench.BENCH_FORMS, "copy"]
+    setup = (Path(__file__).parent.parent / "setup.cfg").read_text()
+    assert "schema.json" in setup.split("[options.package_data]")[1].split("[")[0]

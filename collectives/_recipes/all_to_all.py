@@ -17,6 +17,7 @@ from collectives._costs import one_collective
 from collectives._layout import Axes
 from collectives._layout import grid_shape
 from collectives._layout import make_spec
+from collectives._recipe import BenchSpec
 from collectives._recipe import DiagramSpec
 from collectives._recipe import Recipe
 from collectives._registry import register
@@ -72,6 +73,9 @@ def _check(axes: Axes, args) -> None:
 
 all_to_all = register(Recipe(
     name="all_to_all", family="core", source="all_to_all.py",
+    bench=BenchSpec(
+        lambda x, axis, n: lax.all_to_all(x, axis, 1, 0, tiled=True), "all-to-all",
+        default=True),
     diagram=DiagramSpec(dims=(1, 1)),
     hlo=one_collective("all-to-all"),
     summary="rows-sharded to columns-sharded: each device swaps chunks with all",

@@ -19,6 +19,7 @@ from collectives._layout import grid_shape
 from collectives._layout import make_spec
 from collectives._numpy import blocks
 from collectives._numpy import widen
+from collectives._recipe import BenchSpec
 from collectives._recipe import DiagramSpec
 from collectives._recipe import Recipe
 from collectives._registry import register
@@ -131,6 +132,9 @@ def _scatter_shapes(axes: Axes, dims):
 
 all_gather = register(Recipe(
     name="all_gather", family="core", source="all_gather.py",
+    bench=BenchSpec(
+        lambda x, axis, n: lax.all_gather(x, axis, tiled=True), "all-gather",
+        bare_check_vma=False, default=True, jit_target=True),
     diagram=DiagramSpec(),
     hlo=one_collective("all-gather"),
     summary="every device gets the whole array (tiled)",
@@ -140,6 +144,8 @@ all_gather = register(Recipe(
 
 all_gather_stacked = register(Recipe(
     name="all_gather_stacked", family="core", source="all_gather.py",
+    bench=BenchSpec(lambda x, axis, n: lax.all_gather(x, axis),
+                    "all-gather", bare_check_vma=False),
     diagram=DiagramSpec(),
     hlo=one_collective("all-gather"),
     summary="every device gets all blocks stacked on a new axis (untiled)",
@@ -150,6 +156,9 @@ all_gather_stacked = register(Recipe(
 
 psum_scatter = register(Recipe(
     name="psum_scatter", family="core", source="psum_scatter.py",
+    bench=BenchSpec(
+        lambda x, axis, n: lax.psum_scatter(x, axis, scatter_dimension=0, tiled=True),
+        "reduce-scatter", default=True, jit_target=True),
     diagram=DiagramSpec(dims=(1, 1), relation="combine"),
     hlo=one_collective("reduce-scatter", cpu_jit="all-reduce"),
     summary="sum over devices, each device keeps its slice (reduce-scatter)",

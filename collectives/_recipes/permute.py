@@ -22,6 +22,7 @@ from collectives._layout import Axes
 from collectives._layout import axis_tuple
 from collectives._layout import grid_shape
 from collectives._layout import make_spec
+from collectives._recipe import BenchSpec
 from collectives._recipe import DiagramSpec
 from collectives._recipe import Recipe
 from collectives._registry import register
@@ -270,6 +271,9 @@ def _shapes(axes: Axes, dims):
 
 ppermute_ring = register(Recipe(
     name="ppermute_ring", family="core", source="ppermute.py",
+    bench=BenchSpec(
+        lambda x, axis, n: lax.ppermute(x, axis, [(i, (i + 1) % n) for i in range(n)]),
+        "collective-permute", default=True),
     diagram=DiagramSpec(),
     hlo=one_collective("collective-permute"),
     summary="each device sends its block to the next (+1)",
@@ -279,6 +283,8 @@ ppermute_ring = register(Recipe(
 
 axis_index = register(Recipe(
     name="axis_index", family="core", source="axis_index.py",
+    bench=BenchSpec(
+        lambda x, axis, n: x + lax.axis_index(axis).astype(x.dtype)),
     diagram=DiagramSpec(relation="local"),
     hlo=no_collectives, summary="each device adds its index along the axis",
     body=axis_index_body, program=axis_index_program, oracle=axis_index_oracle,

@@ -18,6 +18,7 @@ from collectives._layout import make_spec
 from collectives._numpy import blocks
 from collectives._numpy import mean_dtype
 from collectives._numpy import widen
+from collectives._recipe import BenchSpec
 from collectives._recipe import DiagramSpec
 from collectives._recipe import Recipe
 from collectives._registry import register
@@ -101,6 +102,8 @@ _ORDERED = frozenset({"float", "int"})
 
 psum = register(Recipe(
     name="psum", family="core", source="reductions.py",
+    bench=BenchSpec(lambda x, axis, n: lax.psum(x, axis), "all-reduce",
+                    default=True, jit_target=True),
     diagram=DiagramSpec(relation="combine"),
     hlo=one_collective("all-reduce"),
     summary="sum of every device's block, on every device",
@@ -110,6 +113,7 @@ psum = register(Recipe(
 
 pmean = register(Recipe(
     name="pmean", family="core", source="reductions.py",
+    bench=BenchSpec(lambda x, axis, n: lax.pmean(x, axis), "all-reduce"),
     diagram=DiagramSpec(relation="combine"),
     hlo=one_collective("all-reduce"),
     summary="mean of every device's block, on every device",
@@ -119,6 +123,7 @@ pmean = register(Recipe(
 
 pmax = register(Recipe(
     name="pmax", family="core", source="reductions.py",
+    bench=BenchSpec(lambda x, axis, n: lax.pmax(x, axis), "all-reduce"),
     diagram=DiagramSpec(),
     hlo=one_collective("all-reduce"),
     summary="elementwise max over devices, on every device",
@@ -128,6 +133,7 @@ pmax = register(Recipe(
 
 pmin = register(Recipe(
     name="pmin", family="core", source="reductions.py",
+    bench=BenchSpec(lambda x, axis, n: lax.pmin(x, axis), "all-reduce"),
     diagram=DiagramSpec(),
     hlo=one_collective("all-reduce"),
     summary="elementwise min over devices, on every device",

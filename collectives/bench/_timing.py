@@ -1,4 +1,4 @@
-"""Timing for the benchmark: repetitions inside one program, medians, spreads.
+"""Timing for the benchmark: repetitions inside one program, rounds of samples.
 
 A small collective takes about as long as dispatching a program (on simulated
 CPU devices, a hundred microseconds or so). So the benchmark compiles it inside a
@@ -12,15 +12,26 @@ loop or merging the repetitions.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import itertools
 import math
 import time
 from collections.abc import Callable
+from collections.abc import Mapping
 from collections.abc import Sequence
 from typing import Any
 
 import jax
 import numpy as np
 from jax import lax
+
+from collectives.bench._stats import Estimate
+from collectives.bench._stats import Stopping
+from collectives.bench._stats import median_interval
+from collectives.bench._stats import sample_adaptively
+
+MIN_ITERS = 3
+"""The fewest collectives in one calibrated call."""
 
 
 def looped(op: Callable[[Any], Any], pin: Callable[[Any], Any] | None = None
@@ -60,27 +71,21 @@ class Timing:
     Attributes:
       iters: collectives per timed call.
       samples: one time per timed call (call time / iters).
+      stopped: why sampling stopped (``precision``, ``budget``, ``max_samples``).
     """
 
     iters: int
     samples: tuple[float, ...]
+    stopped: str = "precision"
 
     @property
     def median(self) -> float:
         return float(np.median(self.samples))
 
-    @property
-    def spread(self) -> float:
-        """Interquartile range over the median (0.05 = 5 %)."""
-        return relative_iqr(self.samples)
-
-
-def relative_iqr(values: Sequence[float]) -> float:
-    """``(p75 - p25) / median`` of ``values``; 0 for a single value."""
-    if len(values) < 2:
-        return 0.0
-    q25, q50, q75 = np.percentile(values, [25, 50, 75])
-    return float((q75 - q25) / q50) if q50 > 0 else 0.0
+    @functools.cached_property
+    def interval(self) -> Estimate:
+        """The median with its 95 % bootstrap interval."""
+        return median_interval(self.samples)
 
 
 def _call_time(call: Callable[[int], Any], iters: int) -> float:
@@ -110,23 +115,41 @@ def calibrate(call: Callable[[int], Any], min_time: float, start: int = 1,
     return iters
 
 
-def measure(calls: dict[str, Callable[[int], Any]], *, samples: int, warmup: int,
-            iters: int | None, min_time: float,
-            guess: dict[str, int] | None = None) -> dict[str, Timing]:
+def _rotating(names: list[str], time_one: Callable[[str], float]
+              ) -> Callable[[], dict[str, float]]:
+    """One round: one sample of each name, the order rotated from round to round
+    so that no program always runs first (or last)."""
+    rounds = itertools.count()
+
+    def round_() -> dict[str, float]:
+        shift = next(rounds) % len(names)
+        return {name: time_one(name) for name in names[shift:] + names[:shift]}
+
+    return round_
+
+
+def measure(calls: dict[str, Callable[[int], Any]], *, stopping: Stopping,
+            warmup: int, iters: int | None, min_time: float,
+            guess: dict[str, int] | None = None,
+            min_iters: int = MIN_ITERS) -> dict[str, Timing]:
     """Time several programs side by side, one timed call of each in turn.
 
     Each ``call(iters)`` runs one compiled program with ``iters``
-    collectives. The calls are interleaved sample by sample, so a burst of
-    load on the machine lands on all of them rather than on one.
+    collectives. The calls are interleaved round by round, so a burst of
+    load on the machine lands on all of them rather than on one; rounds are
+    taken until every median's interval is within ``stopping.precision`` or
+    the time budget is spent.
 
     Args:
       calls: name -> the program to time.
-      samples: timed calls of each; the median and spread are over them.
+      stopping: the precision, time budget and bounds on the rounds.
       warmup: untimed calls of each first (after compilation and calibration).
       iters: collectives per call; ``None`` calibrates each program so that
         a call lasts ``min_time`` seconds and dispatch is a small part of it.
       min_time: the target duration of one call when ``iters`` is ``None``.
       guess: name -> where calibration starts (default 1).
+      min_iters: the fewest collectives per calibrated call, so that at large
+        sizes one sample is still several collectives, not one.
 
     Returns:
       name -> :class:`Timing`.
@@ -134,49 +157,49 @@ def measure(calls: dict[str, Callable[[int], Any]], *, samples: int, warmup: int
     guess = guess or {}
     for call in calls.values():
         block(call(1))  # compiles
-    counts = {name: iters or calibrate(call, min_time, guess.get(name, 1))
+    counts = {name: iters or max(min_iters, calibrate(call, min_time,
+                                                      guess.get(name, 1)))
               for name, call in calls.items()}
     for _ in range(warmup):
         for name, call in calls.items():
             block(call(counts[name]))
-    times: dict[str, list[float]] = {name: [] for name in calls}
-    for _ in range(max(1, samples)):
-        for name, call in calls.items():
-            times[name].append(_call_time(call, counts[name]) / counts[name])
-    return {name: Timing(iters=counts[name], samples=tuple(times[name]))
-            for name in calls}
+    round_ = _rotating(list(calls), lambda name: _call_time(
+        calls[name], counts[name]) / counts[name])
+    times, stopped = sample_adaptively(
+        round_, lambda got: [median_interval(v) for v in got.values()], stopping)
+    return {name: Timing(iters=counts[name], samples=tuple(times[name]),
+                         stopped=stopped) for name in calls}
 
 
-def interleaved(calls: dict[str, Callable[[], Any]], *, samples: int,
-                min_time: float) -> dict[str, tuple[float, ...]]:
+def interleaved(calls: dict[str, Callable[[], Any]], *, stopping: Stopping,
+                min_time: float,
+                estimates: Callable[[Mapping[str, list[float]]], Sequence[Estimate]]
+                ) -> tuple[dict[str, tuple[float, ...]], str]:
     """Per-call times of several callables, measured turn by turn.
 
-    Each sample times a batch of calls of every callable in turn (the same
+    Each round times a batch of calls of every callable in turn (the same
     batch length for all), so slow drift in the machine's load hits every
-    callable alike and cancels in their ratios.
+    callable alike and cancels in their ratios. Rounds are taken until the
+    ``estimates`` (e.g. the paired ratios) are within ``stopping.precision``
+    or the time budget is spent.
 
     Args:
       calls: name -> a callable with no arguments (one dispatch each).
-      samples: batches per callable.
+      stopping: the precision, time budget and bounds on the rounds.
       min_time: the target duration of one batch of the slowest callable.
+      estimates: the intervals that must become narrow, from the samples.
 
     Returns:
-      name -> per-call seconds, one entry per sample.
+      name -> per-call seconds, one entry per round; why sampling stopped.
     """
     for call in calls.values():
         block(call())  # compile and warm up
     slowest = max(_batch_time(call, 1) for call in calls.values())
     batch = max(1, min(1000, math.ceil(min_time / max(slowest, 1e-9))))
-    out: dict[str, list[float]] = {name: [] for name in calls}
-    names = list(calls)
-    for sample in range(max(1, samples)):
-        # rotate the order, so no callable always runs first (or last)
-        shift = sample % len(names)
-        for name in names[shift:] + names[:shift]:
-            out[name].append(_batch_time(calls[name], batch) / batch)
-    return {name: tuple(times) for name, times in out.items()}
-
-
+    round_ = _rotating(list(calls), lambda name: _batch_time(
+        calls[name], batch) / batch)
+    times, stopped = sample_adaptively(round_, estimates, stopping)
+    return {name: tuple(values) for name, values in times.items()}, stopped
 def _batch_time(call: Callable[[], Any], batch: int) -> float:
     start = time.perf_counter()
     results = [call() for _ in range(batch)]

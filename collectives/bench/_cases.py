@@ -21,26 +21,26 @@ from jax.sharding import PartitionSpec as P
 
 from collectives import _layout
 from collectives._arrays import dtype_kind
-from collectives._bench_timing import looped
 from collectives._layout import Axes
 from collectives._recipe import Recipe
 from collectives._recipes.ring import RING_OF
 from collectives._registry import RECIPES
 from collectives._tolerance import tolerance
+from collectives.bench._memory import memory_per_device
+from collectives.bench._timing import looped
 
 KIND: dict[str, str] = {
-    "psum": "all-reduce", "pmean": "all-reduce", "pmax": "all-reduce",
-    "pmin": "all-reduce", "all_gather": "all-gather",
-    "all_gather_stacked": "all-gather", "psum_scatter": "reduce-scatter",
-    "all_to_all": "all-to-all", "ppermute_ring": "collective-permute",
-}
-"""The collectives the benchmark knows, by recipe name, and the kind each is."""
+    name: recipe.bench.kind for name, recipe in RECIPES.items()
+    if recipe.bench is not None and recipe.bench.kind is not None}
+"""The collectives the sweep knows, by recipe name, and the HLO kind each is
+(from each recipe's ``bench`` fact)."""
 
 BENCH_FORMS: tuple[str, ...] = ("pmap", "shard_map", "jit", "ring")
 """The forms ``bench`` times by default (``--forms``); ``ring`` is the
 collective built from ``ppermute`` steps (``collectives.ring_all_reduce`` etc.)."""
-DEFAULT_COLLECTIVES: tuple[str, ...] = (
-    "psum", "all_gather", "psum_scatter", "all_to_all", "ppermute_ring")
+DEFAULT_COLLECTIVES: tuple[str, ...] = tuple(
+    name for name, recipe in RECIPES.items()
+    if recipe.bench is not None and recipe.bench.default)
 """The collectives ``bench`` times by default (``-c/--collectives``)."""
 
 
@@ -139,6 +139,13 @@ def pmap_devices(axes: Axes) -> tuple[Any, ...]:
     return tuple(axes.mesh.devices.flat)
 
 
+@functools.cache
+def pmap_program(recipe: Recipe, axes: Axes) -> Callable[..., Any]:
+    """The recipe's pmap form on pmap's stacked input (one collective a call)."""
+    body = functools.partial(recipe.pmap_body or recipe.body, axis=axes.axis)
+    return jax.pmap(body, axis_name=axes.names[0], devices=list(pmap_devices(axes)))
+
+
 def to_device_stacked(x: np.ndarray, axes: Axes, spec: P) -> jax.Array:
     """pmap's stacked input, resident on the devices as pmap lays it out."""
     stacked = _layout.to_stacked(x, axes.mesh, spec)
@@ -191,6 +198,18 @@ def bind(case: Case, x: np.ndarray) -> tuple[Callable[[int], Any], np.ndarray]:
         return (lambda iters: fn(placed, np.int32(iters))), expected
     (placed,) = recipe.place(x, axes=axes)
     return (lambda iters: fn(placed, _iters_array(axes.mesh, iters))), expected
+
+
+def memory(case: Case, x: np.ndarray) -> dict[str, int] | None:
+    """Per-device memory of the case's form running one collective on ``x``
+    (the recipe as a user calls it, not the timed loop), or None."""
+    recipe, axes = case.recipe, case.axes
+    if case.form == "pmap":
+        (spec,) = recipe.in_specs(axes)
+        return memory_per_device(pmap_program(recipe, axes),
+                                 to_device_stacked(x, axes, spec))
+    form = "jit" if case.form == "jit" else "shard_map"
+    return memory_per_device(recipe.compiled(form, axes), *recipe.place(x, axes=axes))
 
 
 def count_wrong(out: jax.Array, expected: np.ndarray, rtol: float, atol: float

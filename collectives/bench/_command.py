@@ -1,0 +1,166 @@
+"""The ``bench`` command line: its flags, the sweep or the overhead ratios, the
+files it writes."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+from typing import TextIO
+
+import jax
+
+from collectives._devices import make_mesh
+from collectives.bench import _cases
+from collectives.bench import _report
+from collectives.bench._cases import BENCH_FORMS
+from collectives.bench._cases import DEFAULT_COLLECTIVES
+from collectives.bench._overhead import OVERHEAD_COLLECTIVES
+from collectives.bench._overhead import run_overhead
+from collectives.bench._schema import SCHEMA_ID
+from collectives.bench._stats import Stopping
+from collectives.bench._sweep import _dtype_name
+from collectives.bench._sweep import machine_info
+from collectives.bench._sweep import parse_size
+from collectives.bench._sweep import run
+from collectives.bench._sweep import settings
+from collectives.bench._sweep import size_sweep
+
+SWEEP_SAMPLES, SWEEP_BUDGET = 5, 2.0
+"""Rounds at least, and timing seconds per collective and size, of the sweep."""
+OVERHEAD_SAMPLES, OVERHEAD_BUDGET = 10, 10.0
+"""Rounds at least, and timing seconds per collective, of ``--overhead``."""
+
+
+def _size_arg(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``bench`` flags, named after nccl-tests' where they exist."""
+    parser.add_argument(
+        "-c", "--collectives", nargs="+", metavar="NAME",
+        help=f"collectives to time (default: {' '.join(DEFAULT_COLLECTIVES)}; also "
+        "pmean, pmax, pmin, all_gather_stacked; with --overhead: every core "
+        "recipe)")
+    parser.add_argument(
+        "--forms", nargs="+", default=list(BENCH_FORMS), metavar="FORM",
+        help=f"forms to time (default: {' '.join(BENCH_FORMS)}; ring = the ring "
+        "built from ppermute, where one exists)")
+    parser.add_argument("-d", "--dtype", default="float32",
+                        help="element type (default: %(default)s)")
+    parser.add_argument("-b", "--minbytes", type=_size_arg, default=parse_size("1K"),
+                        metavar="SIZE", help="smallest size S (default: 1K)")
+    parser.add_argument("-e", "--maxbytes", type=_size_arg, default=parse_size("4M"),
+                        metavar="SIZE", help="largest size S (default: 4M)")
+    parser.add_argument("-f", "--stepfactor", type=float, default=4.0, metavar="F",
+                        help="multiply the size by F each step (default: 4)")
+    parser.add_argument("-n", "--iters", type=int, default=None, metavar="N",
+                        help="collectives inside one timed call (default: enough "
+                        "for --min-time)")
+    parser.add_argument("-w", "--warmup", type=int, default=1, metavar="N",
+                        help="untimed calls before timing (default: 1)")
+    parser.add_argument("-r", "--samples", type=int, default=None, metavar="N",
+                        help="timed rounds at least; more are taken until every "
+                        "interval meets --precision or --budget runs out "
+                        f"(default: {SWEEP_SAMPLES}; with --overhead "
+                        f"{OVERHEAD_SAMPLES})")
+    parser.add_argument("--precision", type=float, default=0.02, metavar="FRACTION",
+                        help="target half-width of each 95%% interval over its "
+                        "median (default: 0.02, i.e. ±2%%)")
+    parser.add_argument("--budget", type=float, default=None, metavar="SECONDS",
+                        help="timing seconds per collective and size (with "
+                        "--overhead: per collective) beyond the first rounds "
+                        f"(default: {SWEEP_BUDGET:g}; with --overhead "
+                        f"{OVERHEAD_BUDGET:g})")
+    parser.add_argument("--max-samples", type=int, default=1000, metavar="N",
+                        help="timed rounds at most (default: %(default)s)")
+    parser.add_argument("--min-time", type=float, default=0.01, metavar="SECONDS",
+                        help="target duration of one timed call (default: 0.01)")
+    parser.add_argument("--json", metavar="FILE", help="write the results as JSON "
+                        "(schema: collectives/bench/schema.json)")
+    parser.add_argument("--csv", metavar="FILE", help="write the table rows (with "
+                        "--overhead: the ratios) as CSV")
+    parser.add_argument("--plot", metavar="FILE", help="draw busbw against size with "
+                        "the 95%% intervals as bands (needs the bench extra)")
+    parser.add_argument("--no-memory", dest="memory", action="store_false",
+                        help="skip the per-device memory of each form (saves one "
+                        "compilation per form and size)")
+    parser.add_argument("--overhead", action="store_true",
+                        help="measure overhead ratios instead of the size sweep")
+    parser.add_argument("--overhead-size", type=_size_arg, default=parse_size("64K"),
+                        metavar="SIZE", help="buffer per device for --overhead "
+                        "(default: 64K)")
+    parser.add_argument("-q", "--quiet", action="store_true",
+                        help="no progress lines on stderr")
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run ``bench`` with parsed arguments; 1 if any result was wrong."""
+    try:
+        return _main(args)
+    except (TypeError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+
+def _main(args: argparse.Namespace) -> int:
+    progress = None if args.quiet else sys.stderr
+    if args.overhead:
+        doc = _overhead_doc(args.collectives or OVERHEAD_COLLECTIVES, args, progress)
+    else:
+        sizes = size_sweep(args.minbytes, args.maxbytes, args.stepfactor)
+        doc = run(args.collectives or DEFAULT_COLLECTIVES, args.forms,
+                  dtype=args.dtype, sizes=sizes,
+                  samples=args.samples or SWEEP_SAMPLES, warmup=args.warmup,
+                  iters=args.iters, min_time=args.min_time,
+                  precision=args.precision,
+                  budget=SWEEP_BUDGET if args.budget is None else args.budget,
+                  max_samples=args.max_samples, memory=args.memory,
+                  out=sys.stdout, progress=progress)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(doc, f, indent=1)
+    if args.csv:
+        _report.write_csv(doc, args.csv)
+    if args.plot and doc["results"]:
+        _report.plot(doc, args.plot)
+    return 1 if doc["summary"]["wrong"] else 0
+
+
+def _overhead_doc(names: Sequence[str], args: argparse.Namespace,
+                  progress: TextIO | None) -> dict[str, Any]:
+    axes = _cases.RECIPES["psum"].axes(make_mesh((jax.device_count(),), "i"))
+    say = (lambda line: print(f"# {line}", file=progress, flush=True)) \
+        if progress else None
+    samples = args.samples or OVERHEAD_SAMPLES
+    stopping = Stopping(
+        precision=args.precision,
+        budget=OVERHEAD_BUDGET if args.budget is None else args.budget,
+        min_samples=samples, max_samples=max(samples, args.max_samples))
+    rows = run_overhead(tuple(names), axes, size=args.overhead_size,
+                        dtype=_dtype_name(args.dtype), stopping=stopping,
+                        min_time=args.min_time, progress=say)
+    machine = machine_info()
+    print(f"# collectives bench --overhead: {machine['devices']} "
+          f"{machine['backend']} devices, JAX {machine['jax']}, {args.dtype}, "
+          f"{args.overhead_size} B per device, per-call times (dispatch "
+          "included), calls interleaved; verdict: met if the whole 95 % interval "
+          "is at or below the target, not met if above, else inconclusive")
+    for line in _report.format_overhead(rows):
+        print(line)
+    return {
+        "schema": SCHEMA_ID, "machine": machine,
+        "settings": {**settings(names, ["shard_map", "jit", "pmap"],
+                                _dtype_name(args.dtype), [args.overhead_size],
+                                stopping, warmup=1, iters=1, min_time=args.min_time),
+                     "overhead_size": args.overhead_size},
+        "results": [], "skipped": [], "fit": [], "ring_vs_native": [],
+        "summary": {"avg_busbw_gbps": None, "wrong": 0, "by_collective": {}},
+        "overhead": rows,
+    }

@@ -1,0 +1,58 @@
+"""Memory per device of a compiled program, from XLA's ``memory_analysis()``.
+
+XLA reports, for one device's share of a compiled program, the bytes of its
+arguments, its outputs and the temporaries it allocates (buffers live only
+inside the program), and how many output bytes alias (reuse) argument bytes.
+Backends that do not provide the analysis give ``None``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+MEMORY_FIELDS: tuple[str, ...] = (
+    "argument_bytes", "output_bytes", "temp_bytes", "alias_bytes")
+"""The keys of :func:`memory_per_device`'s result."""
+
+_XLA_NAMES = {"argument_bytes": "argument_size_in_bytes",
+              "output_bytes": "output_size_in_bytes",
+              "temp_bytes": "temp_size_in_bytes",
+              "alias_bytes": "alias_size_in_bytes"}
+
+
+def memory_per_device(fn: Callable[..., Any], *args: Any) -> dict[str, int] | None:
+    """Per-device argument, output, temporary and aliased bytes of ``fn(*args)``.
+
+    Args:
+      fn: a ``jax.jit`` (or ``jax.pmap``) callable; it is lowered and compiled
+        for ``args``, not run.
+      *args: example arguments (arrays or ``jax.ShapeDtypeStruct``).
+
+    Returns:
+      ``argument_bytes``, ``output_bytes``, ``temp_bytes``, ``alias_bytes``
+      for one device, or None where the backend gives no memory analysis.
+
+    Raises:
+      TypeError: ``fn`` cannot be lowered (not a jitted callable).
+
+    Examples:
+      >>> import jax, jax.numpy as jnp
+      >>> from collectives.bench import memory_per_device
+      >>> mem = memory_per_device(jax.jit(lambda x: x * 2), jnp.ones(256))
+      >>> mem is None or (mem["argument_bytes"], mem["output_bytes"])
+      (1024, 1024)
+    """
+    lower = getattr(fn, "lower", None)
+    if lower is None:
+        raise TypeError(
+            f"fn: expected a jax.jit or jax.pmap callable (with .lower), got "
+            f"{type(fn).__name__}. Fix: wrap it, memory_per_device(jax.jit(fn), ...).")
+    compiled = lower(*args).compile()
+    try:
+        stats = compiled.memory_analysis()
+    except (NotImplementedError, RuntimeError):  # backends without the analysis
+        return None
+    if stats is None:
+        return None
+    return {key: int(getattr(stats, name, 0) or 0) for key, name in _XLA_NAMES.items()}

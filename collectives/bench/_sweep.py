@@ -1,0 +1,280 @@
+"""The size sweep: one row per collective, form and size, the copy as the limit."""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+import time
+from collections.abc import Sequence
+from typing import Any
+from typing import TextIO
+
+import jax
+import numpy as np
+
+from collectives._devices import make_mesh
+from collectives.bench import _cases
+from collectives.bench import _report
+from collectives.bench._cases import BENCH_FORMS
+from collectives.bench._cases import DEFAULT_COLLECTIVES
+from collectives.bench._fit import fit_rows
+from collectives.bench._fit import ring_vs_native
+from collectives.bench._schema import SCHEMA_ID
+from collectives.bench._stats import CONFIDENCE
+from collectives.bench._stats import Stopping
+from collectives.bench._stats import median_ratio_interval
+from collectives.bench._timing import Timing
+from collectives.bench._timing import measure
+from collectives.hlo import bus_factor
+
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def parse_size(text: str) -> int:
+    """Bytes from ``8``, ``1K``, ``64M`` or ``1G`` (powers of 1024, as nccl-tests).
+
+    Raises:
+      ValueError: the text is not a positive size.
+    """
+    match = re.fullmatch(r"\s*(\d+)\s*([KMG]?)B?\s*", str(text), re.IGNORECASE)
+    if not match or int(match.group(1)) < 1:
+        raise ValueError(
+            f"size: expected a positive number of bytes with an optional K, M or G "
+            f"suffix (e.g. 8, 1K, 64M), got {text!r}.")
+    return int(match.group(1)) * _UNITS[match.group(2).upper()]
+
+
+def size_sweep(begin: int, end: int, factor: float) -> list[int]:
+    """``begin, begin*factor, ...`` up to ``end`` (nccl-tests' ``-b -e -f``)."""
+    if begin > end:
+        raise ValueError(f"-b {begin} is larger than -e {end}. Fix: swap them.")
+    if factor <= 1 and begin != end:
+        raise ValueError(f"-f {factor}: the step factor must be above 1.")
+    sizes, size = [], float(begin)
+    while size <= end:
+        sizes.append(int(size))
+        if factor <= 1:
+            break
+        size *= factor
+    return sizes
+
+
+def machine_info() -> dict[str, Any]:
+    """What the numbers were measured on."""
+    devices = jax.devices()
+    return {
+        "backend": jax.default_backend(), "device_kind": devices[0].device_kind,
+        "devices": len(devices), "simulated": jax.default_backend() == "cpu",
+        "jax": jax.__version__, "python": platform.python_version(),
+        "cpu_count": os.cpu_count(),
+    }
+
+
+def _row(case: _cases.Case, form: str, timing: Timing, wrong: int,
+         copy: Timing | None, memory: dict[str, int] | None) -> dict[str, Any]:
+    """One table row; ``copy`` is the same-run copy's timing (None for the copy
+    row itself), paired sample by sample with this form's."""
+    est = timing.interval
+    factor = 1.0 if form == "copy" else bus_factor(case.kind, case.axes.size)
+    alg = est.scaled(case.size / 1e9)  # GB/s from seconds
+    if copy is None:
+        fraction, fraction_ci = 1.0, [1.0, 1.0]
+    else:  # busbw / copy bw = factor * t_copy / t_form, per round
+        ratio = median_ratio_interval(copy.samples, timing.samples)
+        fraction = factor * ratio.median
+        fraction_ci = [factor * ratio.low, factor * ratio.high]
+    return {
+        "collective": case.collective,
+        "kind": "copy" if form == "copy" else case.kind, "form": form,
+        "size": case.size, "count": case.count, "type": case.dtype,
+        "devices": case.axes.size, "iters": timing.iters,
+        "time_us": est.median * 1e6, "time_us_ci": [est.low * 1e6, est.high * 1e6],
+        "time_us_samples": [t * 1e6 for t in timing.samples],
+        "samples": len(timing.samples), "stopped": timing.stopped,
+        "algbw_gbps": alg.median, "busbw_gbps": alg.median * factor,
+        "busbw_gbps_ci": [alg.low * factor, alg.high * factor],
+        "copy_fraction": fraction, "copy_fraction_ci": fraction_ci,
+        "wrong": wrong, "memory": memory, "model_error": None,
+    }
+
+
+def _dtype_name(dtype: Any) -> str:
+    try:
+        return np.dtype(jax.dtypes.canonicalize_dtype(dtype)).name
+    except TypeError:
+        raise ValueError(
+            f"--dtype: {dtype!r} is not a dtype; use a NumPy name such as "
+            "float32, bfloat16 or int32.") from None
+
+
+def _check_names(collectives: Sequence[str], forms: Sequence[str]) -> None:
+    for form in forms:
+        if form not in BENCH_FORMS:
+            raise ValueError(f"--forms: unknown form {form!r}; choose from "
+                             f"{', '.join(BENCH_FORMS)}.")
+    for name in collectives:
+        if name not in _cases.KIND:
+            raise ValueError(f"--collectives: unknown collective {name!r}; choose "
+                             f"from {', '.join(_cases.KIND)}.")
+
+
+def run(collectives: Sequence[str] = DEFAULT_COLLECTIVES,
+        forms: Sequence[str] = BENCH_FORMS, *, dtype: Any = "float32",
+        sizes: Sequence[int] = (1024,), samples: int = 5, warmup: int = 1,
+        iters: int | None = None, min_time: float = 0.01,
+        precision: float = 0.02, budget: float = 2.0, max_samples: int = 200,
+        memory: bool = True, out: TextIO | None = None,
+        progress: TextIO | None = None) -> dict[str, Any]:
+    """Run the sweep on a 1-D mesh over every device; return the JSON document.
+
+    Args:
+      collectives: recipe names (``psum``, ``all_gather``, ...).
+      forms: among ``pmap``, ``shard_map``, ``jit``, ``ring``.
+      dtype: element type of every buffer.
+      sizes: target sizes ``S`` in bytes (rounded to whole elements per device).
+      samples: timed calls per row at least (the median and its interval
+        are over them); more are taken until every row's interval is within
+        ``precision`` or ``budget`` runs out.
+      warmup: untimed calls per row after calibration.
+      iters: collectives per call; ``None`` picks enough for ``min_time``.
+      min_time: target seconds per timed call when ``iters`` is ``None``.
+      precision: the target half-width of each median's 95 % interval, as a
+        fraction of the median (0.02: ±2 %).
+      budget: seconds of timing per collective and size, at most, beyond the
+        first ``samples`` rounds.
+      max_samples: timed calls per row at most.
+      memory: add each form's per-device memory (``memory_analysis()``); this
+        compiles each form once more per size.
+      out: where the table is printed as rows complete (``None``: nowhere).
+      progress: where progress lines go (``None``: nowhere).
+
+    Returns:
+      A dict matching :data:`SCHEMA`, with the alpha-beta fit of every
+      collective and form swept over 3 sizes or more.
+
+    Raises:
+      ValueError: an unknown collective or form, or bad sampling settings.
+
+    Examples:
+      >>> from collectives import bench
+      >>> doc = bench.run(["psum"], ["shard_map"], sizes=[64], samples=3,
+      ...                 warmup=0, iters=2, budget=0)
+      >>> [(r["form"], r["size"], r["count"], r["wrong"]) for r in doc["results"]]
+      [('copy', 64, 16, 0), ('shard_map', 64, 16, 0)]
+      >>> bench.schema_errors(doc)
+      []
+    """
+    _check_names(collectives, forms)
+    dtype_name = _dtype_name(dtype)
+    axes = _cases.RECIPES["psum"].axes(make_mesh((jax.device_count(),), "i"))
+    stopping = Stopping(precision=precision, budget=budget, min_samples=samples,
+                        max_samples=max(samples, max_samples))
+    timing_args = dict(stopping=stopping, warmup=warmup, iters=iters,
+                       min_time=min_time)
+    machine = machine_info()
+
+    def show(line: str) -> None:
+        if out is not None:
+            print(line, file=out, flush=True)
+
+    show(f"# collectives bench: {machine['devices']} {machine['backend']} devices"
+         f"{' (simulated)' if machine['simulated'] else ''}, JAX {machine['jax']}, "
+         f"{dtype_name}, {samples} to {stopping.max_samples} samples (until "
+         f"±{100 * precision:g} % at 95 % or {budget:g} s), warm-up {warmup}, iters "
+         f"{iters or f'auto (>= {1000 * min_time:g} ms per call)'}")
+    rows: list[dict[str, Any]] = []
+    skipped: list[dict[str, str]] = []
+    start, done, total = time.perf_counter(), 0, len(collectives) * len(sizes)
+    for name in collectives:
+        kind = _cases.KIND[name]
+        show(f"#\n# {name} ({kind}): busbw = algbw * {bus_factor(kind, axes.size):.4g}"
+             f" on {axes.size} devices")
+        for line in _report.header_lines():
+            show(line)
+        for form in forms:
+            reason = _cases.plan(name, form, axes, sizes[0], dtype_name)
+            if isinstance(reason, str):
+                skipped.append({"collective": name, "form": form, "reason": reason})
+                show(f"#   {form}: skipped, {reason}")
+        counts: dict[str, tuple[int, int]] = {}
+        for target in sizes:
+            planned = [_cases.plan(name, form, axes, target, dtype_name)
+                       for form in forms]
+            cases = [case for case in planned if not isinstance(case, str)]
+            if cases:
+                new_rows, counts = _one_size(cases, timing_args, counts, memory)
+                for row in new_rows:
+                    rows.append(row)
+                    show(_report.format_row(row))
+            done += 1
+            if progress is not None:
+                print(f"# [{done}/{total}] {name} {target} B done, "
+                      f"{time.perf_counter() - start:.0f} s", file=progress, flush=True)
+        averages = _report.averages([r for r in rows if r["collective"] == name])
+        show("# Avg bus bandwidth (GB/s): " + ", ".join(
+            f"{form} {bw:.3f}" for form, bw in averages.get(name, {}).items()))
+    fits = fit_rows(rows)
+    comparisons = ring_vs_native(fits)
+    if fits:
+        for line in _report.format_fits(fits, comparisons):
+            show(line)
+    measured = [r for r in rows if r["form"] != "copy"]
+    wrong = sum(r["wrong"] for r in rows)
+    avg = sum(r["busbw_gbps"] for r in measured) / len(measured) if measured else None
+    show("#")
+    show(f"# Out of bounds values : {wrong} {'OK' if wrong == 0 else 'FAILED'}")
+    show(f"# Avg bus bandwidth    : {avg or 0:.4f} GB/s (every row but copy)")
+    return {
+        "schema": SCHEMA_ID, "machine": machine,
+        "settings": settings(collectives, forms, dtype_name, sizes, stopping,
+                             warmup=warmup, iters=iters, min_time=min_time),
+        "results": rows, "skipped": skipped, "fit": fits,
+        "ring_vs_native": comparisons,
+        "summary": {"avg_busbw_gbps": avg, "wrong": wrong,
+                    "by_collective": _report.averages(rows)},
+    }
+
+
+def settings(collectives: Sequence[str], forms: Sequence[str], dtype: str,
+             sizes: Sequence[int], stopping: Stopping, *, warmup: int,
+             iters: int | None, min_time: float) -> dict[str, Any]:
+    """The ``settings`` object of the JSON document."""
+    return {"collectives": list(collectives), "forms": list(forms), "dtype": dtype,
+            "sizes": [int(s) for s in sizes], "samples": stopping.min_samples,
+            "max_samples": stopping.max_samples, "precision": stopping.precision,
+            "budget_s": stopping.budget, "confidence": CONFIDENCE,
+            "warmup": warmup, "iters": iters, "min_time_s": min_time}
+
+
+def _one_size(cases: list[_cases.Case], timing_args: dict[str, Any],
+              counts: dict[str, tuple[int, int]], memory: bool
+              ) -> tuple[list[dict[str, Any]], dict[str, tuple[int, int]]]:
+    """The copy row and one row per form for one collective at one size.
+
+    ``counts`` maps each form to the (iters, size) calibrated at the previous
+    size; calibration starts from there, scaled to this size.
+    """
+    first = cases[0]
+    copy_call, copy_x, _ = _cases.bind_copy(first.axes, first.size, first.dtype)
+    calls = {"copy": copy_call}
+    wrong = {"copy": _cases.count_wrong(copy_call(1), copy_x, 0.0, 0.0)}
+    inputs: dict[tuple[int, ...], np.ndarray] = {}
+    memories: dict[str, dict[str, int] | None] = {}
+    for case in cases:
+        if case.shape not in inputs:
+            inputs[case.shape] = _cases.make_input(case.shape, case.dtype)
+        x = inputs[case.shape]
+        calls[case.form], expected = _cases.bind(case, x)
+        wrong[case.form] = _cases.check(case, calls[case.form], expected, x)
+        if memory:
+            memories[case.form] = _cases.memory(case, x)
+    guess = {form: max(1, round(n * size / first.size))
+             for form, (n, size) in counts.items()}
+    # The copy and every form are timed turn by turn (see measure).
+    timings = measure(calls, **timing_args, guess=guess)
+    copy_row = _row(first, "copy", timings["copy"], wrong["copy"], None, None)
+    rows = [copy_row] + [
+        _row(case, case.form, timings[case.form], wrong[case.form],
+             timings["copy"], memories.get(case.form)) for case in cases]
+    return rows, {form: (t.iters, first.size) for form, t in timings.items()}
