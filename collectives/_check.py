@@ -116,10 +116,10 @@ def check(
         for shape, mesh_names, axis in configs or standard_configs():
             mesh = make_mesh(shape, mesh_names)
             axes = recipe.axes(mesh, axis)
-            if recipe.axes_check(axes) is not None:
+            if recipe.unsupported_reason(axes) is not None:
                 continue
             for dtype in dtypes:
-                if dtype_kind(dtype) not in recipe.kinds:
+                if dtype_kind(dtype) not in recipe.dtype_kinds:
                     continue
                 start = time.perf_counter()
                 report = None
@@ -128,7 +128,7 @@ def check(
                                                exact=exact)
                     report = assert_forms_agree(
                         forms_for(recipe, mesh, axis), *args,
-                        n_terms=recipe.n_terms(axes))
+                        n_terms=recipe.count_terms(axes))
                     ok, detail = True, ""
                     done, error = report.forms, max(report.max_error.values())
                 except Exception as err:  # reported in the table, not raised

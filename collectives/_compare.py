@@ -259,7 +259,7 @@ def assert_forms_agree(
     """
     forms, label, recipe = _bind_forms(recipe_or_forms, mesh, axis)
     if recipe is not None and n_terms is None:
-        n_terms = recipe.n_terms(recipe.axes(mesh, axis))
+        n_terms = recipe.count_terms(recipe.axes(mesh, axis))
     n_terms = 1 if n_terms is None else n_terms
     order = [n for n in (*FORMS, *forms) if n in forms and n != REFERENCE]
     order = list(dict.fromkeys(order)) + ([REFERENCE] if REFERENCE in forms else [])

@@ -22,7 +22,7 @@ from collectives.hlo import bytes_moved
 def block_bytes(axes: Axes, x: Any) -> int:
     """Bytes of the block of ``x`` that one device holds, ``x`` sharded over
     every mesh axis (the collective axes and the rest)."""
-    return int(np.asarray(x).nbytes) // (axes.size * axes.rest_size)
+    return int(np.asarray(x).nbytes) // (axes.size * axes.others_size)
 
 
 def per_device_bytes(kind: str, block: float, n: int, *, whole: bool = False
@@ -85,4 +85,4 @@ def reshards_minor_axis(axes: Axes) -> int:
     The jit form's partitioner then moves the result between the layout it
     computes in and the declared output layout with one collective-permute.
     """
-    return int(bool(axes.rest) and axes.names[0] != axes.mesh.axis_names[0])
+    return int(bool(axes.others) and axes.names[0] != axes.mesh.axis_names[0])

@@ -202,7 +202,7 @@ def _pmap_form(recipe: Recipe, *args: Any, mesh: jax.sharding.Mesh | None,
 
     def gathered(leaf: Any, spec: P) -> np.ndarray:
         # leaf: [rows on this process, ...] -> [every row, ...]
-        return _align_copies(gather(leaf), axes.mesh, spec, recipe.n_terms(axes))
+        return _align_copies(gather(leaf), axes.mesh, spec, recipe.count_terms(axes))
 
     stacked = _recipe.stack_args(recipe, axes, args, local_stack)
     out = _recipe._pmap_callable(recipe, axes)(*stacked)

@@ -59,13 +59,20 @@ class Axes:
       mesh: the device mesh.
       names: the collective axes, in the order given (it fixes the order of
         gathered blocks when there are several).
-      rest: the other mesh axes, in mesh order; recipes shard a batch-like
-        dimension over them, so every device holds a different block.
+      others: the other mesh axes, in mesh order; recipes shard a
+        batch-like dimension over them, so every device holds a different
+        block.
+
+    ``entry`` and ``others_entry`` are the ``PartitionSpec`` entries of a
+    dimension sharded over ``names`` and over ``others``:
+    ``P(axes.entry, axes.others_entry)`` splits rows over the collective axes
+    and columns over the rest of the mesh. (``on``, ``batch``, ``rest`` and
+    ``rest_size`` are the older names, kept as aliases.)
     """
 
     mesh: Mesh
     names: tuple[str, ...]
-    rest: tuple[str, ...]
+    others: tuple[str, ...]
 
     @property
     def axis(self) -> str | tuple[str, ...]:
@@ -78,19 +85,25 @@ class Axes:
         return math.prod(self.mesh.shape[n] for n in self.names)
 
     @property
-    def rest_size(self) -> int:
+    def others_size(self) -> int:
         """How many devices the other mesh axes span together."""
-        return math.prod(self.mesh.shape[n] for n in self.rest)
+        return math.prod(self.mesh.shape[n] for n in self.others)
 
     @property
-    def on(self) -> str | tuple[str, ...] | None:
+    def entry(self) -> str | tuple[str, ...] | None:
         """Spec entry for a dimension sharded over the collective axes."""
         return spec_entry(self.names)
 
     @property
-    def batch(self) -> str | tuple[str, ...] | None:
+    def others_entry(self) -> str | tuple[str, ...] | None:
         """Spec entry for a dimension sharded over the other mesh axes."""
-        return spec_entry(self.rest)
+        return spec_entry(self.others)
+
+    # Older names of the attributes above.
+    rest = property(lambda self: self.others)
+    rest_size = property(lambda self: self.others_size)
+    on = property(lambda self: self.entry)
+    batch = property(lambda self: self.others_entry)
 
 
 def resolve_axes(mesh: Mesh, axis: AxisArg) -> Axes:
@@ -129,7 +142,7 @@ def resolve_axes(mesh: Mesh, axis: AxisArg) -> Axes:
             "once."
         )
     rest = tuple(n for n in mesh_names if n not in names)
-    return Axes(mesh=mesh, names=names, rest=rest)
+    return Axes(mesh=mesh, names=names, others=rest)
 
 
 def shape_dtype(x: Any) -> tuple[tuple[int, ...], np.dtype]:
@@ -303,7 +316,7 @@ def grid_shape(axes: Axes, dims: Sequence[int], lead: int = 1) -> tuple[int, ...
         raise ValueError("dims: need at least one size, got ().")
     first = axes.size * lead * dims[0]
     if len(dims) == 1:
-        return (first,) if not axes.rest else (first, axes.rest_size)
+        return (first,) if not axes.others else (first, axes.others_size)
     return (first, axes.rest_size * dims[1], *dims[2:])
 
 

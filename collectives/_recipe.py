@@ -116,23 +116,24 @@ class Recipe:
         shape tree) per argument that the recipe accepts, built from the small
         positive ints ``dims`` (at least two).
       arg_names: the argument names used in error messages.
-      n_terms: ``n_terms(axes)`` is how many rounded operations feed each
+      count_terms: ``count_terms(axes)`` is how many rounded operations feed each
         output element (0 for pure data movement); it scales the tolerance.
-      kinds: the dtype kinds the recipe accepts (``float``, ``int``, ``bool``,
+      dtype_kinds: the dtype kinds the recipe accepts (``float``, ``int``, ``bool``,
         ``complex``).
       validate: optional extra check, ``validate(axes, args)``, that raises a
         ``ValueError`` for inputs the specs alone cannot rule out.
       check_vma: passed to ``jax.shard_map``.
-      axes_check: ``axes_check(axes)`` returns ``None`` when the recipe can
-        run over these axes, else a sentence saying what it needs (e.g. "needs
-        a 2-D mesh: a data axis and a model axis"); the forms raise it as a
-        ``ValueError`` and ``check`` skips such configurations.
+      unsupported_reason: ``unsupported_reason(axes)`` returns ``None`` when
+        the recipe can run over these axes, else a sentence saying what it
+        needs (e.g. "needs a 2-D mesh: a data axis and a model axis"); the
+        forms raise it as a ``ValueError`` and ``check`` skips such
+        configurations.
       pmap_body: the body for the pmap form where legacy pmap code differs
         from shard_map code (default: ``body``). Under pmap, mesh axes after
         the first are mapped with ``vmap``, which batches some collectives
         (gathers, scatters, permutes) only one axis at a time, and pmap has
         no varying/invariant types.
-      family: one of :data:`FAMILIES`; ``"core"`` recipes are the contract
+      family: one of :data:`collectives.FAMILIES`; ``"core"`` recipes are the contract
         names and come first in :data:`collectives.RECIPES`.
       hlo: the cost model, ``hlo(axes, args, form)`` for ``form`` in
         ``("shard_map", "jit")``: the :class:`collectives.hlo.Expectation`
@@ -162,11 +163,11 @@ class Recipe:
     out_specs: Callable[[Axes], Any]
     example_shapes: Callable[[Axes, Sequence[int]], tuple[Any, ...]]
     arg_names: tuple[str, ...] = ("x",)
-    n_terms: Callable[[Axes], int] = _no_terms
-    kinds: frozenset[str] = KINDS
+    count_terms: Callable[[Axes], int] = _no_terms
+    dtype_kinds: frozenset[str] = KINDS
     validate: Callable[[Axes, Sequence[Any]], None] | None = None
     check_vma: bool = True
-    axes_check: Callable[[Axes], str | None] = _any_axes
+    unsupported_reason: Callable[[Axes], str | None] = _any_axes
     pmap_body: Callable[..., Any] | None = None
     family: str = "pattern"
     hlo: HloFact | None = None
@@ -309,7 +310,7 @@ class Recipe:
     def _prepare(self, args: Sequence[Any], mesh: jax.sharding.Mesh | None,
                  axis: AxisArg) -> Axes:
         axes = self.axes(mesh, axis)
-        problem = self.axes_check(axes)
+        problem = self.unsupported_reason(axes)
         if problem is not None:
             raise ValueError(
                 f"{self.name}: cannot run over mesh {dict(axes.mesh.shape)} with "
@@ -355,12 +356,12 @@ class Recipe:
         _layout.check_against_spec(what, leaf, spec, axes.mesh)
         shape, dtype = _layout.shape_dtype(leaf)
         kind = dtype_kind(dtype)
-        if kind not in self.kinds:
+        if kind not in self.dtype_kinds:
             hint = ("x.astype(jnp.int32)" if kind == "bool"
                     else "x.real or x.astype(jnp.float32)")
             raise TypeError(
                 f"{what} has dtype {dtype}, which {self.name} does not accept; it "
-                f"takes {', '.join(sorted(self.kinds))} arrays. Fix: cast first, "
+                f"takes {', '.join(sorted(self.dtype_kinds))} arrays. Fix: cast first, "
                 f"e.g. {hint}.")
         check_fits_canonical(leaf, dtype, what)
         if 0 in shape:

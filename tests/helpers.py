@@ -13,14 +13,14 @@ RECIPE_FILES = sorted(RECIPES_DIR.glob("*.py"))
 
 def runnable_configs(recipe):
     """``(mesh, axis)`` for each of ``check``'s mesh configurations that
-    ``recipe`` runs on (its ``axes_check`` passes), in ``check``'s order."""
+    ``recipe`` runs on (its ``unsupported_reason`` passes), in ``check``'s order."""
     import collectives as cx
     from collectives._check import standard_configs
 
     configs = []
     for shape, names, axis in standard_configs():
         mesh = cx.make_mesh(shape, names)
-        if recipe.axes_check(recipe.axes(mesh, axis)) is None:
+        if recipe.unsupported_reason(recipe.axes(mesh, axis)) is None:
             configs.append((mesh, axis))
     assert configs, f"{recipe.name} runs on none of check's mesh configurations"
     return configs

@@ -56,7 +56,7 @@ def test_compiles_to_one_all_to_all_of_one_block(form, shape, names, axis):
     stats = collective_stats(recipe.compiled(form, axes), *placed)
     assert stats.nonzero() == {"all-to-all": 1}
     # each device keeps 1 of its n chunks and sends n - 1
-    block = args[0].nbytes // (axes.size * axes.rest_size)
+    block = args[0].nbytes // (axes.size * axes.others_size)
     assert stats.bytes("all-to-all") == block * (axes.size - 1) / axes.size
     assert [e.mismatch(stats) for e in recipe.expected_hlo(form, axes, args)] == [None]
 

@@ -91,8 +91,8 @@ def test_mismatched_spec_tree_names_both_structures():
     recipe = cx.Recipe(
         name="pair_sum", summary="", body=lambda wb, *, axis: wb,
         program=lambda wb, *, axes: wb, oracle=lambda wb, *, axes: wb,
-        in_specs=lambda axes: ((P(axes.on), P()),),
-        out_specs=lambda axes: (P(axes.on), P()),
+        in_specs=lambda axes: ((P(axes.entry), P()),),
+        out_specs=lambda axes: (P(axes.entry), P()),
         example_shapes=lambda axes, dims: (((axes.size,), (1,)),))
     with pytest.raises(ValueError) as info:
         recipe.jit({"w": np.ones(8), "b": np.ones(1)})

@@ -87,7 +87,7 @@ def bad_recipe_calls(draw):
         args = (np.ones(new_shape, x.dtype),)
     elif kind == "dtype":
         rejected = [d for d in ("bool", "complex64", "int32", "float32")
-                    if cx._arrays.dtype_kind(d) not in recipe.kinds]
+                    if cx._arrays.dtype_kind(d) not in recipe.dtype_kinds]
         dtype = draw(st.sampled_from(rejected or ["<U1"]))
         args = (x.astype(dtype),)
     elif kind == "arity":
@@ -103,7 +103,7 @@ def bad_recipe_calls(draw):
     elif kind == "not_an_array":
         args = (draw(st.sampled_from([None, {"x": x}, [x, x], (x,), "x"])),)
     elif kind == "wide_int":
-        if "int" not in recipe.kinds:
+        if "int" not in recipe.dtype_kinds:
             args = (x.astype(bool),)
         else:
             args = (np.full(x.shape, 2**40, np.int64),)
@@ -203,7 +203,7 @@ def bad_calls(draw):
 @given(case=bad_calls())
 def test_malformed_input_raises_a_documented_error(case):
     label, thunk, allowed = case
-    with pytest.raises(DOCUMENTED) as info:
+    with pytest.raises((*DOCUMENTED, RuntimeError)) as info:  # narrowed below
         thunk()
     err = info.value
     assert isinstance(err, allowed), f"{label}: {type(err).__name__}: {err}"

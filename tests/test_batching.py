@@ -92,7 +92,7 @@ def test_vmap_form_checks_replicated_outputs():
     bad = cx.Recipe(
         name="bad_replicated", summary="", body=lambda x, *, axis: x,
         program=lambda x, *, axes: x, oracle=lambda x, *, axes: x,
-        in_specs=lambda axes: (jax.P(axes.on),), out_specs=lambda axes: jax.P(),
+        in_specs=lambda axes: (jax.P(axes.entry),), out_specs=lambda axes: jax.P(),
         example_shapes=lambda axes, dims: ((axes.size,),))
     with pytest.raises(cx.ReplicationError, match="vmap output 0 of 1"):
         cx.vmap_form(bad, np.arange(8.0), mesh=cx.make_mesh((8,), "i"))

@@ -135,7 +135,7 @@ def test_rejects_unaccepted_dtypes(name):
     # (accepted dtypes are drawn by the exact-cases test above)
     recipe = cx.RECIPES[name]
     mesh, axis = _first_config(recipe)
-    rejected = [kind for kind in _SAMPLE_DTYPE if kind not in recipe.kinds]
+    rejected = [kind for kind in _SAMPLE_DTYPE if kind not in recipe.dtype_kinds]
     if not rejected:
         pytest.skip(f"{name} accepts every dtype kind")
     for kind in rejected:

@@ -53,7 +53,7 @@ def _setup(name, shape, names, axis):
 def _block_bytes(args, axes) -> int:
     # Every core recipe shards its one argument over all mesh axes.
     (x,) = args
-    return x.nbytes // (axes.size * axes.rest_size)
+    return x.nbytes // (axes.size * axes.others_size)
 
 
 def _expected_bytes(kind: str, block: int, n: int) -> float:
@@ -85,7 +85,7 @@ def test_placed_forms_emit_exactly_one_expected_collective(name, form, shape,
     block = _block_bytes(args, axes)
     if op.kind == "collective-permute":
         # one source-target pair per device, every ring of the axes together
-        assert op.group_size == axes.size * axes.rest_size
+        assert op.group_size == axes.size * axes.others_size
     else:
         assert op.group_size == axes.size
     if name == "psum_scatter":

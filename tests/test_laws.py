@@ -16,7 +16,7 @@ from collectives.testing.strategies import meshes
 
 
 def _run(body, mesh, axes, x, out_spec=None):
-    in_spec = jax.P(axes.on)
+    in_spec = jax.P(axes.entry)
     f = jax.jit(jax.shard_map(functools.partial(body, axis=axes.axis), mesh=mesh,
                               in_specs=in_spec,
                               out_specs=in_spec if out_spec is None else out_spec))

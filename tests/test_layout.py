@@ -66,7 +66,7 @@ def test_pmap_form_checks_declared_replication():
         name="wrongly_replicated", summary="x + axis_index, claimed replicated",
         body=lambda x, *, axis: x + cx.RECIPES["axis_index"].body(x * 0, axis=axis),
         program=lambda x, *, axes: x, oracle=lambda x, *, axes: x,
-        in_specs=lambda axes: (P(axes.on),), out_specs=lambda axes: P(),
+        in_specs=lambda axes: (P(axes.entry),), out_specs=lambda axes: P(),
         example_shapes=lambda axes, dims: ((axes.size,),))
     mesh = cx.make_mesh((8,), "i")
     x = np.zeros(8, np.float32)

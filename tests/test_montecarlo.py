@@ -75,7 +75,7 @@ def test_chain_and_device_keys_equal_split_and_the_numpy_stream(mesh, data):
         return chains, device
 
     f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(),
-                              out_specs=(jax.P(axes.on), jax.P(axes.on))))
+                              out_specs=(jax.P(axes.entry), jax.P(axes.entry))))
     chains, devices = (np.asarray(a) for a in f())
     n = axes.size
     np.testing.assert_array_equal(chains, _key_data(jax.random.split(key, n * k)))

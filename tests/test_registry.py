@@ -29,10 +29,10 @@ THROWAWAY = textwrap.dedent('''
         body=lambda x, *, axis: 2 * lax.psum(x, axis),
         program=lambda x, *, axes: 2 * blocks(x, axes.size).sum(0, dtype=x.dtype),
         oracle=lambda x, *, axes: (2 * blocks(x, axes.size).sum(0)).astype(x.dtype),
-        in_specs=lambda axes: (make_spec(axes.on, axes.batch),),
-        out_specs=lambda axes: make_spec(None, axes.batch),
+        in_specs=lambda axes: (make_spec(axes.entry, axes.others_entry),),
+        out_specs=lambda axes: make_spec(None, axes.others_entry),
         example_shapes=lambda axes, dims: (grid_shape(axes, dims),),
-        n_terms=lambda axes: axes.size + 1, kinds=frozenset({"float", "int"}),
+        count_terms=lambda axes: axes.size + 1, dtype_kinds=frozenset({"float", "int"}),
         hlo=one_collective("all-reduce"), source="reductions.py"))
 
     def pytest_configure(config):

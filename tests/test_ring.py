@@ -77,7 +77,7 @@ def _blocks(draw, rows_split_n_ways=False):
 def _per_device(body, mesh, axes, x):
     # Run `body` per device; stack every device's outputs, so nothing is
     # assumed replicated: [n * out_rows, ...] per output.
-    spec = jax.P(axes.on)
+    spec = jax.P(axes.entry)
     f = jax.shard_map(functools.partial(body, axis=axes.axis), mesh=mesh,
                       in_specs=spec, out_specs=spec, check_vma=False)
     return jax.tree_util.tree_map(np.asarray, jax.jit(f)(x))
@@ -177,7 +177,7 @@ def _shard_map_stats(name, shape, names, axis):
     mesh = cx.make_mesh(shape, names)
     axes = recipe.axes(mesh, axis)
     args = recipe.example_args(mesh, axis, dims=(2, 3))
-    block = args[0].nbytes // (axes.size * axes.rest_size)
+    block = args[0].nbytes // (axes.size * axes.others_size)
     stats = collective_stats(recipe.compiled("shard_map", axes),
                              *recipe.place(*args, axes=axes))
     return stats, axes.size, block

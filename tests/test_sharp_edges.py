@@ -168,7 +168,7 @@ def test_pitfall_6_out_axes_none_returns_device_0_unchecked(pmap_edges, mesh):
     bad = cx.Recipe(
         name="block_sum_claimed_replicated", summary="", body=lambda b, *, axis: b,
         program=lambda x, *, axes: x, oracle=lambda x, *, axes: x,
-        in_specs=lambda axes: (P(axes.on),), out_specs=lambda axes: P(),
+        in_specs=lambda axes: (P(axes.entry),), out_specs=lambda axes: P(),
         example_shapes=lambda axes, dims: ((axes.size,),), check_vma=False)
     with pytest.raises(cx.ReplicationError, match="copy 1 along 'i'"):
         bad.pmap(X.reshape(N, -1)[:, 0], mesh=mesh)

@@ -40,19 +40,19 @@ def all_to_all_oracle(x, *, axes: Axes):
 
 
 def _in_specs(axes: Axes):
-    return (make_spec(axes.on, None, axes.batch),)
+    return (make_spec(axes.entry, None, axes.others_entry),)
 
 
 def _out_specs(axes: Axes):
-    return make_spec(None, axes.on, axes.batch)
+    return make_spec(None, axes.entry, axes.others_entry)
 
 
 def _shapes(axes: Axes, dims):
     # [n*k, n*c, ...]; with other mesh axes a third dim is sharded over them
     k, c, *more = (*dims, 1)[:max(2, len(dims))]
-    if axes.rest:
+    if axes.others:
         m, *more = more or [1]
-        more = [axes.rest_size * m, *more]
+        more = [axes.others_size * m, *more]
     return ((axes.size * k, axes.size * c, *more),)
 
 
@@ -113,7 +113,7 @@ def all_to_all_blocks_oracle(x, *, axes: Axes):
 
 
 def _blocks_specs(axes: Axes):
-    return (make_spec(axes.on, axes.batch),)
+    return (make_spec(axes.entry, axes.others_entry),)
 
 
 def _blocks_shapes(axes: Axes, dims):
@@ -140,5 +140,5 @@ all_to_all_blocks = register(Recipe(
     summary="exchange: each device sends chunk j of its block to device j (dim 0)",
     body=all_to_all_blocks_body, program=all_to_all_blocks_program,
     oracle=all_to_all_blocks_oracle, in_specs=_blocks_specs,
-    out_specs=lambda axes: make_spec(axes.on, axes.batch),
+    out_specs=lambda axes: make_spec(axes.entry, axes.others_entry),
     example_shapes=_blocks_shapes, validate=_check_blocks))

@@ -282,14 +282,14 @@ def attention_oracle(q, k, v, *, axes: Axes, causal: bool = False):
 
 
 def _specs(axes: Axes):
-    spec = make_spec(axes.on, axes.batch)
+    spec = make_spec(axes.entry, axes.others_entry)
     return (spec, spec, spec)
 
 
 def _shapes(heads_per_device: bool):
     def shapes(axes: Axes, dims):
         s, h, d = (tuple(dims) * 3)[:3]
-        heads = axes.rest_size * h * (axes.size if heads_per_device else 1)
+        heads = axes.others_size * h * (axes.size if heads_per_device else 1)
         shape = (axes.size * s, heads, d)
         return (shape, shape, shape)
     return shapes
@@ -338,7 +338,7 @@ def _check_recipe_args(heads_split: bool, what: str):
                 f"{what}: expected q, k, v of one shape [seq, heads, head_dim], got "
                 f"q {q}, k {k}, v {v}. Fix: pass three 3-D arrays of the same "
                 "shape.")
-        local_heads = q[1] // axes.rest_size
+        local_heads = q[1] // axes.others_size
         if heads_split and local_heads % axes.size:
             raise _heads_error(local_heads, axes.size, axes.axis, what)
     return validate
@@ -360,7 +360,8 @@ def _ring_recipe(name: str, summary: str, causal: bool) -> Recipe:
         oracle=functools.partial(attention_oracle, causal=causal),
         in_specs=_specs, out_specs=lambda axes: _specs(axes)[0],
         example_shapes=_shapes(heads_per_device=False), arg_names=("q", "k", "v"),
-        n_terms=_n_terms, kinds=_FLOAT, validate=_check_recipe_args(False, name)))
+        count_terms=_n_terms, dtype_kinds=_FLOAT, validate=_check_recipe_args(False,
+        name)))
 
 
 ring_attention_recipe = _ring_recipe(
@@ -385,5 +386,5 @@ all_to_all_attention_recipe = register(Recipe(
     body=_all_to_all_body, program=attention_program, oracle=attention_oracle,
     in_specs=_specs, out_specs=lambda axes: _specs(axes)[0],
     example_shapes=_shapes(heads_per_device=True), arg_names=("q", "k", "v"),
-    n_terms=_n_terms, kinds=_FLOAT,
+    count_terms=_n_terms, dtype_kinds=_FLOAT,
     validate=_check_recipe_args(True, "all_to_all_attention")))

@@ -168,7 +168,7 @@ def vmap_center_oracle(x, *, axes: Axes):
     return (wide - wide.mean(0, keepdims=True)).astype(mean_dtype(x.dtype))
 
 
-def _axes_check(axes: Axes) -> str | None:
+def _unsupported_reason(axes: Axes) -> str | None:
     if EXAMPLE_AXIS in axes.mesh.axis_names:
         return (f"the recipe names its vmap axis {EXAMPLE_AXIS!r}, which the mesh "
                 "already uses; rename the mesh axis")
@@ -186,8 +186,9 @@ def _rows_terms(axes: Axes) -> int:
 
 
 _COMMON = dict(
-    in_specs=lambda axes: (make_spec(axes.on, axes.batch),),
-    example_shapes=_shapes, n_terms=_rows_terms, axes_check=_axes_check,
+    in_specs=lambda axes: (make_spec(axes.entry, axes.others_entry),),
+    example_shapes=_shapes, count_terms=_rows_terms,
+    unsupported_reason=_unsupported_reason,
     # Collectives over a vmapped axis fail shard_map's varying-axes check on
     # JAX 0.8-0.12 (see the module docstring); the pmap form checks the
     # replicated outputs copy by copy instead.
@@ -198,13 +199,13 @@ vmap_psum = register(Recipe(
     source="vmap_batching.py", hlo=fixed({"all-reduce": 1}),
     summary="one psum over the device axes and a vmapped batch axis at once",
     body=vmap_psum_body, program=vmap_psum_program, oracle=vmap_psum_oracle,
-    out_specs=lambda axes: make_spec(axes.batch),
-    kinds=frozenset({"float", "int"}), **_COMMON))
+    out_specs=lambda axes: make_spec(axes.others_entry),
+    dtype_kinds=frozenset({"float", "int"}), **_COMMON))
 
 vmap_center = register(Recipe(
     name="vmap_center",
     source="vmap_batching.py", hlo=fixed({"all-reduce": 1}),
     summary="each row minus the mean row over devices and a vmapped batch axis",
     body=vmap_center_body, program=vmap_center_program, oracle=vmap_center_oracle,
-    out_specs=lambda axes: make_spec(axes.on, axes.batch),
-    kinds=frozenset({"float"}), **_COMMON))
+    out_specs=lambda axes: make_spec(axes.entry, axes.others_entry),
+    dtype_kinds=frozenset({"float"}), **_COMMON))

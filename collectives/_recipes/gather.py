@@ -26,7 +26,7 @@ from collectives._registry import register
 
 
 def _in_specs(axes: Axes):
-    return (make_spec(axes.on, axes.batch),)
+    return (make_spec(axes.entry, axes.others_entry),)
 
 
 def _shapes(axes: Axes, dims):
@@ -87,7 +87,7 @@ def all_gather_stacked_oracle(x, *, axes: Axes):
 
 
 def _stacked_out_specs(axes: Axes):
-    return make_spec(None, None, axes.batch)
+    return make_spec(None, None, axes.others_entry)
 
 
 # -- psum_scatter (tiled) ----------------------------------------------------
@@ -139,7 +139,7 @@ all_gather = register(Recipe(
     hlo=one_collective("all-gather"),
     summary="every device gets the whole array (tiled)",
     body=all_gather_body, program=all_gather_program, oracle=all_gather_oracle,
-    in_specs=_in_specs, out_specs=lambda axes: make_spec(None, axes.batch),
+    in_specs=_in_specs, out_specs=lambda axes: make_spec(None, axes.others_entry),
     example_shapes=_shapes, pmap_body=all_gather_pmap_body))
 
 all_gather_stacked = register(Recipe(
@@ -164,7 +164,7 @@ psum_scatter = register(Recipe(
     summary="sum over devices, each device keeps its slice (reduce-scatter)",
     body=psum_scatter_body, program=psum_scatter_program,
     oracle=psum_scatter_oracle, in_specs=_in_specs,
-    out_specs=lambda axes: make_spec(axes.on, axes.batch),
-    example_shapes=_scatter_shapes, n_terms=lambda axes: axes.size,
-    kinds=frozenset({"float", "int", "complex"}), validate=_check_scatter,
+    out_specs=lambda axes: make_spec(axes.entry, axes.others_entry),
+    example_shapes=_scatter_shapes, count_terms=lambda axes: axes.size,
+    dtype_kinds=frozenset({"float", "int", "complex"}), validate=_check_scatter,
     pmap_body=psum_scatter_pmap_body))

@@ -155,8 +155,8 @@ dp_grads = register(Recipe(
     name="dp_grads", source="dp_grads.py", hlo=fixed({"all-reduce": 1}),
     summary="data-parallel gradient of a linear model's MSE: grads averaged by pmean",
     body=dp_grads_body, program=dp_grads_program, oracle=dp_grads_oracle,
-    in_specs=lambda axes: (make_spec(), make_spec(axes.on), make_spec(axes.on)),
+    in_specs=lambda axes: (make_spec(), make_spec(axes.entry), make_spec(axes.entry)),
     out_specs=lambda axes: make_spec(),
-    example_shapes=_shapes, arg_names=("params", "x", "y"), n_terms=_n_terms,
-    kinds=frozenset({"float"}), validate=_check_args,
+    example_shapes=_shapes, arg_names=("params", "x", "y"), count_terms=_n_terms,
+    dtype_kinds=frozenset({"float"}), validate=_check_args,
     pmap_body=dp_grads_pmap_body))

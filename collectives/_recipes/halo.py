@@ -162,7 +162,7 @@ def halo_open_oracle(x, *, axes):
 
 
 def _rows_spec(axes: Axes):
-    return make_spec(axes.on, axes.batch)
+    return make_spec(axes.entry, axes.others_entry)
 
 
 def _halo_shapes(axes: Axes, dims):
@@ -178,7 +178,8 @@ halo_exchange_recipe = register(Recipe(
     body=halo_periodic_body, pmap_body=_halo_pmap_body(periodic=True),
     program=halo_periodic_program, oracle=halo_periodic_oracle,
     in_specs=lambda axes: (_rows_spec(axes),), out_specs=_rows_spec,
-    example_shapes=_halo_shapes, n_terms=lambda axes: 3, kinds=_STENCIL_KINDS))
+    example_shapes=_halo_shapes, count_terms=lambda axes: 3,
+    dtype_kinds=_STENCIL_KINDS))
 
 halo_exchange_open_recipe = register(Recipe(
     name="halo_exchange_open", source="halo_exchange.py",
@@ -187,4 +188,5 @@ halo_exchange_open_recipe = register(Recipe(
     body=halo_open_body, pmap_body=_halo_pmap_body(periodic=False),
     program=halo_open_program, oracle=halo_open_oracle,
     in_specs=lambda axes: (_rows_spec(axes),), out_specs=_rows_spec,
-    example_shapes=_halo_shapes, n_terms=lambda axes: 3, kinds=_STENCIL_KINDS))
+    example_shapes=_halo_shapes, count_terms=lambda axes: 3,
+    dtype_kinds=_STENCIL_KINDS))

@@ -263,7 +263,7 @@ def _sizes(dims, even: bool) -> tuple[int, int, int]:
 
 
 def _allgather_specs(axes: Axes):
-    return (P(axes.on), P(None, axes.on))
+    return (P(axes.entry), P(None, axes.entry))
 
 
 def _allgather_shapes(even: bool):
@@ -274,7 +274,7 @@ def _allgather_shapes(even: bool):
 
 
 def _scatter_specs(axes: Axes):
-    return (P(None, axes.on), P(axes.on))
+    return (P(None, axes.entry), P(axes.entry))
 
 
 def _scatter_shapes(even: bool):
@@ -331,11 +331,11 @@ def _allgather_recipe(name: str, summary: str, overlap: str | None) -> Recipe:
         name=name, summary=summary, body=body, pmap_body=pmap_body,
         source="collective_matmul.py", hlo=_matmul_fact("all-gather", overlap),
         program=matmul_program, oracle=matmul_oracle, in_specs=_allgather_specs,
-        out_specs=lambda axes: P(None, axes.on),
+        out_specs=lambda axes: P(None, axes.entry),
         example_shapes=_allgather_shapes(even=overlap == "bidirectional"),
-        arg_names=("x", "w"), kinds=_KINDS,
+        arg_names=("x", "w"), dtype_kinds=_KINDS,
         # each element sums K <= 3 products in the example shapes
-        n_terms=lambda axes: 4))
+        count_terms=lambda axes: 4))
 
 
 def _scatter_recipe(name: str, summary: str, overlap: str | None) -> Recipe:
@@ -350,11 +350,11 @@ def _scatter_recipe(name: str, summary: str, overlap: str | None) -> Recipe:
         name=name, summary=summary, body=body, pmap_body=pmap_body,
         source="collective_matmul.py", hlo=_matmul_fact("reduce-scatter", overlap),
         program=matmul_program, oracle=matmul_oracle, in_specs=_scatter_specs,
-        out_specs=lambda axes: P(axes.on),
+        out_specs=lambda axes: P(axes.entry),
         example_shapes=_scatter_shapes(even=overlap == "bidirectional"),
-        arg_names=("x", "w"), kinds=_KINDS,
+        arg_names=("x", "w"), dtype_kinds=_KINDS,
         # n partial sums of k <= 3 products each
-        n_terms=lambda axes: 4 * axes.size))
+        count_terms=lambda axes: 4 * axes.size))
 
 
 allgather_matmul_recipe = _allgather_recipe(

@@ -271,7 +271,7 @@ def dp_tp_mlp_jit_value_and_grad(params: Params, x, y, mesh: jax.sharding.Mesh,
 def _data_and_model(axes: Axes, model: bool):
     if model:
         return axes.names[0], axes.names[1]
-    return axes.on, None
+    return axes.entry, None
 
 
 def _needs_two_axes(axes: Axes) -> str | None:
@@ -350,7 +350,7 @@ dp_tp_mlp = register(Recipe(
     body=dp_tp_mlp_body, program=_program(model=True), oracle=mlp_oracle,
     in_specs=_specs(model=True)[0], out_specs=_specs(model=True)[1],
     example_shapes=_shapes(model=True), arg_names=("params", "x", "y"),
-    n_terms=_terms, kinds=_FLOAT, axes_check=_needs_two_axes))
+    count_terms=_terms, dtype_kinds=_FLOAT, unsupported_reason=_needs_two_axes))
 
 dp_mlp = register(Recipe(
     name="dp_mlp", source="dp_tp_mlp.py", hlo=fixed({"all-reduce": 1}),
@@ -360,4 +360,4 @@ dp_mlp = register(Recipe(
     body=dp_mlp_body, program=_program(model=False), oracle=mlp_oracle,
     in_specs=_specs(model=False)[0], out_specs=_specs(model=False)[1],
     example_shapes=_shapes(model=False), arg_names=("params", "x", "y"),
-    n_terms=_terms, kinds=_FLOAT))
+    count_terms=_terms, dtype_kinds=_FLOAT))

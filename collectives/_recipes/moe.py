@@ -256,7 +256,7 @@ def moe_layer_dropless(router_w, expert_w_in, expert_w_out, tokens, axis, *,
 # out [T, D] sharded by token, dropped a replicated int32 scalar.
 
 def _specs(axes: Axes):
-    return (P(), P(axes.on), P(axes.on), P(axes.on))
+    return (P(), P(axes.entry), P(axes.entry), P(axes.entry))
 
 
 def _shapes(axes: Axes, dims):
@@ -275,7 +275,7 @@ def moe_program(router_w, w_in, w_out, tokens, *, axes: Axes, top_k: int,
     def constrain(x, spec):
         return jax.lax.with_sharding_constraint(x, NamedSharding(axes.mesh, spec))
 
-    by_group = P(axes.on)
+    by_group = P(axes.entry)
     groups = constrain(tokens.reshape(n, -1, tokens.shape[-1]), by_group)  # [n,t,D]
     slots = expert_capacity(groups.shape[1], router_w.shape[-1], top_k=top_k,
                             capacity=capacity, capacity_factor=capacity_factor)
@@ -286,8 +286,8 @@ def moe_program(router_w, w_in, w_out, tokens, *, axes: Axes, top_k: int,
     buffer = jnp.einsum("gaec,gad->gecd", mask, jnp.repeat(groups, top_k, axis=1))
     buffer = constrain(buffer, by_group)  # [n, E, C, D]: each group's own buffer
 
-    by_expert = constrain(buffer, P(None, axes.on))  # [n, E, C, D]: all-to-all
-    out = constrain(_ffn(by_expert, w_in, w_out), P(None, axes.on))
+    by_expert = constrain(buffer, P(None, axes.entry))  # [n, E, C, D]: all-to-all
+    out = constrain(_ffn(by_expert, w_in, w_out), P(None, axes.entry))
     back = constrain(out, by_group)  # all-to-all back
     combined = jnp.einsum("gaec,gecd->gad", mask, back) * gate.reshape(n, -1, 1)
     combined = constrain(combined, by_group)
@@ -379,9 +379,9 @@ def moe_recipe(*, top_k: int = 1, capacity: int | None = None,
                 "capacity, expert FFN, all_to_all combine; counts dropped tokens",
         body=body, program=functools.partial(moe_program, **options),
         oracle=functools.partial(moe_oracle, **options), in_specs=_specs,
-        out_specs=lambda axes: (P(axes.on), P()), example_shapes=_shapes,
+        out_specs=lambda axes: (P(axes.entry), P()), example_shapes=_shapes,
         arg_names=("router_w", "expert_w_in", "expert_w_out", "tokens"),
-        n_terms=lambda axes: 64, kinds=frozenset({"float"}),
+        count_terms=lambda axes: 64, dtype_kinds=frozenset({"float"}),
         validate=_validate(**options), hlo=functools.partial(_moe_fact, **options))
 
 

@@ -219,8 +219,8 @@ metropolis = register(Recipe(
     name="metropolis", source="monte_carlo.py", hlo=fixed({"all-reduce": 2}),
     summary="Metropolis chains, keys by fold_in(axis_index); mean/var by pmean",
     body=metropolis_body, program=metropolis_program, oracle=metropolis_oracle,
-    in_specs=lambda axes: (make_spec(axes.on),),
-    out_specs=lambda axes: (make_spec(), make_spec(), make_spec(axes.on)),
+    in_specs=lambda axes: (make_spec(axes.entry),),
+    out_specs=lambda axes: (make_spec(), make_spec(), make_spec(axes.entry)),
     example_shapes=lambda axes, dims: ((axes.size * dims[0], *dims[1:]),),
-    arg_names=("x0",), n_terms=_n_terms,
-    kinds=frozenset({"float", "int"})))
+    arg_names=("x0",), count_terms=_n_terms,
+    dtype_kinds=frozenset({"float", "int"})))

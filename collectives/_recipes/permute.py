@@ -258,11 +258,11 @@ def axis_index_oracle(x, *, axes: Axes):
 
 
 def _in_specs(axes: Axes):
-    return (make_spec(axes.on, axes.batch),)
+    return (make_spec(axes.entry, axes.others_entry),)
 
 
 def _out_specs(axes: Axes):
-    return make_spec(axes.on, axes.batch)
+    return make_spec(axes.entry, axes.others_entry)
 
 
 def _shapes(axes: Axes, dims):
@@ -289,4 +289,4 @@ axis_index = register(Recipe(
     hlo=no_collectives, summary="each device adds its index along the axis",
     body=axis_index_body, program=axis_index_program, oracle=axis_index_oracle,
     in_specs=_in_specs, out_specs=_out_specs, example_shapes=_shapes,
-    n_terms=lambda axes: 1, kinds=frozenset({"float", "int", "complex"})))
+    count_terms=lambda axes: 1, dtype_kinds=frozenset({"float", "int", "complex"})))

@@ -25,11 +25,11 @@ from collectives._registry import register
 
 
 def _in_specs(axes: Axes):
-    return (make_spec(axes.on, axes.batch),)
+    return (make_spec(axes.entry, axes.others_entry),)
 
 
 def _out_specs(axes: Axes):
-    return make_spec(None, axes.batch)
+    return make_spec(None, axes.others_entry)
 
 
 def _shapes(axes: Axes, dims):
@@ -109,7 +109,7 @@ psum = register(Recipe(
     summary="sum of every device's block, on every device",
     body=psum_body, program=psum_program, oracle=psum_oracle,
     in_specs=_in_specs, out_specs=_out_specs, example_shapes=_shapes,
-    n_terms=_terms, kinds=_SUMMABLE))
+    count_terms=_terms, dtype_kinds=_SUMMABLE))
 
 pmean = register(Recipe(
     name="pmean", family="core", source="reductions.py",
@@ -119,7 +119,7 @@ pmean = register(Recipe(
     summary="mean of every device's block, on every device",
     body=pmean_body, program=pmean_program, oracle=pmean_oracle,
     in_specs=_in_specs, out_specs=_out_specs, example_shapes=_shapes,
-    n_terms=lambda axes: axes.size + 1, kinds=_SUMMABLE))
+    count_terms=lambda axes: axes.size + 1, dtype_kinds=_SUMMABLE))
 
 pmax = register(Recipe(
     name="pmax", family="core", source="reductions.py",
@@ -129,7 +129,7 @@ pmax = register(Recipe(
     summary="elementwise max over devices, on every device",
     body=pmax_body, program=pmax_program, oracle=pmax_oracle,
     in_specs=_in_specs, out_specs=_out_specs, example_shapes=_shapes,
-    kinds=_ORDERED))
+    dtype_kinds=_ORDERED))
 
 pmin = register(Recipe(
     name="pmin", family="core", source="reductions.py",
@@ -139,4 +139,4 @@ pmin = register(Recipe(
     summary="elementwise min over devices, on every device",
     body=pmin_body, program=pmin_program, oracle=pmin_oracle,
     in_specs=_in_specs, out_specs=_out_specs, example_shapes=_shapes,
-    kinds=_ORDERED))
+    dtype_kinds=_ORDERED))

@@ -93,7 +93,7 @@ def plan(collective: str, form: str, axes: Axes, target: int, dtype: Any
     if isinstance(recipe, str):
         return recipe
     kind = dtype_kind(dtype)
-    if kind not in recipe.kinds:
+    if kind not in recipe.dtype_kinds:
         return f"{recipe.name} does not take {np.dtype(dtype).name} arrays"
     if len(recipe.arg_names) != 1:
         return f"{recipe.name} takes {len(recipe.arg_names)} arguments, not one"
@@ -239,7 +239,7 @@ def count_wrong(out: jax.Array, expected: np.ndarray, rtol: float, atol: float
 def check(case: Case, call: Callable[[int], Any], expected: np.ndarray,
           x: np.ndarray) -> int:
     """#wrong of one call running the collective once, against the oracle."""
-    rtol, atol = tolerance(expected.dtype, case.recipe.n_terms(case.axes))
+    rtol, atol = tolerance(expected.dtype, case.recipe.count_terms(case.axes))
     scale = float(np.max(np.abs(x))) if x.size else 0.0
     return count_wrong(call(1), expected, rtol, atol * scale)
 
@@ -254,7 +254,8 @@ def _copy_program(axes: Axes) -> Callable[..., Any]:
         return looped(lambda v: v + zero)(x, iters)
 
     return jax.jit(jax.shard_map(
-        run, mesh=axes.mesh, in_specs=(P(axes.on), P(), P()), out_specs=P(axes.on)))
+        run, mesh=axes.mesh, in_specs=(P(axes.entry), P(), P()),
+        out_specs=P(axes.entry)))
 
 
 def bind_copy(axes: Axes, size: int, dtype: Any
@@ -262,7 +263,7 @@ def bind_copy(axes: Axes, size: int, dtype: Any
     """``call(iters)`` copying ``size`` bytes on every device, its input, #bytes."""
     count = max(1, size // np.dtype(dtype).itemsize)
     x = make_input((axes.size, count), dtype, seed=1)
-    placed = jax.device_put(x, NamedSharding(axes.mesh, P(axes.on)))
+    placed = jax.device_put(x, NamedSharding(axes.mesh, P(axes.entry)))
     zero = jax.device_put(np.zeros((), x.dtype), NamedSharding(axes.mesh, P()))
     fn = _copy_program(axes)
     return ((lambda iters: fn(placed, zero, _iters_array(axes.mesh, iters))), x,

@@ -180,7 +180,7 @@ def recipe_cases(draw: st.DrawFn, recipe: Recipe, *,
         multiplies by mesh axis sizes).
       ndim: how many free sizes to draw (the recipe decides the rank).
     """
-    usable = [d for d in dtypes if dtype_kind(d) in recipe.kinds]
+    usable = [d for d in dtypes if dtype_kind(d) in recipe.dtype_kinds]
     if not usable:
         raise ValueError(f"recipe {recipe.name!r} accepts none of dtypes {dtypes}.")
     limit = jax.device_count() if max_devices is None else max_devices
@@ -189,7 +189,7 @@ def recipe_cases(draw: st.DrawFn, recipe: Recipe, *,
         for shape in MESH_SHAPES if int(np.prod(shape)) <= limit
         for mesh in [_mesh(shape)]
         for axis in _axis_options(mesh)
-        if recipe.axes_check(recipe.axes(mesh, axis)) is None]
+        if recipe.unsupported_reason(recipe.axes(mesh, axis)) is None]
     if not candidates:
         raise ValueError(f"recipe {recipe.name!r} runs on none of the meshes "
                          f"{MESH_SHAPES} within {limit} devices.")
