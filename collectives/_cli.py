@@ -9,8 +9,8 @@ from collections.abc import Sequence
 
 from collectives._check import add_check_arguments
 from collectives._check import add_run_arguments
-from collectives._launch_cli import add_launch_arguments
-from collectives._launch_cli import run_launch_command
+from collectives.distributed._cli import add_launch_arguments
+from collectives.distributed._cli import run_launch_command
 
 DEFAULT_DEVICES = 8
 

@@ -1,6 +1,6 @@
 """One worker of a launch: join JAX's distributed runtime, run the target.
 
-The launcher starts ``python -m collectives._launch_worker TARGET...`` once
+The launcher starts ``python -m collectives.distributed TARGET...`` once
 per process, with the settings in ``COLLECTIVES_*`` environment variables
 (:class:`WorkerEnv`). The worker simulates its CPU devices, joins the runtime
 on 127.0.0.1 with bounded timeouts, leaves marker files the launcher watches
@@ -159,13 +159,13 @@ def _run_python(argv: Sequence[str]) -> tuple[int, str]:
 
 
 def _dispatch(argv: Sequence[str]) -> tuple[int, str]:
-    from collectives import _launch_check
+    from collectives.distributed import _check as _process_check
 
     target, rest = argv[0], argv[1:]
     if target == "check":
-        return _launch_check.cmd_check(rest)
+        return _process_check.cmd_check(rest)
     if target == "run":
-        return _launch_check.cmd_run(rest)
+        return _process_check.cmd_run(rest)
     if target == "python":
         return _run_python(rest)
     raise ValueError(f"unknown target {target!r}: expected check, run or python.")
@@ -187,7 +187,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     settings = WorkerEnv.from_env(os.environ)
     if settings is None or not argv:
-        print("collectives._launch_worker is started by `python -m collectives "
+        print("collectives.distributed is started by `python -m collectives "
               "launch`; run that instead.", file=sys.stderr)
         return 2
     _watch_launcher(settings.launcher_pid)
@@ -215,6 +215,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     _finish(settings, code, summary)
     return code
 
-
-if __name__ == "__main__":
-    sys.exit(main())

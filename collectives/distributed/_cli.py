@@ -6,8 +6,8 @@ import argparse
 import signal
 import sys
 
-from collectives import _launch
-from collectives._launch_results import LaunchError
+from collectives.distributed import _launcher
+from collectives.distributed._results import LaunchError
 
 
 def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
@@ -43,7 +43,7 @@ def run_launch_command(args: argparse.Namespace) -> int:
     """Run ``python -m collectives launch`` from parsed arguments; the exit code."""
     previous = signal.signal(signal.SIGTERM, _stop_on_sigterm)
     try:
-        result = _launch.launch(
+        result = _launcher.launch(
             args.target, num_processes=args.num_processes,
             devices_per_process=args.devices_per_process, port=args.port,
             timeout=args.timeout, startup_timeout=args.startup_timeout,

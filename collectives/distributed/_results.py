@@ -134,11 +134,11 @@ def _check_arguments(target: list[str]) -> None:
     """Parse a ``check`` or ``run`` target here, so that a typo fails at once
     instead of in every worker after start-up."""
     from collectives import _check
-    from collectives import _launch_check
     from collectives._registry import RECIPES
+    from collectives.distributed import _check as _process_check
 
-    parser = (_launch_check.check_parser() if target[0] == "check"
-              else _launch_check.run_parser())
+    parser = (_process_check.check_parser() if target[0] == "check"
+              else _process_check.run_parser())
     said = io.StringIO()
     try:
         with contextlib.redirect_stderr(said), contextlib.redirect_stdout(said):

@@ -23,14 +23,14 @@ from collections.abc import Mapping
 from collections.abc import Sequence
 from typing import IO
 
-from collectives import _launch
-from collectives import _launch_worker
-from collectives._launch_forms import gather
-from collectives._launch_forms import process_forms
-from collectives._launch_forms import process_slice
-from collectives._launch_results import LaunchError
-from collectives._launch_results import LaunchResult
-from collectives._launch_results import ProcessResult
+from collectives.distributed import _launcher
+from collectives.distributed import _worker
+from collectives.distributed._forms import gather
+from collectives.distributed._forms import process_forms
+from collectives.distributed._forms import process_slice
+from collectives.distributed._results import LaunchError
+from collectives.distributed._results import LaunchResult
+from collectives.distributed._results import ProcessResult
 
 __all__ = [
     "LaunchError",
@@ -96,7 +96,7 @@ def launch(target: Sequence[str], *, num_processes: int = 2,
       >>> result.ok, [p.tail(1) for p in result.processes]
       (True, ['2', '2'])
     """
-    return _launch.launch(
+    return _launcher.launch(
         target, num_processes=num_processes, devices_per_process=devices_per_process,
         port=port, timeout=timeout, startup_timeout=startup_timeout,
         heartbeat_timeout=heartbeat_timeout, collective_timeout=collective_timeout,
@@ -142,9 +142,9 @@ def initialize() -> bool:
             "started in this process, so it can no longer join other processes. "
             "Fix: call it right after the imports, before any JAX operation "
             "(jax.devices() and jax.device_put count).")
-    settings = _launch_worker.WorkerEnv.from_env(os.environ)
+    settings = _worker.WorkerEnv.from_env(os.environ)
     if settings is not None:
-        _launch_worker.join(settings)
+        _worker.join(settings)
         return True
     try:
         jax.distributed.initialize()
