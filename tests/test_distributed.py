@@ -154,8 +154,10 @@ def test_run_target_prints_every_form_on_every_process():
     for output in outputs:
         for form in ("pmap:", "shard_map:", "jit:", "reference:"):
             assert form in output
-    # both processes print the same gathered results
-    assert outputs[0].split("pmap:", 1)[1] == outputs[1].split("pmap:", 1)[1]
+    # both processes print the same gathered results; rank 0 adds the ranks' table
+    results = [out.split("pmap:", 1)[1].split("\nrank  host")[0] for out in outputs]
+    assert results[0] == results[1]
+    assert "ok: all 2 ranks passed" in outputs[0]
 
 
 def test_pmap_copies_may_differ_in_the_last_bits_across_processes_but_no_more():
@@ -370,7 +372,8 @@ def test_bad_arguments_are_refused(kwargs, problem):
         distributed.launch(["check"], **kwargs)
 
 
-def test_the_worker_entry_point_refuses_to_run_outside_a_launch():
-    result = run_python("-m", "collectives.distributed", "check", check=False)
+def test_the_worker_refuses_to_run_outside_a_launch_or_cluster():
+    result = run_python("-m", "collectives", "worker", "--", "check", check=False)
     assert result.returncode == 2
+    assert "no cluster found" in result.stderr
     assert "python -m collectives launch" in result.stderr

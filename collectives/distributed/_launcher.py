@@ -177,7 +177,7 @@ class _Launch:
                 shutdown_timeout=max(10, self.heartbeat_timeout),
                 launcher_pid=os.getpid())
             proc = subprocess.Popen(
-                [sys.executable, "-m", "collectives.distributed", *self.argv],
+                [sys.executable, "-m", "collectives", "worker", "--", *self.argv],
                 env=self._env(settings), cwd=self.cwd, stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                 errors="replace", bufsize=1, start_new_session=True)

@@ -1,13 +1,22 @@
-"""One worker of a launch: join JAX's distributed runtime, run the target.
+"""One rank of a multi-process run: join JAX's runtime, run the target, report.
 
-The launcher starts ``python -m collectives.distributed TARGET...`` once
-per process, with the settings in ``COLLECTIVES_*`` environment variables
-(:class:`WorkerEnv`). The worker simulates its CPU devices, joins the runtime
-on 127.0.0.1 with bounded timeouts, leaves marker files the launcher watches
-(``started-<i>``, ``ready-<i>``, ``result-<i>.json``) and runs ``check``,
-``run`` or a Python script. A failing worker leaves at once (``os._exit``),
-without JAX's shutdown barrier, which would wait for peers that are stuck
-waiting for it; the launcher then stops the others.
+Two ways in, one code path after joining:
+
+* under ``python -m collectives launch`` the launcher starts ``python -m
+  collectives worker -- TARGET...`` once per process, with its settings in
+  ``COLLECTIVES_*`` environment variables (:class:`WorkerEnv`); the worker
+  simulates its CPU devices, joins on 127.0.0.1 and leaves marker files the
+  launcher watches (``started-<i>``, ``ready-<i>``, ``result-<i>.json``);
+* under a cluster (``srun``, ``mpirun``, a Kubernetes Job) the user starts
+  ``python -m collectives worker -- TARGET...`` in every rank; the worker finds
+  the job the way ``jax.distributed.initialize()`` does, or fails with the
+  cluster variables it saw (:mod:`._cluster`), never running alone.
+
+Then it runs ``check``, ``run``, ``bench`` or a Python script, shares its result
+with every rank (:mod:`._ranks`), and rank 0 prints one table. Every rank
+exits non-zero if any rank failed. A failing rank leaves at once
+(``os._exit``), without JAX's shutdown barrier, which would wait for peers
+that are stuck waiting for it.
 """
 
 from __future__ import annotations
@@ -17,6 +26,7 @@ import json
 import os
 import runpy
 import signal
+import socket
 import sys
 import threading
 import time
@@ -24,6 +34,10 @@ import traceback
 from collections.abc import Mapping
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
+
+from collectives.distributed import _cluster
+from collectives.distributed import _ranks
 
 PREFIX = "COLLECTIVES_"
 
@@ -82,22 +96,22 @@ class WorkerEnv:
         return Path(self.launch_dir) / f"{what}-{self.process_id}"
 
 
+    def plan(self) -> _cluster.Plan:
+        """Whom to join: the launcher's processes on 127.0.0.1."""
+        return _cluster.Plan("launch", self.coordinator, self.num_processes,
+                             self.process_id, None, {})
+
+
 def join(settings: WorkerEnv) -> None:
     """Simulate the devices and join the distributed runtime (127.0.0.1 only)."""
-    import jax
-
-    from collectives import _compat
     from collectives._devices import use_cpu_devices
 
     use_cpu_devices(settings.devices_per_process)
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    _compat.use_loopback_gloo()
-    _compat.initialize_distributed(
-        settings.coordinator, settings.num_processes, settings.process_id,
-        bind_address=settings.coordinator,
-        initialization_timeout=settings.startup_timeout,
-        heartbeat_timeout=settings.heartbeat_timeout,
-        shutdown_timeout=settings.shutdown_timeout)
+    # The launcher watches start-up itself and reports first; the watchdog
+    # here is the backstop.
+    _cluster.join(settings.plan(), startup_timeout=settings.startup_timeout + 5,
+                  heartbeat_timeout=settings.heartbeat_timeout,
+                  shutdown_timeout=settings.shutdown_timeout, say=False)
 
 
 def _watch_launcher(launcher_pid: int) -> None:
@@ -168,50 +182,189 @@ def _dispatch(argv: Sequence[str]) -> tuple[int, str]:
         return _process_check.cmd_run(rest)
     if target == "python":
         return _run_python(rest)
-    raise ValueError(f"unknown target {target!r}: expected check, run or python.")
+    if target == "bench":
+        from collectives.distributed import _bench
+
+        return _bench.cmd_bench(rest)
+    raise ValueError(f"unknown target {target!r}: expected check, run, bench or "
+                     "python.")
 
 
-def _finish(settings: WorkerEnv, code: int, summary: str, error: str = "",
-            when: float | None = None) -> None:
-    record = {"ok": code == 0, "code": code, "summary": summary, "error": error,
-              "time": time.time() if when is None else when}
-    settings.marker("result").with_suffix(".json").write_text(json.dumps(record))
-    sys.stdout.flush()
-    sys.stderr.flush()
-    if code != 0:
-        os._exit(code)  # no shutdown barrier: the peers may be stuck on us
+@dataclasses.dataclass(frozen=True)
+class WorkerOptions:
+    """How a worker started by a cluster joins and runs (``worker`` options).
+
+    Attributes:
+      cpu_devices: simulate this many CPU devices (CPU-only runs, such as
+        tests on one machine); ``None`` leaves the devices to JAX (GPUs and
+        TPUs are found by themselves).
+      log_dir: also write this rank's output to ``DIR/rank-<i>.log``.
+      startup_timeout: seconds to wait for every rank to join.
+      heartbeat_timeout: seconds without a heartbeat before JAX declares a
+        rank dead (and ends the others).
+      collective_timeout: seconds a CPU collective waits for its peers.
+      timeout: seconds for the whole run, after which the rank stops.
+      coordinator: ``HOST:PORT`` of rank 0, when no cluster is detected.
+      num_processes: the number of ranks, with ``coordinator``.
+      process_id: this rank, with ``coordinator``.
+    """
+
+    cpu_devices: int | None = None
+    log_dir: str | None = None
+    startup_timeout: int = 60
+    heartbeat_timeout: int = 30
+    collective_timeout: int = 120
+    timeout: float = 3600.0
+    coordinator: str | None = None
+    num_processes: int | None = None
+    process_id: int | None = None
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Worker entry point; ``argv`` is the target, e.g. ``["check", "psum"]``."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    settings = WorkerEnv.from_env(os.environ)
-    if settings is None or not argv:
-        print("collectives.distributed is started by `python -m collectives "
-              "launch`; run that instead.", file=sys.stderr)
-        return 2
-    _watch_launcher(settings.launcher_pid)
-    settings.marker("started").touch()
-    join(settings)
-    settings.marker("ready").touch()
+class _Tee:
+    """A text stream that writes to two streams (the console and a log file)."""
+
+    def __init__(self, first: Any, second: Any):
+        self._streams = (first, second)
+
+    def write(self, text: str) -> int:
+        for stream in self._streams:
+            stream.write(text)
+        return len(text)
+
+    def flush(self) -> None:
+        for stream in self._streams:
+            stream.flush()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._streams[0], name)
+
+
+def _log_to(log_dir: str, rank: int) -> None:
+    path = Path(log_dir) / f"rank-{rank}.log"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    log = open(path, "w", buffering=1)  # noqa: SIM115 (open for the process)
+    sys.stdout = _Tee(sys.stdout, log)
+    sys.stderr = _Tee(sys.stderr, log)
+
+
+def _stop_after(seconds: float, rank: int) -> None:
+    """End this rank after ``seconds``, saying so, whatever it is doing."""
+
+    def watch() -> None:
+        time.sleep(seconds)
+        print(f"error: rank {rank} timed out after {seconds:g} s (--timeout); a "
+              "rank probably waits in a collective another rank never entered. "
+              "Stopping.", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(124)
+
+    threading.Thread(target=watch, name="run-timeout", daemon=True).start()
+
+
+def _run_target(argv: Sequence[str]) -> tuple[int, str, str]:
+    """Run the target; (exit code, summary, error), never raising."""
     try:
         code, summary = _dispatch(argv)
+        return code, summary, ""
     except SystemExit as stop:
-        when = time.time()
         code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None
                                                              else 1)
         if stop.code not in (None, 0) and not isinstance(stop.code, int):
             print(stop.code, file=sys.stderr)
-        summary = f"SystemExit({code})"
-        _finish(settings, code, summary, when=when)
-        return code
+        return code, f"SystemExit({code})", ""
     except BaseException as err:  # reported, then the worker leaves at once
-        when = time.time()
         if _second_initialize(err):
             err.add_note(_DOUBLE_INIT_HINT)
         traceback.print_exc()
-        _finish(settings, 1, "raised", f"{type(err).__name__}: {err}", when=when)
-        return 1
-    _finish(settings, code, summary)
-    return code
+        return 1, "raised", f"{type(err).__name__}: {err}"
 
+
+def _run_and_report(argv: Sequence[str], rank: int, num_processes: int,
+                    settings: WorkerEnv | None, wait: float) -> int:
+    """Run the target, share the result with every rank; the exit code."""
+    start = time.time()
+    code, summary, error = _run_target(argv)
+    ended = time.time()
+    mine = _ranks.RankResult(rank=rank, code=code, summary=summary, error=error,
+                             seconds=ended - start, host=socket.gethostname())
+    if settings is not None:
+        record = {"ok": code == 0, "code": code, "summary": summary,
+                  "error": error, "time": ended}
+        settings.marker("result").with_suffix(".json").write_text(
+            json.dumps(record))
+    if code != 0:
+        _ranks.publish("result", rank, dataclasses.asdict(mine))
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)  # no shutdown barrier: the peers may be stuck on us
+    results = _ranks.share_result(mine, num_processes, wait)
+    if rank == 0 and num_processes > 1:
+        print(_ranks.table(results, wait), flush=True)
+    if any(r.status != "ok" for r in results):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)  # a peer failed: it will not reach the shutdown barrier
+    return 0
+
+
+def main(argv: Sequence[str] | None = None,
+         options: WorkerOptions | None = None) -> int:
+    """Worker entry point; ``argv`` is the target, e.g. ``["check", "psum"]``."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    settings = WorkerEnv.from_env(os.environ)
+    if not argv:
+        print("error: worker: nothing to run. Fix: give a target after `--`, e.g. "
+              "`python -m collectives worker -- check`.", file=sys.stderr)
+        return 2
+    if settings is not None:
+        _watch_launcher(settings.launcher_pid)
+        settings.marker("started").touch()
+        join(settings)
+        settings.marker("ready").touch()
+        return _run_and_report(argv, settings.process_id, settings.num_processes,
+                               settings, wait=3600.0)
+    return _main_in_cluster(argv, options or WorkerOptions())
+
+
+def _main_in_cluster(argv: Sequence[str], options: WorkerOptions) -> int:
+    deadline = time.monotonic() + options.timeout
+    if options.cpu_devices is not None:
+        _simulate_cpu_devices(options.cpu_devices, options.collective_timeout)
+    try:
+        target = _cluster.plan(coordinator=options.coordinator,
+                               num_processes=options.num_processes,
+                               process_id=options.process_id,
+                               timeout=options.startup_timeout)
+    except _cluster.ClusterError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return _cluster.EXIT_NOT_JOINED
+    if target is None:
+        print("error: worker: no cluster found (no launcher, and "
+              f"{_cluster.describe(_cluster.cluster_variables())}). `worker` runs "
+              "inside each rank a cluster starts (srun, mpirun, a Kubernetes Job). "
+              "Fix: on one machine use `python -m collectives launch -n 2 -- ...`; "
+              "elsewhere name the job with --coordinator HOST:PORT --num-processes "
+              "N --process-id I.", file=sys.stderr)
+        return 2
+    if options.log_dir:
+        _log_to(options.log_dir, target.process_id)
+    _stop_after(options.timeout, target.process_id)
+    _cluster.join(target, startup_timeout=options.startup_timeout,
+                  heartbeat_timeout=options.heartbeat_timeout,
+                  shutdown_timeout=max(10, options.heartbeat_timeout))
+    return _run_and_report(argv, target.process_id, target.num_processes, None,
+                           wait=max(1.0, deadline - time.monotonic()))
+
+
+def _simulate_cpu_devices(n: int, collective_timeout: int) -> None:
+    """CPU only, ``n`` simulated devices, collectives bounded in time."""
+    import jax
+
+    from collectives import _compat
+    from collectives._devices import use_cpu_devices
+
+    jax.config.update("jax_platforms", "cpu")
+    use_cpu_devices(n)
+    flags = _compat.cpu_collective_timeout_flags(collective_timeout)
+    os.environ["XLA_FLAGS"] = " ".join(
+        [os.environ.get("XLA_FLAGS", ""), *flags]).strip()
