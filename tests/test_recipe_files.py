@@ -11,7 +11,7 @@ from helpers import load_recipe
 from helpers import run_python
 
 RECIPE_FILES = sorted(RECIPES_DIR.glob("*.py"))
-ALLOWED_IMPORTS = {"jax", "numpy", "functools", "math", "time", "__future__"}
+ALLOWED_IMPORTS = {"jax", "numpy", "functools", "math", "os", "time", "__future__"}
 
 
 def test_there_are_recipe_files():
