@@ -9,6 +9,8 @@ outlives the test. Tests marked ``slow`` (the full ``check``) run with
 """
 
 import os
+import re
+import shlex
 import signal
 import socket
 import subprocess
@@ -253,3 +255,92 @@ def test_incomplete_options_are_refused(ranks):
     code, out = ranks.wait(proc, bound=60)
     assert code == _cluster.EXIT_NOT_JOINED
     assert "--num-processes, --process-id missing" in out
+
+
+# -- the benchmark across processes ------------------------------------------
+
+@pytest.mark.multiprocess
+def test_bench_across_processes_reports_min_avg_max_and_wrong_per_rank():
+    from collectives import distributed
+
+    result = distributed.launch(
+        ["bench", "-b", "256K", "-e", "256K", "-c", "psum_scatter", "--forms",
+         "shard_map", "-r", "2", "-w", "0", "-q", "--scatter-chunk", "1M",
+         "--scatter-iters", "2"],
+        num_processes=2, devices_per_process=4, echo="none")
+    assert result.ok, result.report()
+    out = result.processes[0].output
+    assert re.search(r"min\(us\) +avg\(us\) +max\(us\) +algbw +busbw +#wrong", out)
+    row = re.search(r"psum_scatter +shard_map +262144 .* (\d+)/(\d+)$", out, re.M)
+    assert row and row.groups() == ("0", "0"), out
+    assert "pmap: skipped" not in out  # only named when asked for
+    assert re.search(r"psum_scatter stress .* 1048576 B per chunk, 2 checked "
+                     r"repetitions on 8 devices; #wrong per rank: 0/0", out), out
+    assert "# Out of bounds values : 0 OK" in out
+
+
+def _row(collective, form, time_us, wrong):
+    return {"collective": collective, "kind": "reduce-scatter", "form": form,
+            "size": 1 << 20, "count": 1 << 18, "type": "float32", "devices": 8,
+            "iters": 4, "time_us": time_us, "wrong": wrong}
+
+
+def test_bench_report_takes_min_avg_max_over_ranks_and_blames_the_rank():
+    from collectives.distributed import _bench
+
+    everyone = [{"rows": [_row("psum_scatter", "jit", 100.0, 0)], "stress": None},
+                {"rows": [_row("psum_scatter", "jit", 300.0, 5)], "stress": None}]
+    lines = _bench.report(everyone, skipped=["pmap"])
+    (row,) = [line for line in lines if "psum_scatter" in line and "jit" in line]
+    fields = row.split()
+    assert fields[6:9] == ["100.0", "200.0", "300.0"]  # min, avg, max
+    algbw = (1 << 20) / 300e-6 / 1e9  # the slowest rank sets the bandwidth
+    assert fields[9] == f"{algbw:.3f}"
+    assert fields[-1] == "0/5"
+    assert any("pmap: skipped" in line for line in lines)
+    assert lines[-1] == "# Out of bounds values : 5 FAILED"
+
+
+@pytest.mark.parametrize("target,problem", [
+    (["bench", "--overhead"], "bench --overhead: not available across processes"),
+    (["bench", "--scatter-iters", "-1"], "--scatter-iters: expected 0 or more"),
+    (["bench", "-b", "1Q"], "argument -b/--minbytes"),
+])
+def test_bad_bench_targets_are_refused_before_anything_starts(target, problem):
+    from collectives.distributed._results import worker_argv
+
+    with pytest.raises(ValueError, match=problem):
+        worker_argv(target)
+
+
+def test_iterations_are_the_same_on_every_rank_and_bounded():
+    from collectives.distributed import _bench
+
+    assert _bench.iterations_for(1 << 20) == 8
+    assert _bench.iterations_for(1) == 64
+    assert _bench.iterations_for(1 << 30) == 1
+
+
+# -- the templates -----------------------------------------------------------
+
+TEMPLATES = sorted((ROOT / "examples" / "cluster").iterdir())
+
+
+def test_there_is_a_template_for_each_cluster():
+    assert {p.name for p in TEMPLATES} >= {"slurm.sbatch", "mpirun.sh",
+                                          "k8s-indexed-job.yaml"}
+
+
+@pytest.mark.parametrize("path", TEMPLATES, ids=lambda p: p.name)
+def test_templates_use_options_the_worker_has(path):
+    from collectives import _cli
+
+    text = re.sub(r"\\\n|\n(?=\s)", " ", path.read_text())  # continuation lines
+    match = re.search(r"python -m collectives worker (.*?)-- (check|bench|run)\b",
+                      text)
+    assert match, f"{path.name} runs no `collectives worker`"
+    options = shlex.split(re.sub(r"\$\{?\w+\}?", "1", match.group(1)))
+    args = _cli.build_parser().parse_args(["worker", *options, "--",
+                                           match.group(2)])
+    assert args.func.__name__ == "run_worker_command"
+    assert "Expected" in path.read_text() and "Change:" in path.read_text()
