@@ -154,10 +154,8 @@ def test_run_target_prints_every_form_on_every_process():
     for output in outputs:
         for form in ("pmap:", "shard_map:", "jit:", "reference:"):
             assert form in output
-    # both processes print the same gathered results; rank 0 adds the ranks' table
-    results = [out.split("pmap:", 1)[1].split("\nrank  host")[0] for out in outputs]
-    assert results[0] == results[1]
-    assert "ok: all 2 ranks passed" in outputs[0]
+    # both processes print the same gathered results
+    assert outputs[0].split("pmap:", 1)[1] == outputs[1].split("pmap:", 1)[1]
 
 
 def test_pmap_copies_may_differ_in_the_last_bits_across_processes_but_no_more():

@@ -55,7 +55,7 @@ class WorkerEnv:
       startup_timeout: seconds to wait for every process to connect.
       heartbeat_timeout: seconds without a heartbeat before a process counts
         as dead.
-      shutdown_timeout: seconds the shutdown barrier waits (JAX 0.10+).
+      shutdown_timeout: seconds the shutdown barrier waits (JAX 0.8.1+).
       launcher_pid: the launcher's pid; the worker ends itself (and its
         children) if the launcher goes away.
     """
@@ -298,8 +298,8 @@ def _run_and_report(argv: Sequence[str], rank: int, num_processes: int,
         sys.stderr.flush()
         os._exit(code)  # no shutdown barrier: the peers may be stuck on us
     results = _ranks.share_result(mine, num_processes, wait)
-    if rank == 0 and num_processes > 1:
-        print(_ranks.table(results, wait), flush=True)
+    if rank == 0 and num_processes > 1 and settings is None:
+        print(_ranks.table(results, wait), flush=True)  # (launch prints its own)
     if any(r.status != "ok" for r in results):
         sys.stdout.flush()
         sys.stderr.flush()
