@@ -213,9 +213,12 @@ def detect_cluster(timeout: int | None = None) -> DetectedCluster | None:
     for env in clusters.ClusterEnv._cluster_types:
         if getattr(env, "opt_in_only_method", False) or not env.is_env_present():
             continue
-        coordinator = env.get_coordinator_address(
-            timeout_secs=timeout,
-            override_coordinator_port=os.environ.get("JAX_COORDINATOR_PORT"))
+        kwargs: dict[str, Any] = {"timeout_secs": timeout}
+        if "override_coordinator_port" in inspect.signature(
+                env.get_coordinator_address).parameters:  # JAX 0.8.1+
+            kwargs["override_coordinator_port"] = os.environ.get(
+                "JAX_COORDINATOR_PORT")
+        coordinator = env.get_coordinator_address(**kwargs)
         local = env.get_local_process_id()
         return DetectedCluster(
             name=str(getattr(env, "name", env.__name__)),

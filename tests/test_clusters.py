@@ -122,13 +122,13 @@ def ranks(tmp_path):
     started.close()
 
 
-def _run_job(ranks, cluster, target, *options, n=2):
+def _run_job(ranks, cluster, target, *options, n=2, bound=BOUND_SECONDS):
     port = _free_port()
     procs = [ranks.start(CLUSTERS[cluster](rank, n, port), "--cpu-devices", "4",
                          "--startup-timeout", "60", *options, "--", *target,
                          rank=rank)
              for rank in range(n)]
-    return [ranks.wait(proc) for proc in procs]
+    return [ranks.wait(proc, bound) for proc in procs]
 
 
 @needs_port_override
@@ -155,7 +155,7 @@ def test_two_ranks_of_a_faked_cluster_pass_check(ranks, cluster, tmp_path):
 def test_every_recipe_under_a_faked_cluster(ranks, cluster, request):
     if "slow" not in (request.config.getoption("markexpr") or ""):
         pytest.skip("slow: run with -m slow")
-    (code0, out0), (code1, out1) = _run_job(ranks, cluster, ["check"])
+    (code0, out0), (code1, out1) = _run_job(ranks, cluster, ["check"], bound=900)
     assert (code0, code1) == (0, 0), out0 + out1
     assert "ok: all 2 ranks passed" in out0
 
