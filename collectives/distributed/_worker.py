@@ -95,7 +95,6 @@ class WorkerEnv:
         """The path of this worker's marker file ``what``."""
         return Path(self.launch_dir) / f"{what}-{self.process_id}"
 
-
     def plan(self) -> _cluster.Plan:
         """Whom to join: the launcher's processes on 127.0.0.1."""
         return _cluster.Plan("launch", self.coordinator, self.num_processes,
