@@ -1,4 +1,4 @@
-"""``python -m collectives``: list, show, run, check, bench and launch."""
+"""``python -m collectives``: list, show, run, check, bench, launch and worker."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ from collections.abc import Sequence
 
 from collectives._check import add_check_arguments
 from collectives._check import add_run_arguments
-from collectives._launch_cli import add_launch_arguments
-from collectives._launch_cli import run_launch_command
+from collectives.distributed._cli import add_launch_arguments
+from collectives.distributed._cli import add_worker_command
+from collectives.distributed._cli import run_launch_command
 
 DEFAULT_DEVICES = 8
 
@@ -157,6 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="e.g. launch -n 2 --devices-per-process 4 -- check")
     add_launch_arguments(p)
     p.set_defaults(func=run_launch_command)
+    add_worker_command(sub)
     return parser
 
 

@@ -19,7 +19,10 @@ What differs across that span, and what each name here papers over:
     ppermute's axis-order check (:data:`PPERMUTE_CHECKS_AXIS_ORDER`,
     :func:`ppermute_axis_order_unchecked`).
 * The multi-process runtime: ``jax.distributed.initialize`` takes
-    ``shutdown_timeout_seconds`` from 0.10 only (:func:`initialize_distributed`);
+    ``shutdown_timeout_seconds`` from 0.8.1 only (:func:`initialize_distributed`);
+    which cluster JAX detects depends on the version (:func:`detect_cluster`;
+    Open MPI 5 from 0.11.2, through mpi4py); the coordination service's
+    key-value store (:func:`key_value_set`, :func:`key_value_get`);
     XLA:CPU has ``--xla_cpu_collective_timeout_seconds`` from 0.10 only
     (:func:`cpu_collective_timeout_flags`); gloo listens on the host name's
     address unless told otherwise (:func:`use_loopback_gloo`).
@@ -28,6 +31,7 @@ What differs across that span, and what each name here papers over:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import inspect
 import re
 from collections.abc import Iterator
@@ -147,7 +151,7 @@ def context_mesh_axis_names() -> tuple[str, ...]:
 
 HAS_SHUTDOWN_TIMEOUT = ("shutdown_timeout_seconds"
                         in inspect.signature(jax.distributed.initialize).parameters)
-"""``jax.distributed.initialize(shutdown_timeout_seconds=...)`` exists (0.10+)."""
+"""``jax.distributed.initialize(shutdown_timeout_seconds=...)`` exists (0.8.1+)."""
 
 HAS_CPU_COLLECTIVE_TIMEOUT_FLAG = JAX_VERSION >= (0, 10, 0)
 """XLA:CPU knows ``--xla_cpu_collective_timeout_seconds`` (0.10+; an unknown
@@ -156,21 +160,93 @@ flag in ``XLA_FLAGS`` aborts the process)."""
 
 def initialize_distributed(
         coordinator_address: str, num_processes: int, process_id: int, *,
-        bind_address: str, initialization_timeout: int, heartbeat_timeout: int,
-        shutdown_timeout: int,
+        bind_address: str | None, initialization_timeout: int,
+        heartbeat_timeout: int, shutdown_timeout: int,
+        local_device_ids: Sequence[int] | None = None,
 ) -> None:
     """``jax.distributed.initialize`` with every timeout bounded, on every version.
 
-    ``shutdown_timeout`` is dropped where JAX has no such parameter (0.8).
+    ``shutdown_timeout`` is dropped where JAX has no such parameter (0.8.0);
+    ``bind_address=None`` keeps JAX's default (every interface).
     """
     kwargs: dict[str, Any] = dict(
         coordinator_address=coordinator_address, num_processes=num_processes,
         process_id=process_id, coordinator_bind_address=bind_address,
         initialization_timeout=int(initialization_timeout),
-        heartbeat_timeout_seconds=int(heartbeat_timeout))
+        heartbeat_timeout_seconds=int(heartbeat_timeout),
+        local_device_ids=None if local_device_ids is None else list(local_device_ids))
     if HAS_SHUTDOWN_TIMEOUT:
         kwargs["shutdown_timeout_seconds"] = int(shutdown_timeout)
     jax.distributed.initialize(**kwargs)
+
+
+@dataclasses.dataclass(frozen=True)
+class DetectedCluster:
+    """What JAX's cluster auto-detection found (see :func:`detect_cluster`)."""
+
+    name: str
+    coordinator_address: str
+    num_processes: int
+    process_id: int
+    local_device_ids: tuple[int, ...] | None
+
+
+def detect_cluster(timeout: int | None = None) -> DetectedCluster | None:
+    """The cluster JAX's ``jax.distributed.initialize()`` would detect, or None.
+
+    The same search as JAX's own (its ``ClusterEnv`` list, in its order, opt-in
+    methods such as mpi4py skipped), so the caller learns the coordinator,
+    process count and id *before* joining. Which clusters exist depends on the
+    JAX version: SLURM and Open MPI's ORTE (``OMPI_MCA_orte_hnp_uri``,
+    Open MPI < 5) on every supported one; Open MPI 5 (PRRTE, through mpi4py)
+    from 0.11.2; Kubernetes (the ``kubernetes`` package) and Cloud TPU.
+    ``JAX_COORDINATOR_PORT`` overrides the port JAX derives from the job id.
+
+    Raises:
+      RuntimeError: JAX found a cluster but cannot read it (e.g. Open MPI 5
+        without mpi4py).
+    """
+    import os
+
+    from jax._src import clusters
+
+    for env in clusters.ClusterEnv._cluster_types:
+        if getattr(env, "opt_in_only_method", False) or not env.is_env_present():
+            continue
+        kwargs: dict[str, Any] = {"timeout_secs": timeout}
+        if "override_coordinator_port" in inspect.signature(
+                env.get_coordinator_address).parameters:  # JAX 0.8.1+
+            kwargs["override_coordinator_port"] = os.environ.get(
+                "JAX_COORDINATOR_PORT")
+        coordinator = env.get_coordinator_address(**kwargs)
+        local = env.get_local_process_id()
+        return DetectedCluster(
+            name=str(getattr(env, "name", env.__name__)),
+            coordinator_address=coordinator,
+            num_processes=int(env.get_process_count()),
+            process_id=int(env.get_process_id()),
+            local_device_ids=None if local is None else (int(local),))
+    return None
+
+
+def key_value_set(key: str, value: str) -> None:
+    """Store ``value`` under ``key`` in the coordination service (every process
+    can read it; needs ``jax.distributed.initialize`` first)."""
+    from jax._src import distributed as _distributed
+
+    _distributed.global_state.client.key_value_set(key, value)
+
+
+def key_value_get(key: str, timeout_s: float) -> str:
+    """The value another process stored under ``key``, waiting up to ``timeout_s``.
+
+    Raises:
+      Exception: JAX's runtime error when the key does not appear in time.
+    """
+    from jax._src import distributed as _distributed
+
+    return _distributed.global_state.client.blocking_key_value_get(
+        key, max(1, int(timeout_s * 1000)))
 
 
 def cpu_collective_timeout_flags(seconds: int) -> list[str]:

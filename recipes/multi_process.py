@@ -18,7 +18,9 @@ How to start it:
     ``python -m collectives launch -n 2 --devices-per-process 4 --
     python recipes/multi_process.py``;
   * on a cluster, one copy per host (``srun``, ``mpirun``, a Kubernetes
-    Job...): ``jax.distributed.initialize()`` finds the processes itself;
+    Job...): ``jax.distributed.initialize()`` finds the processes itself; if
+    cluster variables are set but JAX cannot join (e.g. Open MPI 5 before JAX
+    0.11.2), it stops with an error instead of running alone;
   * plainly, ``python recipes/multi_process.py``: one process with 8
     simulated devices runs the very same code (``jax.process_count() == 1``).
 
@@ -27,6 +29,8 @@ or 1 process x 8 when run plainly.
 JAX versions checked: 0.8.0, 0.10.2, 0.12.0.
 Run: ``python recipes/multi_process.py``
 """
+
+import os
 
 import jax
 import numpy as np
@@ -41,14 +45,34 @@ COLUMNS = 3
 
 
 # [start:initialize]
+# Variables that say "you are one of several processes" (SLURM, Open MPI,
+# other MPIs, or set by hand).
+CLUSTER_VARIABLES = ("SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE",
+                     "OMPI_MCA_orte_hnp_uri", "JAX_COORDINATOR_ADDRESS")
+
+
 def initialize():
     # Under a launcher the process may already be joined; on SLURM, Open MPI,
     # Kubernetes or Cloud TPU, initialize() detects the cluster by itself.
     if jax.distributed.is_initialized():
         return
+    seen = {k: os.environ[k] for k in CLUSTER_VARIABLES
+            if os.environ.get(k, "1") != "1"}  # a count of 1 is a single process
     try:
         jax.distributed.initialize()
-    except ValueError:  # "coordinator_address should be defined": no cluster
+    except (ValueError, RuntimeError) as err:
+        if seen:  # one of several, but JAX cannot join them: never run alone
+            named = ", ".join(f"{k}={v}" for k, v in seen.items())
+            raise RuntimeError(
+                f"cluster variables {named} are set, but JAX {jax.__version__} "
+                f"could not join the other processes ({err}). Fix: start with "
+                "srun under SLURM; Open MPI 5 needs JAX >= 0.11.2 and mpi4py; "
+                "or pass coordinator_address, num_processes and process_id."
+            ) from err
+        if "coordinator_address" not in str(err):
+            raise
+        print("no launcher or cluster: one process, "
+              f"{N_DEVICES} simulated CPU devices")
         jax.config.update("jax_num_cpu_devices", N_DEVICES)
 # [end:initialize]
 

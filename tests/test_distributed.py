@@ -22,12 +22,12 @@ import pytest
 
 import collectives as cx
 from collectives import _cli
-from collectives import _launch
-from collectives import _launch_forms
 from collectives import _layout
 from collectives import distributed
-from collectives._launch import worker_argv
 from collectives._registry import core_names
+from collectives.distributed import _forms as _process_forms
+from collectives.distributed import _launcher
+from collectives.distributed._results import worker_argv
 from helpers import RECIPES_DIR
 from helpers import run_python
 
@@ -167,17 +167,17 @@ def test_pmap_copies_may_differ_in_the_last_bits_across_processes_but_no_more():
     value = np.array([109.100624, -3.5], np.float32)
     copies = np.broadcast_to(value, (4, 2, 2)).copy()
     copies[1, 1, 0] = np.nextafter(value[0], np.float32(200))
-    aligned = _launch_forms._align_copies(copies, mesh, spec, n_terms=8)
+    aligned = _process_forms._align_copies(copies, mesh, spec, n_terms=8)
     np.testing.assert_array_equal(
         _layout.from_stacked(aligned, mesh, spec, lambda: "out"), value)
     copies[1, 1, 0] = value[0] + 1
-    aligned = _launch_forms._align_copies(copies, mesh, spec, n_terms=8)
+    aligned = _process_forms._align_copies(copies, mesh, spec, n_terms=8)
     with pytest.raises(cx.ReplicationError, match="copies differ"):
         _layout.from_stacked(aligned, mesh, spec, lambda: "out")
     exact = np.broadcast_to(np.arange(2, dtype=np.int32), (4, 2, 2)).copy()
     exact[3, 0, 1] += 1
     with pytest.raises(cx.ReplicationError, match="copies differ"):
-        _layout.from_stacked(_launch_forms._align_copies(exact, mesh, spec, 8),
+        _layout.from_stacked(_process_forms._align_copies(exact, mesh, spec, 8),
                              mesh, spec, lambda: "out")
 
 
@@ -317,8 +317,8 @@ def test_a_port_taken_after_it_was_picked_is_picked_again(monkeypatch):
         sock.listen()
         busy = sock.getsockname()[1]
         picks = [busy]
-        pick = _launch.free_port
-        monkeypatch.setattr(_launch, "free_port",
+        pick = _launcher.free_port
+        monkeypatch.setattr(_launcher, "free_port",
                             lambda: picks.pop() if picks else pick())
         result = distributed.launch(["python", "-c", "pass"], num_processes=2,
                                     devices_per_process=1, echo="none")
@@ -370,7 +370,8 @@ def test_bad_arguments_are_refused(kwargs, problem):
         distributed.launch(["check"], **kwargs)
 
 
-def test_the_worker_entry_point_refuses_to_run_outside_a_launch():
-    result = run_python("-m", "collectives._launch_worker", "check", check=False)
+def test_the_worker_refuses_to_run_outside_a_launch_or_cluster():
+    result = run_python("-m", "collectives", "worker", "--", "check", check=False)
     assert result.returncode == 2
+    assert "no cluster found" in result.stderr
     assert "python -m collectives launch" in result.stderr

@@ -10,7 +10,7 @@ from helpers import RECIPE_FILES
 from helpers import load_recipe
 from helpers import run_python
 
-ALLOWED_IMPORTS = {"jax", "numpy", "functools", "math", "time", "__future__"}
+ALLOWED_IMPORTS = {"jax", "numpy", "functools", "math", "os", "time", "__future__"}
 
 
 def test_every_recipe_file_shows_a_registered_recipe_or_a_sharp_edge():

@@ -15,9 +15,10 @@ import os
 import re
 import socket
 from collections.abc import Sequence
+from typing import Any
 
 LOOPBACK = "127.0.0.1"
-_TARGETS = ("check", "run", "python")
+_TARGETS = ("check", "run", "bench", "python")
 
 
 class LaunchError(RuntimeError):
@@ -126,37 +127,50 @@ def worker_argv(target: Sequence[str]) -> list[str]:
         return target
     raise ValueError(
         f"target {' '.join(target)!r}: unknown command {head!r}. Fix: use `check "
-        "[NAMES]`, `run NAME` or `python SCRIPT.py [ARGS]` (the script runs with "
+        "[NAMES]`, `run NAME`, `bench [...]` or `python SCRIPT.py [ARGS]` (the "
+        "script runs with "
         "this interpreter).")
 
 
 def _check_arguments(target: list[str]) -> None:
-    """Parse a ``check`` or ``run`` target here, so that a typo fails at once
-    instead of in every worker after start-up."""
-    from collectives import _check
-    from collectives import _launch_check
-    from collectives._registry import RECIPES
+    """Parse a ``check``, ``run`` or ``bench`` target here, so that a typo fails
+    at once instead of in every worker after start-up."""
+    if target[0] == "bench":
+        from collectives.distributed import _bench
 
-    parser = (_launch_check.check_parser() if target[0] == "check"
-              else _launch_check.run_parser())
-    said = io.StringIO()
-    try:
-        with contextlib.redirect_stderr(said), contextlib.redirect_stdout(said):
-            args = parser.parse_args(target[1:])
-    except SystemExit:
-        raise ValueError(f"target {' '.join(target)!r}: "
-                         f"{said.getvalue().strip()}") from None
+        _parse_quietly(target, lambda: _bench.parse(target[1:]))
+        return
+    from collectives import _check
+    from collectives._registry import RECIPES
+    from collectives.distributed import _check as _process_check
+
+    parser = (_process_check.check_parser() if target[0] == "check"
+              else _process_check.run_parser())
+    args = _parse_quietly(target, lambda: parser.parse_args(target[1:]))
     names = args.names if target[0] == "check" else [args.name]
     unknown = [name for name in names if name not in RECIPES]
     if unknown:
         raise ValueError(
             f"target {' '.join(target)!r}: no recipe named {unknown[0]!r}. Known "
             f"recipes: {', '.join(RECIPES)}.")
-    if target[0] == "check":
-        try:
+    if target[0] == "check" and (args.mesh or args.axis):  # (no device query:
+        try:                                                # JAX must not start)
             _check.configs_from_args(args)
         except ValueError as err:
             raise ValueError(f"target {' '.join(target)!r}: {err}") from None
+
+
+def _parse_quietly(target: list[str], parse: Any) -> Any:
+    """``parse()``, with argparse's complaints turned into a ValueError."""
+    said = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(said), contextlib.redirect_stdout(said):
+            return parse()
+    except SystemExit:
+        raise ValueError(f"target {' '.join(target)!r}: "
+                         f"{said.getvalue().strip()}") from None
+    except ValueError as err:
+        raise ValueError(f"target {' '.join(target)!r}: {err}") from None
 
 
 def free_port() -> int:

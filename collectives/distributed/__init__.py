@@ -11,7 +11,11 @@ on one machine (gloo collectives over 127.0.0.1) stand in for several hosts.
   --devices-per-process 4 -- check``).
 * :func:`initialize` joins a process to the runtime: the launcher's settings
   if it was started by :func:`launch`, else JAX's cluster auto-detection
-  (SLURM, Open MPI, Kubernetes, Cloud TPU).
+  (SLURM, Open MPI, Kubernetes, Cloud TPU); cluster variables without a
+  cluster to join raise :class:`ClusterError` instead of running alone.
+* ``python -m collectives worker -- check`` (also ``run``, ``bench``,
+  ``python SCRIPT``) runs in each rank a cluster starts (``srun``,
+  ``mpirun``, a Kubernetes Indexed Job); see ``examples/cluster/``.
 * :func:`process_slice`, :func:`gather` and :func:`process_forms` run a
   recipe's forms on process-local data and bring results to every process.
 """
@@ -23,16 +27,19 @@ from collections.abc import Mapping
 from collections.abc import Sequence
 from typing import IO
 
-from collectives import _launch
-from collectives import _launch_worker
-from collectives._launch_forms import gather
-from collectives._launch_forms import process_forms
-from collectives._launch_forms import process_slice
-from collectives._launch_results import LaunchError
-from collectives._launch_results import LaunchResult
-from collectives._launch_results import ProcessResult
+from collectives.distributed import _cluster
+from collectives.distributed import _launcher
+from collectives.distributed import _worker
+from collectives.distributed._cluster import ClusterError
+from collectives.distributed._forms import gather
+from collectives.distributed._forms import process_forms
+from collectives.distributed._forms import process_slice
+from collectives.distributed._results import LaunchError
+from collectives.distributed._results import LaunchResult
+from collectives.distributed._results import ProcessResult
 
 __all__ = [
+    "ClusterError",
     "LaunchError",
     "LaunchResult",
     "ProcessResult",
@@ -96,28 +103,42 @@ def launch(target: Sequence[str], *, num_processes: int = 2,
       >>> result.ok, [p.tail(1) for p in result.processes]
       (True, ['2', '2'])
     """
-    return _launch.launch(
+    return _launcher.launch(
         target, num_processes=num_processes, devices_per_process=devices_per_process,
         port=port, timeout=timeout, startup_timeout=startup_timeout,
         heartbeat_timeout=heartbeat_timeout, collective_timeout=collective_timeout,
         env=env, cwd=cwd, echo=echo, stream=stream)
 
 
-def initialize() -> bool:
-    """Join this process to JAX's distributed runtime, once.
+def initialize(*, startup_timeout: int = 300, heartbeat_timeout: int = 100
+               ) -> bool:
+    """Join this process to JAX's distributed runtime, once; never run alone by
+    mistake.
 
     Under :func:`launch` the launcher's settings are used (127.0.0.1, bounded
-    timeouts, its device count); elsewhere ``jax.distributed.initialize()``
-    detects the cluster (SLURM, Open MPI, Kubernetes, Cloud TPU). Call it
-    first, before any other JAX operation.
+    timeouts, its device count); elsewhere the cluster is detected as
+    ``jax.distributed.initialize()`` does it (SLURM, Open MPI, Kubernetes,
+    Cloud TPU). If cluster variables say this process is one of several but
+    no cluster JAX can join is found (Open MPI 5 before JAX 0.11.2, a SLURM
+    allocation without ``srun``...), that is an error, not a single-process
+    run. Call it first, before any other JAX operation.
+
+    Args:
+      startup_timeout: seconds to wait for every process to join; then the
+        process ends with a message naming the missing ranks and the cluster
+        variables (exit code 3).
+      heartbeat_timeout: seconds without a heartbeat before JAX declares a
+        process dead.
 
     Returns:
-      ``True`` if this call joined the process to a multi-process runtime;
-      ``False`` if it was joined already, or if no launcher or cluster was
-      found (a single process).
+      ``True`` if this call joined the process to the runtime; ``False`` if it
+      was joined already, or if there is no launcher and no cluster (a single
+      process).
 
     Raises:
       RuntimeError: JAX already started its backends in this process.
+      ClusterError: cluster variables are set but no cluster can be joined;
+        the message names the variables and the fix.
 
     Examples:
       Here JAX has already run (as in any test), so it is too late, and says so:
@@ -142,14 +163,14 @@ def initialize() -> bool:
             "started in this process, so it can no longer join other processes. "
             "Fix: call it right after the imports, before any JAX operation "
             "(jax.devices() and jax.device_put count).")
-    settings = _launch_worker.WorkerEnv.from_env(os.environ)
+    settings = _worker.WorkerEnv.from_env(os.environ)
     if settings is not None:
-        _launch_worker.join(settings)
+        _worker.join(settings)
         return True
-    try:
-        jax.distributed.initialize()
-    except ValueError as err:
-        if "coordinator_address" not in str(err):
-            raise
-        return False  # no cluster detected: a single process
+    target = _cluster.plan(timeout=startup_timeout)
+    if target is None:
+        return False  # no launcher, no cluster variables: a single process
+    _cluster.join(target, startup_timeout=startup_timeout,
+                  heartbeat_timeout=heartbeat_timeout,
+                  shutdown_timeout=max(10, heartbeat_timeout))
     return True

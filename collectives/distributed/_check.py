@@ -21,7 +21,7 @@ import numpy as np
 
 from collectives import _check
 from collectives._check import CheckResult
-from collectives._launch_forms import process_forms
+from collectives.distributed._forms import process_forms
 
 
 def check_across_processes(

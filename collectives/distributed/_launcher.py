@@ -31,13 +31,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO
 
-from collectives._launch_results import LOOPBACK
-from collectives._launch_results import LaunchResult
-from collectives._launch_results import ProcessResult
-from collectives._launch_results import check_port
-from collectives._launch_results import free_port
-from collectives._launch_results import worker_argv
-from collectives._launch_worker import WorkerEnv
+from collectives.distributed._results import LOOPBACK
+from collectives.distributed._results import LaunchResult
+from collectives.distributed._results import ProcessResult
+from collectives.distributed._results import check_port
+from collectives.distributed._results import free_port
+from collectives.distributed._results import worker_argv
+from collectives.distributed._worker import WorkerEnv
 
 GRACE_SECONDS = 2.0
 SETTLE_SECONDS = 1.0
@@ -177,7 +177,7 @@ class _Launch:
                 shutdown_timeout=max(10, self.heartbeat_timeout),
                 launcher_pid=os.getpid())
             proc = subprocess.Popen(
-                [sys.executable, "-m", "collectives._launch_worker", *self.argv],
+                [sys.executable, "-m", "collectives", "worker", "--", *self.argv],
                 env=self._env(settings), cwd=self.cwd, stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                 errors="replace", bufsize=1, start_new_session=True)

@@ -1,0 +1,114 @@
+"""``python -m collectives launch`` and ``worker``: the options, and running them."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from typing import Any
+
+from collectives.distributed import _launcher
+from collectives.distributed import _worker
+from collectives.distributed._results import LaunchError
+from collectives.distributed._results import worker_argv
+
+
+def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``python -m collectives launch``."""
+    parser.add_argument("-n", "--num-processes", type=int, default=2, metavar="N",
+                        help="processes to start (default: %(default)s)")
+    parser.add_argument("--devices-per-process", type=int, default=4, metavar="M",
+                        help="simulated CPU devices per process (default: "
+                             "%(default)s)")
+    parser.add_argument("--port", type=int,
+                        help="coordinator port on 127.0.0.1 (default: a free one)")
+    parser.add_argument("--timeout", type=float, default=900.0, metavar="S",
+                        help="stop everything after S seconds (default: "
+                             "%(default)g)")
+    parser.add_argument("--startup-timeout", type=float, default=60.0, metavar="S",
+                        help="seconds for all processes to connect (default: "
+                             "%(default)g)")
+    parser.add_argument("--collective-timeout", type=int, default=120, metavar="S",
+                        help="seconds a collective waits for its peers (default: "
+                             "%(default)s)")
+    parser.add_argument("--echo", choices=("first", "all", "none"), default="first",
+                        help="whose output to show live (default: %(default)s)")
+    parser.add_argument("target", nargs=argparse.REMAINDER,
+                        help="after --: check [NAMES] [--dtype ...] [--exact], "
+                             "run NAME, bench [...], or python SCRIPT.py [ARGS]")
+
+
+def _stop_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+def run_launch_command(args: argparse.Namespace) -> int:
+    """Run ``python -m collectives launch`` from parsed arguments; the exit code."""
+    previous = signal.signal(signal.SIGTERM, _stop_on_sigterm)
+    try:
+        result = _launcher.launch(
+            args.target, num_processes=args.num_processes,
+            devices_per_process=args.devices_per_process, port=args.port,
+            timeout=args.timeout, startup_timeout=args.startup_timeout,
+            collective_timeout=args.collective_timeout, echo=args.echo)
+    except (ValueError, LaunchError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    print(result.report(), file=sys.stdout if result.ok else sys.stderr)
+    return result.returncode
+
+
+def add_worker_command(sub: Any) -> None:
+    """Register ``python -m collectives worker`` on the CLI's subparsers."""
+    p = sub.add_parser(
+        "worker", help="run check, bench, a recipe or a script in one rank that a "
+                       "cluster started (srun, mpirun, a Kubernetes Job)",
+        description="Join the ranks of a cluster job the way "
+                    "jax.distributed.initialize() detects them (SLURM, Open MPI, "
+                    "Kubernetes), or fail naming the cluster variables; run the "
+                    "target; rank 0 prints one table; every rank exits non-zero "
+                    "if any rank failed. e.g. srun python -m collectives worker -- "
+                    "check")
+    p.add_argument("--cpu-devices", type=int, metavar="M",
+                   help="simulate M CPU devices in this rank (CPU-only runs; "
+                        "leave out on GPU and TPU hosts)")
+    p.add_argument("--log-dir", metavar="DIR",
+                   help="also write each rank's output to DIR/rank-<i>.log")
+    p.add_argument("--startup-timeout", type=int, default=60, metavar="S",
+                   help="seconds for every rank to join (default: %(default)s)")
+    p.add_argument("--heartbeat-timeout", type=int, default=30, metavar="S",
+                   help="seconds without a heartbeat before a rank counts as "
+                        "dead (default: %(default)s)")
+    p.add_argument("--collective-timeout", type=int, default=120, metavar="S",
+                   help="seconds a CPU collective waits for its peers, with "
+                        "--cpu-devices (default: %(default)s)")
+    p.add_argument("--timeout", type=float, default=3600.0, metavar="S",
+                   help="stop this rank after S seconds (default: %(default)g)")
+    p.add_argument("--coordinator", metavar="HOST:PORT",
+                   help="rank 0's address, when no cluster is detected (with "
+                        "--num-processes and --process-id)")
+    p.add_argument("--num-processes", type=int, metavar="N")
+    p.add_argument("--process-id", type=int, metavar="I")
+    p.add_argument("target", nargs=argparse.REMAINDER,
+                   help="after --: check [NAMES] [...], run NAME, bench [...], or "
+                        "python SCRIPT.py [ARGS]")
+    p.set_defaults(func=run_worker_command)
+
+
+def run_worker_command(args: argparse.Namespace) -> int:
+    """Run ``python -m collectives worker`` from parsed arguments; the exit code."""
+    try:
+        target = worker_argv(args.target)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    options = _worker.WorkerOptions(
+        cpu_devices=args.cpu_devices, log_dir=args.log_dir,
+        startup_timeout=args.startup_timeout,
+        heartbeat_timeout=args.heartbeat_timeout,
+        collective_timeout=args.collective_timeout, timeout=args.timeout,
+        coordinator=args.coordinator, num_processes=args.num_processes,
+        process_id=args.process_id)
+    return _worker.main(target, options)

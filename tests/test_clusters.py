@@ -1,0 +1,346 @@
+"""`worker` under faked clusters: SLURM and Open MPI variables on 127.0.0.1.
+
+JAX's cluster auto-detection reads environment variables, so two processes on
+this machine with SLURM's (or Open MPI's) variables are a two-rank cluster
+job as far as JAX can tell. Each test starts its ranks in their own process
+groups and kills whatever is left at the end; `ranks` checks that nothing
+outlives the test. Tests marked ``slow`` (the full ``check``) run with
+``-m slow``.
+"""
+
+import os
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from collectives import _compat
+from collectives.distributed import _cluster
+from helpers import RECIPES_DIR
+from helpers import ROOT
+
+BOUND_SECONDS = 120  # a failing rank must be gone within this
+FAST = ("psum", "all_gather", "psum_scatter", "ppermute_ring", "dp_grads")
+
+needs_port_override = pytest.mark.skipif(
+    _compat.JAX_VERSION < (0, 8, 1),
+    reason="JAX_COORDINATOR_PORT overrides a cluster's port from JAX 0.8.1")
+
+
+def _free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _base_env():
+    env = {name: value for name, value in os.environ.items()
+           if name not in _cluster.CLUSTER_VARIABLES
+           and not name.startswith(("SLURM_", "OMPI_", "PMI_", "PMIX_"))}
+    env.pop("JAX_NUM_CPU_DEVICES", None)
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+    env["PYTHONUNBUFFERED"] = "1"
+    env["JAX_PLATFORMS"] = "cpu"
+    return env
+
+
+def slurm_env(rank, n, port):
+    """What `srun` sets in each task (a one-node step on 127.0.0.1)."""
+    return {"SLURM_JOB_ID": "4242", "SLURM_STEP_NODELIST": "127.0.0.1",
+            "SLURM_NTASKS": str(n), "SLURM_PROCID": str(rank),
+            "SLURM_LOCALID": str(rank), "JAX_COORDINATOR_PORT": str(port)}
+
+
+def ompi_env(rank, n, port):
+    """What Open MPI < 5's `mpirun` sets (ORTE), its launcher on 127.0.0.1."""
+    return {"OMPI_MCA_orte_hnp_uri": "1531576320.0;tcp://127.0.0.1:35001",
+            "OMPI_COMM_WORLD_SIZE": str(n), "OMPI_COMM_WORLD_RANK": str(rank),
+            "OMPI_COMM_WORLD_LOCAL_RANK": str(rank),
+            "JAX_COORDINATOR_PORT": str(port)}
+
+
+CLUSTERS = {"slurm": slurm_env, "ompi": ompi_env}
+
+
+def _alive(pid):
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"
+
+
+class Ranks:
+    """Start ranks as a cluster would; wait for them with a bound; kill leftovers."""
+
+    def __init__(self, tmp_path):
+        self.tmp_path = tmp_path
+        self.procs = []
+
+    def start(self, env, *worker_args, rank=0):
+        out = open(self.tmp_path / f"rank-{rank}-{len(self.procs)}.out",  # noqa: SIM115
+                   "w+")  # closed in close()
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "collectives", "worker", *worker_args],
+            env={**_base_env(), **env}, stdout=out, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL, text=True, start_new_session=True, cwd=ROOT)
+        proc.out = out
+        self.procs.append(proc)
+        return proc
+
+    def wait(self, proc, bound=BOUND_SECONDS):
+        """(exit code, output); fails the test if it takes longer than ``bound``."""
+        try:
+            code = proc.wait(timeout=bound)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"rank pid {proc.pid} still running after {bound} s")
+        proc.out.seek(0)
+        return code, proc.out.read()
+
+    def close(self):
+        for proc in self.procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+            proc.out.close()
+        leftover = [p.pid for p in self.procs if _alive(p.pid)]
+        assert not leftover, f"processes {leftover} outlived the test"
+
+
+@pytest.fixture
+def ranks(tmp_path):
+    started = Ranks(tmp_path)
+    yield started
+    started.close()
+
+
+def _run_job(ranks, cluster, target, *options, n=2, bound=BOUND_SECONDS):
+    port = _free_port()
+    procs = [ranks.start(CLUSTERS[cluster](rank, n, port), "--cpu-devices", "4",
+                         "--startup-timeout", "60", *options, "--", *target,
+                         rank=rank)
+             for rank in range(n)]
+    return [ranks.wait(proc, bound) for proc in procs]
+
+
+@needs_port_override
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("cluster", sorted(CLUSTERS))
+def test_two_ranks_of_a_faked_cluster_pass_check(ranks, cluster, tmp_path):
+    logs = tmp_path / "logs"
+    (code0, out0), (code1, out1) = _run_job(ranks, cluster, ["check", *FAST],
+                                            "--log-dir", str(logs))
+    assert (code0, code1) == (0, 0), out0 + out1
+    assert f"rank 0 of 2 ({cluster}:" in out0
+    assert "process 0 of 2: 4 local devices of 8" in out0
+    assert "process 1 of 2: 4 local devices of 8" in out1
+    assert "ok: all 2 ranks passed" in out0
+    assert "rank  host" not in out1  # only rank 0 prints the table
+    for rank in range(2):
+        assert "0 disagree" in (logs / f"rank-{rank}.log").read_text()
+
+
+@pytest.mark.slow
+@needs_port_override
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("cluster", sorted(CLUSTERS))
+def test_every_recipe_under_a_faked_cluster(ranks, cluster, request):
+    if "slow" not in (request.config.getoption("markexpr") or ""):
+        pytest.skip("slow: run with -m slow")
+    (code0, out0), (code1, out1) = _run_job(ranks, cluster, ["check"], bound=900)
+    assert (code0, code1) == (0, 0), out0 + out1
+    assert "ok: all 2 ranks passed" in out0
+
+
+@needs_port_override
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_lone_rank_fails_in_bounded_time_naming_the_variables(ranks, rank):
+    start = time.monotonic()
+    proc = ranks.start(slurm_env(rank, 2, _free_port()), "--cpu-devices", "4",
+                       "--startup-timeout", "10", "--", "check", "psum", rank=rank)
+    code, out = ranks.wait(proc)
+    assert time.monotonic() - start < BOUND_SECONDS
+    assert code == _cluster.EXIT_NOT_JOINED, out
+    assert f"rank {rank} of 2 (slurm: SLURM_JOB_ID=4242" in out
+    assert "SLURM_NTASKS=2" in out and "gave up" in out
+    assert ("rank(s) [1] did not all connect" if rank == 0
+            else "rank 0 (the coordinator") in out
+
+
+def test_the_default_start_up_bound_is_within_two_minutes():
+    from collectives import _cli
+
+    args = _cli.build_parser().parse_args(["worker", "--", "check"])
+    assert args.startup_timeout + 10 < BOUND_SECONDS
+
+
+KILLED = textwrap.dedent("""
+    import os, signal
+    import jax
+    from jax.experimental import multihost_utils
+    multihost_utils.sync_global_devices("both here")
+    if jax.process_index() == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    multihost_utils.sync_global_devices("rank 1 never gets here")
+""")
+
+
+@needs_port_override
+@pytest.mark.multiprocess
+def test_a_killed_rank_fails_the_other_in_bounded_time(ranks, tmp_path):
+    script = tmp_path / "killed.py"
+    script.write_text(KILLED)
+    start = time.monotonic()
+    (code0, out0), (code1, _) = _run_job(
+        ranks, "ompi", ["python", str(script)], "--heartbeat-timeout", "10",
+        "--collective-timeout", "30")
+    assert code1 == -signal.SIGKILL
+    assert code0 != 0, out0
+    assert time.monotonic() - start < BOUND_SECONDS
+
+
+@pytest.mark.parametrize("env,fragment", [
+    # Open MPI 5 (PRRTE: no ORTE URI): JAX < 0.11.2 sees no cluster, newer JAX
+    # needs mpi4py; either way the rank must not run alone.
+    ({"OMPI_VERSION": "5.0.3", "OMPI_COMM_WORLD_SIZE": "2",
+      "OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_LOCAL_RANK": "0"},
+     "OMPI_COMM_WORLD_SIZE=2"),
+    # A SLURM allocation, but not started by srun (no job step).
+    ({"SLURM_JOB_ID": "7", "SLURM_NTASKS": "2", "SLURM_PROCID": "0"},
+     "SLURM_NTASKS=2"),
+])
+def test_cluster_variables_without_a_joinable_cluster_are_an_error(ranks, env,
+                                                                   fragment):
+    proc = ranks.start(env, "--cpu-devices", "4", "--", "check", "psum")
+    code, out = ranks.wait(proc, bound=60)
+    assert code == _cluster.EXIT_NOT_JOINED, out
+    assert fragment in out
+    assert "Fix:" in out and "Open MPI 5 use JAX >= 0.11.2 with mpi4py" in out
+
+
+def test_the_recipe_file_never_falls_back_silently():
+    env = {**_base_env(), "OMPI_VERSION": "5.0.3", "OMPI_COMM_WORLD_SIZE": "2",
+           "OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_LOCAL_RANK": "1"}
+    result = subprocess.run([sys.executable, str(RECIPES_DIR / "multi_process.py")],
+                            env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0, result.stdout
+    assert "OMPI_COMM_WORLD_SIZE=2" in result.stderr
+    assert "ok:" not in result.stdout
+
+
+@pytest.mark.multiprocess
+def test_ranks_named_by_hand(ranks):
+    port = _free_port()
+    code = "import jax; print('devices', jax.device_count(), jax.process_index())"
+    procs = [ranks.start({}, "--cpu-devices", "2", "--coordinator",
+                         f"127.0.0.1:{port}", "--num-processes", "2",
+                         "--process-id", str(rank), "--", "python", "-c", code,
+                         rank=rank) for rank in range(2)]
+    (code0, out0), (code1, out1) = [ranks.wait(p) for p in procs]
+    assert (code0, code1) == (0, 0), out0 + out1
+    assert "devices 4 0" in out0 and "devices 4 1" in out1
+
+
+def test_incomplete_options_are_refused(ranks):
+    proc = ranks.start({}, "--coordinator", "127.0.0.1:1", "--", "check")
+    code, out = ranks.wait(proc, bound=60)
+    assert code == _cluster.EXIT_NOT_JOINED
+    assert "--num-processes, --process-id missing" in out
+
+
+# -- the benchmark across processes ------------------------------------------
+
+@pytest.mark.multiprocess
+def test_bench_across_processes_reports_min_avg_max_and_wrong_per_rank():
+    from collectives import distributed
+
+    result = distributed.launch(
+        ["bench", "-b", "256K", "-e", "256K", "-c", "psum_scatter", "--forms",
+         "shard_map", "-r", "2", "-w", "0", "-q", "--scatter-chunk", "1M",
+         "--scatter-iters", "2"],
+        num_processes=2, devices_per_process=4, echo="none")
+    assert result.ok, result.report()
+    out = result.processes[0].output
+    assert re.search(r"min\(us\) +avg\(us\) +max\(us\) +algbw +busbw +#wrong", out)
+    row = re.search(r"psum_scatter +shard_map +262144 .* (\d+)/(\d+)$", out, re.M)
+    assert row and row.groups() == ("0", "0"), out
+    assert "pmap: skipped" not in out  # only named when asked for
+    assert re.search(r"psum_scatter stress .* 1048576 B per chunk, 2 checked "
+                     r"repetitions on 8 devices; #wrong per rank: 0/0", out), out
+    assert "# Out of bounds values : 0 OK" in out
+
+
+def _row(collective, form, time_us, wrong):
+    return {"collective": collective, "kind": "reduce-scatter", "form": form,
+            "size": 1 << 20, "count": 1 << 18, "type": "float32", "devices": 8,
+            "iters": 4, "time_us": time_us, "wrong": wrong}
+
+
+def test_bench_report_takes_min_avg_max_over_ranks_and_blames_the_rank():
+    from collectives.distributed import _bench
+
+    everyone = [{"rows": [_row("psum_scatter", "jit", 100.0, 0)], "stress": None},
+                {"rows": [_row("psum_scatter", "jit", 300.0, 5)], "stress": None}]
+    lines = _bench.report(everyone, skipped=["pmap"])
+    (row,) = [line for line in lines if "psum_scatter" in line and "jit" in line]
+    fields = row.split()
+    assert fields[6:9] == ["100.0", "200.0", "300.0"]  # min, avg, max
+    algbw = (1 << 20) / 300e-6 / 1e9  # the slowest rank sets the bandwidth
+    assert fields[9] == f"{algbw:.3f}"
+    assert fields[-1] == "0/5"
+    assert any("pmap: skipped" in line for line in lines)
+    assert lines[-1] == "# Out of bounds values : 5 FAILED"
+
+
+@pytest.mark.parametrize("target,problem", [
+    (["bench", "--overhead"], "bench --overhead: not available across processes"),
+    (["bench", "--scatter-iters", "-1"], "--scatter-iters: expected 0 or more"),
+    (["bench", "-b", "1Q"], "argument -b/--minbytes"),
+])
+def test_bad_bench_targets_are_refused_before_anything_starts(target, problem):
+    from collectives.distributed._results import worker_argv
+
+    with pytest.raises(ValueError, match=problem):
+        worker_argv(target)
+
+
+def test_iterations_are_the_same_on_every_rank_and_bounded():
+    from collectives.distributed import _bench
+
+    assert _bench.iterations_for(1 << 20) == 8
+    assert _bench.iterations_for(1) == 64
+    assert _bench.iterations_for(1 << 30) == 1
+
+
+# -- the templates -----------------------------------------------------------
+
+TEMPLATES = sorted((ROOT / "examples" / "cluster").iterdir())
+
+
+def test_there_is_a_template_for_each_cluster():
+    assert {p.name for p in TEMPLATES} >= {"slurm.sbatch", "mpirun.sh",
+                                          "k8s-indexed-job.yaml"}
+
+
+@pytest.mark.parametrize("path", TEMPLATES, ids=lambda p: p.name)
+def test_templates_use_options_the_worker_has(path):
+    from collectives import _cli
+
+    text = re.sub(r"\\\n|\n(?=\s)", " ", path.read_text())  # continuation lines
+    match = re.search(r"python -m collectives worker (.*?)-- (check|bench|run)\b",
+                      text)
+    assert match, f"{path.name} runs no `collectives worker`"
+    options = shlex.split(re.sub(r"\$\{?\w+\}?", "1", match.group(1)))
+    args = _cli.build_parser().parse_args(["worker", *options, "--",
+                                           match.group(2)])
+    assert args.func.__name__ == "run_worker_command"
+    assert "Expected" in path.read_text() and "Change:" in path.read_text()
