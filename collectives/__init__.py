@@ -27,6 +27,9 @@ from collectives._devices import make_mesh
 from collectives._devices import use_cpu_devices
 from collectives._diagram import Diagram
 from collectives._diagram import diagram
+from collectives._fsdp import fsdp_specs
+from collectives._fsdp import fsdp_value_and_grad
+from collectives._fsdp import gather_layer
 from collectives._grads import tree_pmean
 from collectives._halo import halo_exchange
 from collectives._layout import Axes
@@ -70,6 +73,9 @@ __all__ = [
     "device_key",
     "diagram",
     "dp_tp_mlp_value_and_grad",
+    "fsdp_specs",
+    "fsdp_value_and_grad",
+    "gather_layer",
     "halo_exchange",
     "init_mlp",
     "make_mesh",
