@@ -45,6 +45,9 @@ from collectives._montecarlo import device_key
 from collectives._permute import check_permutation
 from collectives._permute import permute
 from collectives._permute import ring_shift
+from collectives._pipeline import bubble_fraction
+from collectives._pipeline import pipeline_reference
+from collectives._pipeline import pipeline_value_and_grad
 from collectives._recipe import FORMS
 from collectives._recipe import Recipe
 from collectives._registry import RECIPES
@@ -66,6 +69,7 @@ __all__ = [
     "Recipe",
     "ReplicationError",
     "allgather_matmul",
+    "bubble_fraction",
     "chain_keys",
     "check",
     "check_permutation",
@@ -83,6 +87,8 @@ __all__ = [
     "mlp_loss",
     "mlp_specs",
     "permute",
+    "pipeline_reference",
+    "pipeline_value_and_grad",
     "ring_all_gather",
     "ring_all_reduce",
     "ring_reduce_scatter",
