@@ -19,6 +19,7 @@ Examples:
 from collectives import _all_to_all  # noqa: F401  (registers its recipe)
 from collectives import _gather  # noqa: F401
 from collectives import _reduce  # noqa: F401
+from collectives import _training  # noqa: F401
 from collectives._batching import vmap_axes
 from collectives._batching import vmap_form
 from collectives._check import CheckResult
