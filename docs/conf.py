@@ -82,6 +82,7 @@ gallery_groups = [
     ("Arrays, migration and processes", ["distributed_arrays", "migrate_pmap",
                                          "multi_process"]),
     ("Sharp edges", ["sharp_edges_*"]),
+    ("Parallelism strategies", ["fsdp", "pipeline", "optax_training"]),
     ("Patterns", ["*"]),
 ]
 gallery_diagrams = {
