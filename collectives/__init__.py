@@ -37,6 +37,8 @@ from collectives._layout import Axes
 from collectives._layout import ReplicationError
 from collectives._matmul import allgather_matmul
 from collectives._matmul import matmul_reduce_scatter
+from collectives._memory import compiled_memory
+from collectives._memory import device_bytes
 from collectives._mlp import dp_tp_mlp_value_and_grad
 from collectives._mlp import init_mlp
 from collectives._mlp import mlp_loss
@@ -55,6 +57,8 @@ from collectives._registry import RECIPES
 from collectives._ring import ring_all_gather
 from collectives._ring import ring_all_reduce
 from collectives._ring import ring_reduce_scatter
+from collectives._strategies import StrategyRow
+from collectives._strategies import strategy_table
 from collectives.hlo import CollectiveStats
 from collectives.hlo import collective_stats
 
@@ -69,12 +73,15 @@ __all__ = [
     "Diagram",
     "Recipe",
     "ReplicationError",
+    "StrategyRow",
     "allgather_matmul",
     "bubble_fraction",
     "chain_keys",
     "check",
     "check_permutation",
     "collective_stats",
+    "compiled_memory",
+    "device_bytes",
     "device_key",
     "diagram",
     "dp_tp_mlp_value_and_grad",
@@ -94,6 +101,7 @@ __all__ = [
     "ring_all_reduce",
     "ring_reduce_scatter",
     "ring_shift",
+    "strategy_table",
     "tree_pmean",
     "use_cpu_devices",
     "vmap_axes",
