@@ -34,6 +34,7 @@ extensions = [
     "sphinx.ext.viewcode",
     "gallery",
     "collective_facts",
+    "strategy_facts",
     "public_api",
 ]
 

@@ -81,7 +81,8 @@ def test_gallery_configuration_names_real_files_and_diagrams():
     assert {n for names in diagrams.values() for n in names} == set(DIAGRAM_NAMES)
 
 
-@pytest.mark.parametrize("page", ["concepts.md", "migration.md", "index.md"])
+@pytest.mark.parametrize("page", ["concepts.md", "migration.md", "index.md",
+                                  "strategies.md"])
 def test_links_into_the_gallery_name_recipe_files(page):
     text = (DOCS / page).read_text()
     for stem in re.findall(r"_generated/gallery/(\w+)\.md", text):
