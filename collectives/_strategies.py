@@ -2,7 +2,7 @@
 
 :func:`strategy_table` compiles each strategy's recipe on 8 devices and
 measures, per device, what one training step sends (from the compiled HLO,
-:func:`collectives.collective_stats`) and what it stores (the parameters'
+:func:`collectives.hlo.collective_stats`) and what it stores (the parameters'
 shards, :func:`collectives.device_bytes`; the program's arguments,
 :func:`collectives.compiled_memory`), next to what the cost model and the
 layout predict. The docs page "Parallelism strategies" renders it at build
@@ -115,7 +115,7 @@ def strategy_args(name: str, width: int = 16, batch: int = 32):
 
 
 def strategy_table(width: int = 16, batch: int = 32) -> list[StrategyRow]:
-    """Compile every strategy of :data:`STRATEGIES` on 8 devices and measure it.
+    """Compile every strategy of ``STRATEGIES`` on 8 devices and measure it.
 
     Args:
       width: the hidden width of the MLP (a multiple of 8), and the width of
