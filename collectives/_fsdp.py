@@ -41,6 +41,8 @@ from jax.sharding import PartitionSpec as P
 from collectives._costs import per_device_bytes
 from collectives._layout import Axes
 from collectives._layout import axis_tuple
+from collectives._megatron import model_identity_psum_grad
+from collectives._megatron import model_psum_identity_grad
 from collectives._mlp import PARAM_NAMES
 from collectives._mlp import Params
 from collectives._mlp import mlp_oracle
@@ -135,44 +137,6 @@ def gather_layer(w_block, b_block, axis, *, w_dim: int = 0, one_axis_at_a_time=F
     w = chunks[:, :w_moved.size].reshape(n * w_moved.shape[0], *w_moved.shape[1:])
     b = chunks[:, w_moved.size:].reshape(n * b_block.shape[0], *b_block.shape[1:])
     return jnp.moveaxis(w, 0, w_dim), b
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
-def model_identity_psum_grad(a, model_axis):
-    """Megatron's ``f``: identity forward, ``psum`` over the model axis backward.
-
-    Put it where a value replicated over the model axis meets model-split
-    weights: each model device's cotangent is a partial sum.
-    """
-    return a
-
-
-def _f_fwd(a, model_axis):
-    return a, None
-
-
-def _f_bwd(model_axis, _, g):
-    return (lax.psum(g, model_axis),)
-
-
-model_identity_psum_grad.defvjp(_f_fwd, _f_bwd)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
-def model_psum_identity_grad(a, model_axis):
-    """Megatron's ``g``: ``psum`` over the model axis forward, identity backward."""
-    return lax.psum(a, model_axis)
-
-
-def _g_fwd(a, model_axis):
-    return lax.psum(a, model_axis), None
-
-
-def _g_bwd(model_axis, _, g):
-    return (g,)
-
-
-model_psum_identity_grad.defvjp(_g_fwd, _g_bwd)
 
 
 def fsdp_value_and_grad(params: Params, x, y, *, data_axis, model_axis=None,

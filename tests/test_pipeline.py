@@ -21,6 +21,7 @@ from collectives.hlo import collective_stats
 from collectives.testing import assert_forms_agree
 from collectives.testing import compare_arrays
 from collectives.testing.strategies import recipe_cases
+from helpers import load_recipe
 
 RECIPE = cx.RECIPES["pipeline_mlp"]
 RTOL, ATOL = 1e-5, 1e-6  # float32 through <= 8 tanh layers of width <= 3
@@ -122,3 +123,18 @@ def test_stages_form_one_axis():
     args = RECIPE.example_args(mesh, "i")
     with pytest.raises(ValueError, match=r"needs one stage axis"):
         RECIPE.jit(*args, mesh=mesh)
+
+
+def test_recipe_file_agrees_with_the_library():
+    module = load_recipe("pipeline")
+    mesh = cx.make_mesh((4,), ("stage",))
+    rng = np.random.default_rng(2)
+    params = {"w": (rng.standard_normal((4, 3, 3)) / 2).astype(np.float32),
+              "b": rng.standard_normal((4, 3)).astype(np.float32)}
+    x = rng.standard_normal((8, 3)).astype(np.float32)
+    y = rng.standard_normal((8, 3)).astype(np.float32)
+    loss, (dw, db) = module.pipeline_shard_map(params, x, y, mesh)
+    want_loss, want = cx.pipeline_reference(params, x, y)
+    assert compare_arrays(loss, want_loss, rtol=RTOL, atol=ATOL)[1] is None
+    assert compare_arrays(dw, want["w"], rtol=RTOL, atol=ATOL)[1] is None
+    assert compare_arrays(db, want["b"], rtol=RTOL, atol=ATOL)[1] is None
