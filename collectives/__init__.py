@@ -25,13 +25,20 @@ from collectives._diagram import Diagram
 from collectives._diagram import diagram
 from collectives._layout import Axes
 from collectives._layout import ReplicationError
+from collectives._memory import compiled_memory
+from collectives._memory import device_bytes
 from collectives._recipe import FAMILIES
 from collectives._recipe import FORMS
+from collectives._recipe import BenchSpec
+from collectives._recipe import DiagramSpec
 from collectives._recipe import Recipe
 from collectives._recipes.attention import all_to_all_attention
 from collectives._recipes.attention import ring_attention
 from collectives._recipes.batching import vmap_axes
 from collectives._recipes.batching import vmap_form
+from collectives._recipes.fsdp import fsdp_specs
+from collectives._recipes.fsdp import fsdp_value_and_grad
+from collectives._recipes.fsdp import gather_layer
 from collectives._recipes.grads import tree_pmean
 from collectives._recipes.halo import halo_exchange
 from collectives._recipes.matmul import allgather_matmul
@@ -47,10 +54,15 @@ from collectives._recipes.montecarlo import device_key
 from collectives._recipes.permute import check_permutation
 from collectives._recipes.permute import permute
 from collectives._recipes.permute import ring_shift
+from collectives._recipes.pipeline import bubble_fraction
+from collectives._recipes.pipeline import pipeline_reference
+from collectives._recipes.pipeline import pipeline_value_and_grad
 from collectives._recipes.ring import ring_all_gather
 from collectives._recipes.ring import ring_all_reduce
 from collectives._recipes.ring import ring_reduce_scatter
 from collectives._registry import RECIPES
+from collectives._strategies import StrategyRow
+from collectives._strategies import strategy_table
 from collectives.hlo import CollectiveStats
 from collectives.hlo import collective_stats
 
@@ -61,20 +73,29 @@ __all__ = [
     "FORMS",
     "RECIPES",
     "Axes",
+    "BenchSpec",
     "CheckResult",
     "CollectiveStats",
     "Diagram",
+    "DiagramSpec",
     "Recipe",
     "ReplicationError",
+    "StrategyRow",
     "all_to_all_attention",
     "allgather_matmul",
+    "bubble_fraction",
     "chain_keys",
     "check",
     "check_permutation",
     "collective_stats",
+    "compiled_memory",
+    "device_bytes",
     "device_key",
     "diagram",
     "dp_tp_mlp_value_and_grad",
+    "fsdp_specs",
+    "fsdp_value_and_grad",
+    "gather_layer",
     "halo_exchange",
     "init_mlp",
     "make_mesh",
@@ -84,11 +105,14 @@ __all__ = [
     "moe_layer",
     "moe_layer_dropless",
     "permute",
+    "pipeline_reference",
+    "pipeline_value_and_grad",
     "ring_all_gather",
     "ring_all_reduce",
     "ring_attention",
     "ring_reduce_scatter",
     "ring_shift",
+    "strategy_table",
     "tree_pmean",
     "use_cpu_devices",
     "vmap_axes",

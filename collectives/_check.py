@@ -38,6 +38,8 @@ class CheckResult:
       ok: whether every form agreed with the oracle.
       detail: the failure message, empty when ``ok``.
       seconds: wall time, compilation included.
+      skipped: the recipe needs an optional package that is not installed
+        (``detail`` says which and how to install it); not a failure.
     """
 
     recipe: str
@@ -49,6 +51,7 @@ class CheckResult:
     ok: bool
     detail: str
     seconds: float
+    skipped: bool = False
 
 
 def standard_configs(n_devices: int | None = None) -> list[MeshConfig]:
@@ -122,7 +125,7 @@ def check(
                 if dtype_kind(dtype) not in recipe.dtype_kinds:
                     continue
                 start = time.perf_counter()
-                report = None
+                report, skipped = None, False
                 try:
                     args = recipe.example_args(mesh, axis, dtype=dtype, seed=seed,
                                                exact=exact)
@@ -131,6 +134,9 @@ def check(
                         n_terms=recipe.count_terms(axes))
                     ok, detail = True, ""
                     done, error = report.forms, max(report.max_error.values())
+                except ImportError as err:  # an optional dependency, e.g. optax
+                    ok, detail, done, error = True, str(err), (), float("nan")
+                    skipped = True
                 except Exception as err:  # reported in the table, not raised
                     ok, detail = False, f"{type(err).__name__}: {err}"
                     done, error = (), float("nan")
@@ -138,7 +144,7 @@ def check(
                     recipe=name, mesh="x".join(map(str, shape)),
                     axis=",".join(axes.names), dtype=str(dtype), forms=done,
                     max_error=error, ok=ok, detail=detail,
-                    seconds=time.perf_counter() - start)
+                    seconds=time.perf_counter() - start, skipped=skipped)
                 rows.append(row)
                 if report is not None and on_report is not None:
                     on_report(row, args, report)
@@ -229,7 +235,7 @@ def print_check(args: argparse.Namespace, *, forms: FormsFor | None = None,
     def show(row: CheckResult) -> None:
         done = "+".join(f for f in row.forms if f != "reference") or "-"
         print(f"{row.recipe:<{width}} {row.mesh:<5} {row.axis:<5} {row.dtype:<10} "
-              f"{done:<18} {row.max_error:>10.3g}  {'ok' if row.ok else 'FAIL'}",
+              f"{done:<18} {row.max_error:>10.3g}  {_status(row)}",
               flush=True)
 
     rows = check(args.names or None, dtypes=args.dtype, seed=args.seed,
@@ -244,9 +250,17 @@ def print_check(args: argparse.Namespace, *, forms: FormsFor | None = None,
     return rows
 
 
+def _status(row: CheckResult) -> str:
+    if row.skipped:
+        return f"skipped ({row.detail})"
+    return "ok" if row.ok else "FAIL"
+
+
 def summarize(rows: Sequence[CheckResult]) -> str:
     failed = sum(not row.ok for row in rows)
-    return f"{len(rows) - failed} agree, {failed} disagree"
+    skipped = sum(row.skipped for row in rows)
+    text = f"{len(rows) - failed - skipped} agree, {failed} disagree"
+    return text + (f", {skipped} skipped" if skipped else "")
 
 
 def print_run(args: argparse.Namespace, *, forms: FormsFor | None = None) -> None:

@@ -34,6 +34,7 @@ extensions = [
     "sphinx.ext.viewcode",
     "gallery",
     "collective_facts",
+    "strategy_facts",
     "public_api",
 ]
 
@@ -85,6 +86,7 @@ gallery_groups = [
     ("Arrays, migration and processes", ["distributed_arrays", "migrate_pmap",
                                          "multi_process"]),
     ("Sharp edges", ["sharp_edges_*"]),
+    ("Parallelism strategies", ["fsdp", "pipeline", "optax_training"]),
     ("Patterns", ["*"]),
 ]
 gallery_diagrams: dict[str, list[str]] = {}

@@ -20,7 +20,7 @@ from collectives.testing import assert_forms_agree
 from collectives.testing.strategies import recipe_cases
 
 NAMES = ("ring_attention", "ring_attention_causal", "all_to_all_attention")
-DOC = Path(__file__).resolve().parent.parent / "docs" / "strategies_sequence_expert.md"
+DOC = Path(__file__).resolve().parent.parent / "docs" / "strategies.md"
 
 
 def _qkv(shape, seed=0, scale=1.0, dtype=np.float32):

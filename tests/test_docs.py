@@ -75,7 +75,8 @@ def test_migration_guide_points_at_functions_and_tests_that_exist():
         assert idiom in text, idiom
 
 
-@pytest.mark.parametrize("page", ["concepts.md", "migration.md", "index.md"])
+@pytest.mark.parametrize("page", ["concepts.md", "migration.md", "index.md",
+                                  "strategies.md"])
 def test_links_into_the_gallery_name_recipe_files(page):
     text = (DOCS / page).read_text()
     for stem in re.findall(r"_generated/gallery/(\w+)\.md", text):

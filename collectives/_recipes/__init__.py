@@ -23,9 +23,13 @@ from collectives._recipes import batching
 from collectives._recipes import montecarlo
 
 # Parallelism strategies.
+from collectives._recipes import training
+from collectives._recipes import fsdp
+from collectives._recipes import pipeline
 from collectives._recipes import attention
 from collectives._recipes import moe
 
 __all__ = [
-    "all_to_all", "attention", "batching", "gather", "grads", "halo", "matmul",
-    "mlp", "moe", "montecarlo", "permute", "reduce", "ring"]
+    "all_to_all", "attention", "batching", "fsdp", "gather", "grads", "halo",
+    "matmul", "mlp", "moe", "montecarlo", "permute", "pipeline", "reduce", "ring",
+    "training"]

@@ -159,7 +159,8 @@ def _page(path: Path, run: dict, diagrams: list[str], rel: str) -> str:
     name = path.stem
     lines = [f"(recipe-{name})=", f"# `{name}.py`", "", f"**{_escape(title)}.**", "",
              f"{{download}}`Download recipes/{name}.py <{rel}>`; run it with "
-             f"`python recipes/{name}.py` (it needs only jax and numpy).", "",
+             f"`python recipes/{name}.py` (it needs only jax and numpy"
+             f"{' and optax' if 'Requires: optax.' in text else ''}).", "",
              body, ""]
     if diagrams:
         lines += ["## What the collectives do to the shards", ""]

@@ -1,0 +1,396 @@
+"""FSDP (ZeRO-3): parameters sharded over the data axis, gathered layer by layer.
+
+The MLP of :mod:`collectives._mlp` (four dense layers, relu between them,
+mean-squared-error loss), trained fully sharded: every parameter is split on
+dim 0 over the data axis, so each device stores ``1/n`` of the parameters,
+of their gradients and of the optimiser state. Per layer:
+
+* forward: the layer's weight and bias blocks are flattened into one buffer
+  and **all-gathered** (one op per layer), used, and dropped;
+* backward: ``jax.checkpoint`` with a policy that saves only each layer's
+  pre-activation, not the gathered weights, so the backward pass
+  **all-gathers them again**
+  (layer 1 excepted: no gradient flows into ``x``, so its weights are not
+  needed backward);
+* gradients: the transpose of the all-gather is a **reduce-scatter**
+  (``psum_scatter``), so each device receives the summed gradient of its own
+  block only, already laid out like the sharded parameters.
+
+FSDP x TP (``fsdp_tp_mlp``) adds the Megatron pair of ``dp_tp_mlp`` over a
+model axis: ``w2`` split by columns and ``w3`` by rows over the model axis,
+and each block also split over the data axis on its other dimension
+(``w2: P(data, model)``, ``b2: P((model, data))``, ``w3: P(model, data)``).
+The two model-axis sums are Megatron's ``f`` and ``g`` operators
+(:func:`model_identity_psum_grad`, :func:`model_psum_identity_grad`), which
+fix the backward sum by hand, so the same body runs under pmap, where the
+model axis is ``vmap``\\ ped.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.ad_checkpoint import checkpoint_name
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from collectives._costs import per_device_bytes
+from collectives._layout import Axes
+from collectives._layout import axis_tuple
+from collectives._recipe import Recipe
+from collectives._recipes.megatron import model_identity_psum_grad
+from collectives._recipes.megatron import model_psum_identity_grad
+from collectives._recipes.mlp import PARAM_NAMES
+from collectives._recipes.mlp import Params
+from collectives._recipes.mlp import mlp_oracle
+from collectives._recipes.permute import body_axis_size
+from collectives._registry import register
+from collectives.hlo import Expectation
+
+SAVED = "fsdp_preactivation"
+"""The ``checkpoint_name`` of a layer's pre-activation ``z = a @ w + b``."""
+
+REMAT_POLICY = jax.checkpoint_policies.save_only_these_names(SAVED)
+"""Save only each layer's pre-activation (for the relu mask), so the backward
+pass gathers the weights again. (``save_anything_except_these_names`` on the
+gathered weights is not enough: the values they are computed from, one
+reshape earlier, would be saved instead.)"""
+
+N_LAYERS = 4
+
+
+def fsdp_specs(data_axis, model_axis: str | None = None) -> dict[str, P]:
+    """The ``PartitionSpec`` of every MLP parameter under FSDP (x TP).
+
+    Args:
+      data_axis: the mesh axis (or tuple) that shards every parameter.
+      model_axis: the tensor-parallel axis of the Megatron pair, or ``None``.
+
+    Returns:
+      A dict from parameter name to spec: dim 0 over the data axis; with a
+      model axis ``w2: P(data, model)``, ``b2: P((model, data))``,
+      ``w3: P(model, data)``.
+
+    Examples:
+      >>> import jax
+      >>> import collectives as cx
+      >>> cx.fsdp_specs("data")["w3"] == jax.P("data")
+      True
+      >>> cx.fsdp_specs("data", "model")["w3"] == jax.P("model", "data")
+      True
+    """
+    specs = {name: P(data_axis) for name in PARAM_NAMES}
+    if model_axis is not None:
+        data = axis_tuple(data_axis)
+        specs.update(w2=P(data_axis, model_axis), b2=P((model_axis, *data)),
+                     w3=P(model_axis, data_axis))
+    return specs
+
+
+def _gather_dim(name: str, model_axis: str | None) -> int:
+    """The dimension of parameter ``name`` split over the data axis."""
+    return 1 if (name == "w3" and model_axis is not None) else 0
+
+
+def gather_layer(w_block, b_block, axis, *, w_dim: int = 0, one_axis_at_a_time=False):
+    """All-gather a layer's weight and bias blocks in one collective.
+
+    Call inside a body. The blocks are flattened into one buffer, gathered
+    (tiled) over ``axis`` and cut back into the whole weight and bias; the
+    transpose (the backward pass) is one ``psum_scatter``.
+
+    Args:
+      w_block: this device's block of the weight, split on ``w_dim``.
+      b_block: this device's block of the bias (split on dim 0).
+      axis: the mesh axis (or tuple) the blocks are split over.
+      w_dim: the weight dimension split over ``axis``.
+      one_axis_at_a_time: gather a tuple of axes one by one, innermost first
+        (under pmap, ``vmap`` gathers one axis at a time).
+
+    Returns:
+      ``(w, b)``: the weight and bias whole along the gathered dimensions.
+
+    Examples:
+      >>> import jax, numpy as np
+      >>> import collectives as cx
+      >>> mesh = cx.make_mesh((4,), "i")
+      >>> w, b = np.arange(24.0).reshape(8, 3), np.arange(4.0)
+      >>> f = jax.shard_map(lambda w, b: cx.gather_layer(w, b, "i"), mesh=mesh,
+      ...                   in_specs=jax.P("i"), out_specs=jax.P(), check_vma=False)
+      >>> gw, gb = f(w, b)
+      >>> bool((gw == w).all()), bool((gb == b).all())
+      (True, True)
+    """
+    w_moved = jnp.moveaxis(w_block, w_dim, 0)
+    flat = jnp.concatenate([w_moved.reshape(-1), b_block.reshape(-1)])
+    names = axis_tuple(axis)
+    steps = [axis] if not one_axis_at_a_time else list(reversed(names))
+    gathered = flat
+    for name in steps:
+        gathered = lax.all_gather(gathered, name, tiled=True)
+    n = gathered.shape[0] // flat.shape[0]
+    chunks = gathered.reshape(n, flat.shape[0])
+    w = chunks[:, :w_moved.size].reshape(n * w_moved.shape[0], *w_moved.shape[1:])
+    b = chunks[:, w_moved.size:].reshape(n * b_block.shape[0], *b_block.shape[1:])
+    return jnp.moveaxis(w, 0, w_dim), b
+
+
+def fsdp_value_and_grad(params: Params, x, y, *, data_axis, model_axis=None,
+                        one_axis_at_a_time: bool = False):
+    """Loss and gradients of the MLP, fully sharded; call inside a body.
+
+    Args:
+      params: this device's blocks, as :func:`fsdp_specs` splits them.
+      x: this device's rows of the batch, ``[b, d_in]``.
+      y: the matching targets, ``[b, d_out]``.
+      data_axis: the mesh axis (or tuple) that splits the batch and the
+        parameters.
+      model_axis: the tensor-parallel axis, or ``None``.
+      one_axis_at_a_time: gather tuple axes one by one (for pmap).
+
+    Returns:
+      ``(loss, grads)``: the full-batch loss (the same on every device) and
+      this device's block of every gradient, laid out like ``params``.
+
+    Examples:
+      >>> import functools, jax, numpy as np
+      >>> import collectives as cx
+      >>> mesh = cx.make_mesh((4,), "data")
+      >>> params = cx.init_mlp((4, 8, 8, 8, 4))
+      >>> x, y = np.ones((8, 4), np.float32), np.zeros((8, 4), np.float32)
+      >>> specs = cx.fsdp_specs("data")
+      >>> f = jax.jit(jax.shard_map(
+      ...     functools.partial(cx.fsdp_value_and_grad, data_axis="data"),
+      ...     mesh=mesh, in_specs=(specs, jax.P("data"), jax.P("data")),
+      ...     out_specs=(jax.P(), specs)))
+      >>> loss, grads = f(params, x, y)
+      >>> want = jax.jit(jax.value_and_grad(cx.mlp_loss))(params, x, y)
+      >>> bool(np.allclose(grads["w3"], want[1]["w3"], rtol=1e-5, atol=1e-6))
+      True
+      >>> grads["w3"].sharding.spec == specs["w3"]  # this device's rows only
+      True
+    """
+    batch = x.shape[0] * body_axis_size(data_axis, "fsdp_value_and_grad")
+    if model_axis is not None:
+        body_axis_size(model_axis, "fsdp_value_and_grad")
+
+    def dense(w_block, b_block, a, layer):
+        w, b = gather_layer(w_block, b_block, data_axis,
+                            w_dim=_gather_dim(f"w{layer}", model_axis),
+                            one_axis_at_a_time=one_axis_at_a_time)
+        if model_axis is not None and layer == 2:  # a1 meets model columns
+            a = model_identity_psum_grad(a, model_axis)
+        z = a @ w
+        if model_axis is not None and layer == 3:  # partial sums over h2
+            z = model_psum_identity_grad(z, model_axis)
+        z = checkpoint_name(z + b[None], SAVED)
+        return z if layer == N_LAYERS else jax.nn.relu(z)
+
+    def local_loss(p):
+        a = x  # [b, d_in]; then [b, h1], [b, h2 (/t)], [b, h3], [b, d_out]
+        for layer in range(1, N_LAYERS + 1):
+            step = jax.checkpoint(functools.partial(dense, layer=layer),
+                                  policy=REMAT_POLICY)
+            a = step(p[f"w{layer}"], p[f"b{layer}"], a)
+        return jnp.sum((a - y) ** 2) / batch
+
+    local, grads = jax.value_and_grad(local_loss)(params)
+    return lax.psum(local, data_axis), grads
+
+
+def fsdp_jit_value_and_grad(params: Params, x, y, mesh: jax.sharding.Mesh,
+                            data_axis, model_axis: str | None = None):
+    """The jit form's global program: ``value_and_grad`` of the MLP loss with
+    each layer's weights constrained to their gathered layout just before use
+    (under the same remat policy), and the batch rows over the data axis."""
+    gathered = {name: P() for name in PARAM_NAMES}
+    if model_axis is not None:
+        gathered.update(w2=P(None, model_axis), b2=P(model_axis), w3=P(model_axis))
+
+    def constrain(a, spec):
+        return lax.with_sharding_constraint(a, NamedSharding(mesh, spec))
+
+    def dense(w, b, a, layer):
+        w = constrain(w, gathered[f"w{layer}"])
+        b = constrain(b, gathered[f"b{layer}"])
+        z = constrain(a @ w + b[None], P(data_axis, model_axis if layer == 2 else None))
+        z = checkpoint_name(z, SAVED)
+        return z if layer == N_LAYERS else jax.nn.relu(z)
+
+    def loss(p):
+        a = x
+        for layer in range(1, N_LAYERS + 1):
+            step = jax.checkpoint(functools.partial(dense, layer=layer),
+                                  policy=REMAT_POLICY)
+            a = step(p[f"w{layer}"], p[f"b{layer}"], a)
+        return jnp.sum((a - y) ** 2) / x.shape[0]
+
+    return jax.value_and_grad(loss)(params)
+
+
+# -- recipes ---------------------------------------------------------------
+
+def _data_and_model(axes: Axes, model: bool):
+    if model:
+        return axes.names[0], axes.names[1]
+    return axes.entry, None
+
+
+def _any_axes(axes: Axes) -> str | None:
+    del axes
+    return None
+
+
+def _needs_two_axes(axes: Axes) -> str | None:
+    if len(axes.names) == 2:
+        return None
+    return ("needs two collective axes in the order (data, model): parameters "
+            "and batch split over the first, the Megatron pair W2/W3 over the "
+            "second; e.g. a 4x2 mesh with axis=None or ('i', 'j')")
+
+
+def _specs(model: bool):
+    def in_specs(axes: Axes):
+        data, model_axis = _data_and_model(axes, model)
+        return (fsdp_specs(data, model_axis), P(data), P(data))
+
+    def out_specs(axes: Axes):
+        return (P(), in_specs(axes)[0])
+
+    return in_specs, out_specs
+
+
+def _shapes(model: bool):
+    def shapes(axes: Axes, dims):
+        data, model_axis = _data_and_model(axes, model)
+        n = math.prod(axes.mesh.shape[name] for name in axis_tuple(data))
+        t = axes.mesh.shape[model_axis] if model else 1
+        b = dims[0]
+        hidden = n * t  # the least that divides by n (FSDP) and n * t (b2)
+        sizes = (n, hidden, hidden, hidden, n)
+        params = {}
+        for layer in range(1, N_LAYERS + 1):
+            fan_in, fan_out = sizes[layer - 1], sizes[layer]
+            params[f"w{layer}"], params[f"b{layer}"] = (fan_in, fan_out), (fan_out,)
+        return (params, (b * n, sizes[0]), (b * n, sizes[-1]))
+    return shapes
+
+
+def _body(model: bool, one_axis_at_a_time: bool):
+    def body(params, x, y, *, axis):
+        # params: blocks per fsdp_specs; x: [b, d_in], y: [b, d_out] per device
+        data, model_axis = (axis[0], axis[1]) if model else (axis, None)
+        return fsdp_value_and_grad(params, x, y, data_axis=data,
+                                   model_axis=model_axis,
+                                   one_axis_at_a_time=one_axis_at_a_time)
+    return body
+
+
+def _program(model: bool):
+    def program(params, x, y, *, axes: Axes):
+        data, model_axis = _data_and_model(axes, model)
+        return fsdp_jit_value_and_grad(params, x, y, axes.mesh, data, model_axis)
+    return program
+
+
+def _terms(axes: Axes) -> int:
+    # A gradient element chains up to four matmuls backward, each a sum over
+    # a layer width (n * t in the example shapes), then a sum over the batch
+    # (a few rows per device): twice that many roundings, to be safe.
+    widths = axes.size * 4
+    return 2 * (4 * widths + 4 * axes.size) + 64
+
+
+def _block_bytes(params, n: int, t: int) -> dict[str, int]:
+    """Bytes of each parameter's block on one device (FSDP over ``n``, and the
+    Megatron pair's parameters also over ``t``)."""
+    return {name: value.size * value.itemsize // (n * (t if name in _PAIR else 1))
+            for name, value in params.items()}
+
+
+_PAIR = frozenset({"w2", "b2", "w3"})
+
+
+def _hlo(model: bool):
+    """The collectives each form compiles to.
+
+    As written (the StableHLO, and what other backends may keep): per layer
+    one all-gather forward, one backward (layers 2.. only: no gradient flows
+    into ``x``), one reduce-scatter of the gradient; one all-reduce of the
+    loss; with a model axis the Megatron pair's two all-reduces. The shard_map
+    form gathers a layer's weight and bias as one buffer; the jit form's
+    partitioner gathers each parameter on its own. XLA's CPU pipeline (pinned
+    here) of JAX 0.10 (XLA of 2025) drops the remat's optimization barriers
+    and merges the shard_map form's backward re-gathers into the forward
+    ones (JAX 0.12's keeps them, and the jit form keeps them in both); it
+    writes the jit form's reduce-scatters as one combined all-reduce of
+    the gradient blocks plus dynamic-slices.
+    """
+
+    def fact(axes: Axes, args, form: str):
+        params, x, _ = args
+        data, model_axis = _data_and_model(axes, model)
+        n = math.prod(axes.mesh.shape[name] for name in axis_tuple(data))
+        t = axes.mesh.shape[model_axis] if model else 1
+        blocks = _block_bytes(params, n, t)
+        rows = x.shape[0] // n
+        # The Megatron pair's two sums over the model axis, [rows, h] each.
+        pair = 2 * per_device_bytes("all-reduce", rows * params["w2"].shape[0]
+                                    * x.itemsize, t) if model else 0.0
+        layer = [blocks[f"w{k}"] + blocks[f"b{k}"] for k in range(1, N_LAYERS + 1)]
+        gathered = (layer, layer[1:]) if form == "shard_map" else (
+            list(blocks.values()), [blocks[f"w{k}"] for k in range(2, N_LAYERS + 1)])
+        forward = sum(per_device_bytes("all-gather", b, n) for b in gathered[0])
+        backward = sum(per_device_bytes("all-gather", b, n) for b in gathered[1])
+        scatter = sum(per_device_bytes("reduce-scatter", b * n, n, whole=True)
+                      for b in gathered[0])
+        loss = per_device_bytes("all-reduce", x.itemsize, n)
+        as_written = Expectation(
+            {"all-gather": len(gathered[0]) + len(gathered[1]),
+             "reduce-scatter": len(gathered[0]), "all-reduce": 1 + 2 * model},
+            {"all-gather": forward + backward, "reduce-scatter": scatter,
+             "all-reduce": loss + pair})
+        if jax.default_backend() != "cpu":
+            return (as_written,)  # not pinned on GPU/TPU here: the program's
+        if form == "shard_map":  # older CPU pipelines merge the re-gathers away
+            return (as_written, Expectation(
+                {"all-gather": N_LAYERS, "reduce-scatter": N_LAYERS,
+                 "all-reduce": 1 + 2 * model},
+                {"all-gather": forward, "reduce-scatter": scatter,
+                 "all-reduce": loss + pair}))
+        # jit on CPU: the gradients' reduce-scatters are one all-reduce of
+        # every gradient block (with the loss) and a dynamic-slice each.
+        grads = per_device_bytes("all-reduce", x.itemsize + n * sum(blocks.values()), n)
+        return Expectation(
+            {"all-gather": len(gathered[0]) + len(gathered[1]),
+             "all-reduce": 1 + 2 * model},
+            {"all-gather": forward + backward, "all-reduce": grads + pair})
+
+    return fact
+
+
+_FLOAT = frozenset({"float"})
+
+
+def _recipe(name: str, summary: str, model: bool) -> Recipe:
+    in_specs, out_specs = _specs(model)
+    return Recipe(
+        name=name, summary=summary, body=_body(model, False),
+        pmap_body=_body(model, True), program=_program(model), oracle=mlp_oracle,
+        in_specs=in_specs, out_specs=out_specs, example_shapes=_shapes(model),
+        arg_names=("params", "x", "y"), count_terms=_terms, dtype_kinds=_FLOAT,
+        unsupported_reason=_needs_two_axes if model else _any_axes,
+        check_vma=not model, family="strategy", hlo=_hlo(model), source="fsdp.py")
+
+
+fsdp_mlp = register(_recipe(
+    "fsdp_mlp", "MLP loss+grads, FSDP/ZeRO-3: params sharded on dim 0 over the "
+    "data axis, all-gathered per layer, grads reduce-scattered", model=False))
+
+fsdp_tp_mlp = register(_recipe(
+    "fsdp_tp_mlp", "MLP loss+grads over axes (data, model): FSDP over data x the "
+    "Megatron pair W2/W3 over model", model=True))
