@@ -105,6 +105,31 @@ def all_gather_to_invarying():
     return bool(np.array_equal(np.asarray(f(x)), x))
 
 
+def _varying_aval():
+    seen = []
+
+    def body(x):
+        y = x * lax.axis_index("i")
+        seen.append(jax.typeof(y))
+        return y
+
+    jax.shard_map(body, mesh=_mesh(), in_specs=P(), out_specs=P("i"))(
+        np.ones(1, np.float32))
+    return seen[0]
+
+
+@probe
+def aval_vma():
+    """`jax.typeof(x).vma` holds the axes a value varies over."""
+    return set(getattr(_varying_aval(), "vma", ())) == {"i"}
+
+
+@probe
+def aval_mat_varying():
+    """`jax.typeof(x).mat.varying` holds the axes a value varies over."""
+    return set(getattr(getattr(_varying_aval(), "mat", None), "varying", ())) == {"i"}
+
+
 @probe
 def make_mesh_default_explicit():
     """`jax.make_mesh` without `axis_types` gives Explicit axes."""
