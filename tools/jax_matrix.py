@@ -45,6 +45,7 @@ PROBES_SCRIPT = ROOT / "tools" / "jax_probes.py"
 DEFAULT_VENV_ROOT = ROOT / ".tox" / "matrix"
 
 DEFAULT_TESTS = ("tests/test_compat.py tests/test_sharp_edges.py "
+                 "tests/test_sharp_edges_versions.py "
                  "tests/test_migrate_removed_apis.py tests/test_migrate_pmap.py "
                  "tests/test_batching.py tests/test_laws.py "
                  "-m 'not slow and not multiprocess'")
