@@ -65,6 +65,11 @@ OLDEST_SUPPORTED_JAX = (0, 8, 0)
 MAKE_MESH_DEFAULTS_TO_EXPLICIT = JAX_VERSION >= (0, 9, 0)
 """``jax.make_mesh`` without ``axis_types`` gives Explicit axes from JAX 0.9."""
 
+MAKE_MESH_WARNS_ABOUT_DEFAULT = (0, 8, 1) <= JAX_VERSION < (0, 9, 0)
+"""``jax.make_mesh`` without ``axis_types`` raises a DeprecationWarning ("The
+default axis_types will change in JAX v0.9.0") on 0.8.1 to 0.8.3 (an error
+under ``-W error``); 0.8.0 and 0.9+ are silent. Pass ``axis_types``."""
+
 NESTED_PMAP_SUPPORTED = False
 """Nested ``jax.pmap`` raises on every supported JAX (pmap runs on shard_map
 since 0.8: "The context mesh ... should match the mesh passed to shard_map")."""
@@ -117,6 +122,7 @@ PROBE_BOUNDARIES: dict[str, tuple[tuple[int, ...], tuple[int, ...] | None]] = {
                                  ALL_GATHER_INVARIANT_PRIVATE_FROM),
     "all_gather_to_invarying": (PCAST_VARYING_SINCE, None),
     "make_mesh_default_explicit": ((0, 9, 0), None),
+    "make_mesh_warns_about_default": ((0, 8, 1), (0, 9, 0)),
     "psum_scatter_negative_dimension": ((0, 12, 0), None),
     "vmap_of_shard_map_psum": (OLDEST_SUPPORTED_JAX, None),
     "aval_vma": (OLDEST_SUPPORTED_JAX, (0, 9, 0)),

@@ -20,6 +20,7 @@ checks for staleness. Only the standard library is needed to run it::
     python tools/jax_matrix.py --spread        # first release, newest of each minor
     python tools/jax_matrix.py --releases 0.8.1 0.12.0.1
     python tools/jax_matrix.py --list-new      # releases newer than the list
+    python tools/jax_matrix.py --steps tests --tests tests/test_conformance.py
 """
 
 from __future__ import annotations
@@ -244,23 +245,30 @@ def _commit() -> str:
     return head + ("+changes" if dirty else "")
 
 
+STEPS = ("probes", "check", "tests")
+
+
 def run_release(release: str, python: str, args, log) -> dict:
-    """Everything for one release; the result written to its JSON file."""
+    """The chosen steps for one release; the result written to its JSON file
+    (steps not chosen keep what the file held)."""
     venv = Path(args.venv_root) / f"jax-{release}"
-    result: dict = {"jax": release, "python": python,
-                    "date": datetime.date.today().isoformat(), "commit": _commit()}
+    path = result_path(release, Path(args.results))
+    result: dict = json.loads(path.read_text()) if path.exists() else {}
+    result.update({"jax": release, "python": python,
+                   "date": datetime.date.today().isoformat(), "commit": _commit()})
     result["install"] = make_venv(release, python, venv, fresh=args.fresh, log=log)
     if result["install"]["ok"]:
         with tempfile.TemporaryDirectory() as tmp:
             work = Path(tmp)
-            log("  probes")
-            result["probes"] = run_probes(venv)
-            log("  check")
-            result["check"], result["recipes"] = run_check(venv, work)
-            if args.tests:
+            if "probes" in args.steps:
+                log("  probes")
+                result["probes"] = run_probes(venv)
+            if "check" in args.steps:
+                log("  check")
+                result["check"], result["recipes"] = run_check(venv, work)
+            if "tests" in args.steps and args.tests:
                 log("  tests")
                 result["tests"] = run_tests(venv, work, args.tests)
-    path = result_path(release, Path(args.results))
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
     return result
@@ -310,6 +318,9 @@ def main(argv=None) -> int:
     parser.add_argument("--tests", default=DEFAULT_TESTS,
                         help="pytest arguments of the test subset; '' for none "
                              "(default: %(default)s)")
+    parser.add_argument("--steps", nargs="+", choices=STEPS, default=list(STEPS),
+                        help="what to run (default: all); the others keep their "
+                             "committed results")
     parser.add_argument("--fresh", action="store_true",
                         help="recreate venvs that already hold the release")
     parser.add_argument("--strict", action="store_true",

@@ -133,8 +133,20 @@ def aval_mat_varying():
 @probe
 def make_mesh_default_explicit():
     """`jax.make_mesh` without `axis_types` gives Explicit axes."""
-    mesh = jax.make_mesh((8,), ("i",))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        mesh = jax.make_mesh((8,), ("i",))
     return all(t == jax.sharding.AxisType.Explicit for t in mesh.axis_types)
+
+
+@probe
+def make_mesh_warns_about_default():
+    """`jax.make_mesh` without `axis_types` warns that the default will change."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        jax.make_mesh((8,), ("i",))
+    return any(issubclass(w.category, DeprecationWarning)
+               and "axis_types" in str(w.message) for w in caught)
 
 
 @probe
@@ -156,7 +168,10 @@ def pmap_runs_on_shard_map():
 @probe
 def device_put_sharded():
     """`jax.device_put_sharded` / `device_put_replicated`."""
-    return hasattr(jax, "device_put_sharded") and hasattr(jax, "device_put_replicated")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # deprecated on 0.8
+        return all(hasattr(jax, name)
+                   for name in ("device_put_sharded", "device_put_replicated"))
 
 
 @probe
