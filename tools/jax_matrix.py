@@ -75,12 +75,14 @@ def read_releases(path: Path = RELEASES_FILE) -> dict[str, str]:
 
 
 def spread(releases) -> list[str]:
-    """The oldest release, then the newest release of each minor version."""
+    """One release per minor version: the oldest release for the oldest minor
+    (the supported floor), the newest release for every other minor."""
     ordered = sorted(releases, key=version_key)
     newest_of_minor = {}
     for release in ordered:
         newest_of_minor[version_key(release)[:2]] = release
-    return sorted({ordered[0], *newest_of_minor.values()}, key=version_key)
+    newest_of_minor[version_key(ordered[0])[:2]] = ordered[0]
+    return sorted(newest_of_minor.values(), key=version_key)
 
 
 def result_path(release: str, results_dir: Path = RESULTS_DIR) -> Path:
@@ -94,6 +96,20 @@ def load_results(results_dir: Path = RESULTS_DIR) -> dict[str, dict]:
         data = json.loads(path.read_text())
         found[data["jax"]] = data
     return dict(sorted(found.items(), key=lambda item: version_key(item[0])))
+
+
+def probe_docs(path: Path = PROBES_SCRIPT) -> dict[str, str]:
+    """Probe name -> its one-line docstring, read from ``jax_probes.py`` without
+    importing it (importing starts JAX)."""
+    import ast
+
+    docs = {}
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.FunctionDef) and any(
+                isinstance(d, ast.Name) and d.id == "probe"
+                for d in node.decorator_list):
+            docs[node.name] = " ".join((ast.get_docstring(node) or "").split())
+    return docs
 
 
 # -- one release ---------------------------------------------------------------
@@ -274,6 +290,26 @@ def run_release(release: str, python: str, args, log) -> dict:
     return result
 
 
+def regressions(new: dict, committed: dict) -> list[str]:
+    """What fails in ``new`` but passed in the committed result, and probes
+    whose answer changed: one line each."""
+    lines = []
+    if not new["install"]["ok"]:
+        return [f"install failed: {new['install']['detail']}"]
+    for name, entry in new.get("recipes", {}).items():
+        before = committed.get("recipes", {}).get(name)
+        if not entry["ok"] and (before is None or before["ok"]):
+            lines.append(f"recipe {name}: {entry['reason']}")
+    old_failures = {f["test"] for f in committed.get("tests", {}).get("failures", [])}
+    for failure in new.get("tests", {}).get("failures", []):
+        if failure["test"] not in old_failures:
+            lines.append(f"test {failure['test']}: {failure['reason']}")
+    for probe, value in new.get("probes", {}).items():
+        if probe in committed.get("probes", {}) and committed["probes"][probe] != value:
+            lines.append(f"probe {probe}: {committed['probes'][probe]} -> {value}")
+    return lines
+
+
 def summary_line(result: dict) -> str:
     if not result["install"]["ok"]:
         return f"install failed: {result['install']['detail']}"
@@ -324,7 +360,9 @@ def main(argv=None) -> int:
     parser.add_argument("--fresh", action="store_true",
                         help="recreate venvs that already hold the release")
     parser.add_argument("--strict", action="store_true",
-                        help="exit 1 when any recipe or test fails on any release")
+                        help="exit 1 when a recipe or test fails that passed in "
+                             "the committed results, or a probe's answer changed "
+                             "(CI: with --results elsewhere)")
     args = parser.parse_args(argv)
     releases = read_releases()
     if args.list_new:
@@ -336,19 +374,19 @@ def main(argv=None) -> int:
     if unknown:
         parser.error(f"--releases {' '.join(unknown)}: not in {RELEASES_FILE.name} "
                      f"(known: {' '.join(releases)}); add a line there first")
+    committed = load_results()  # before this run overwrites any of them
     bad = 0
     for release in chosen:
         print(f"jax {release} (python{releases[release]})", flush=True)
         result = run_release(release, releases[release], args,
                              log=lambda text: print(text, flush=True))
         print(f"  {summary_line(result)}", flush=True)
-        failed_recipes = [n for n, r in result.get("recipes", {}).items()
-                          if not r["ok"]]
-        if (not result["install"]["ok"] or failed_recipes
-                or result.get("tests", {}).get("failed")):
-            bad += 1
-    print(f"{len(chosen) - bad} of {len(chosen)} releases clean; results in "
-          f"{args.results}")
+        worse = regressions(result, committed.get(release, {}))
+        for line in worse:
+            print(f"  NEW: {line}", flush=True)
+        bad += bool(worse)
+    print(f"{len(chosen) - bad} of {len(chosen)} releases as committed; results "
+          f"in {args.results}")
     return 1 if bad and args.strict else 0
 
 
