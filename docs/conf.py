@@ -35,6 +35,7 @@ extensions = [
     "gallery",
     "collective_facts",
     "public_api",
+    "compat_matrix",
 ]
 
 source_suffix = {".md": "markdown"}
@@ -79,7 +80,7 @@ gallery_recipes_dir = "../recipes"
 gallery_groups = [
     ("Core collectives", ["reductions", "all_gather", "psum_scatter", "all_to_all",
                           "ppermute", "axis_index"]),
-    ("Arrays, migration and processes", ["distributed_arrays", "migrate_pmap",
+    ("Arrays, migration and processes", ["distributed_arrays", "migrate_*",
                                          "multi_process"]),
     ("Sharp edges", ["sharp_edges_*"]),
     ("Patterns", ["*"]),

@@ -98,9 +98,11 @@ def load_results(results_dir: Path = RESULTS_DIR) -> dict[str, dict]:
     return dict(sorted(found.items(), key=lambda item: version_key(item[0])))
 
 
-def probe_docs(path: Path = PROBES_SCRIPT) -> dict[str, str]:
-    """Probe name -> its one-line docstring, read from ``jax_probes.py`` without
-    importing it (importing starts JAX)."""
+def probe_docs(path: Path = PROBES_SCRIPT) -> dict[str, tuple[str, str]]:
+    """Probe name -> (what it checks, what to write instead where it is false),
+    read from the docstrings of ``jax_probes.py`` without importing it
+    (importing starts JAX). The second part is the paragraph after
+    ``Instead:``, empty when there is none."""
     import ast
 
     docs = {}
@@ -108,7 +110,8 @@ def probe_docs(path: Path = PROBES_SCRIPT) -> dict[str, str]:
         if isinstance(node, ast.FunctionDef) and any(
                 isinstance(d, ast.Name) and d.id == "probe"
                 for d in node.decorator_list):
-            docs[node.name] = " ".join((ast.get_docstring(node) or "").split())
+            what, _, instead = (ast.get_docstring(node) or "").partition("Instead:")
+            docs[node.name] = (" ".join(what.split()), " ".join(instead.split()))
     return docs
 
 

@@ -56,7 +56,10 @@ def jax_shard_map():
 
 @probe
 def experimental_shard_map():
-    """`jax.experimental.shard_map.shard_map` (the old home)."""
+    """`jax.experimental.shard_map.shard_map` (the old home).
+
+    Instead: `jax.shard_map(f, mesh=mesh, ...)`.
+    """
     return _module_attr("jax.experimental.shard_map", "shard_map")
 
 
@@ -68,13 +71,19 @@ def shard_map_check_vma():
 
 @probe
 def shard_map_check_rep():
-    """`shard_map(..., check_rep=...)` (renamed check_vma)."""
+    """`jax.shard_map(..., check_rep=...)`.
+
+    Instead: `check_vma=...` (the old shard_map's `check_rep`).
+    """
     return "check_rep" in inspect.signature(jax.shard_map).parameters
 
 
 @probe
 def lax_pvary():
-    """`lax.pvary(x, axis)`."""
+    """`lax.pvary(x, axis)`.
+
+    Instead: `lax.pcast(x, axis, to="varying")` (`collectives._compat.pvary`).
+    """
     return hasattr(lax, "pvary")
 
 
@@ -90,7 +99,11 @@ def lax_pcast_varying():
 
 @probe
 def lax_all_gather_invariant():
-    """`lax.all_gather_invariant` (public)."""
+    """`lax.all_gather_invariant` (public).
+
+    Instead: `lax.all_gather(..., to="invarying")`
+    (`collectives._compat.all_gather_invariant`).
+    """
     return hasattr(lax, "all_gather_invariant")
 
 
@@ -120,7 +133,10 @@ def _varying_aval():
 
 @probe
 def aval_vma():
-    """`jax.typeof(x).vma` holds the axes a value varies over."""
+    """`jax.typeof(x).vma` holds the axes a value varies over.
+
+    Instead: `jax.typeof(x).mat.varying` (`collectives._compat.vma`).
+    """
     return set(getattr(_varying_aval(), "vma", ())) == {"i"}
 
 
@@ -132,7 +148,10 @@ def aval_mat_varying():
 
 @probe
 def make_mesh_default_explicit():
-    """`jax.make_mesh` without `axis_types` gives Explicit axes."""
+    """`jax.make_mesh` without `axis_types` gives Explicit axes.
+
+    Instead: pass `axis_types` (`collectives.make_mesh` gives Auto axes).
+    """
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         mesh = jax.make_mesh((8,), ("i",))
@@ -141,7 +160,10 @@ def make_mesh_default_explicit():
 
 @probe
 def make_mesh_warns_about_default():
-    """`jax.make_mesh` without `axis_types` warns that the default will change."""
+    """`jax.make_mesh` without `axis_types` warns that the default will change.
+
+    Instead: pass `axis_types`; a test suite with `-W error` fails otherwise.
+    """
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         jax.make_mesh((8,), ("i",))
@@ -151,7 +173,10 @@ def make_mesh_warns_about_default():
 
 @probe
 def config_jax_num_cpu_devices():
-    """The `jax_num_cpu_devices` config option."""
+    """The `jax_num_cpu_devices` config option.
+
+    Instead: `collectives.use_cpu_devices(n)`.
+    """
     return "jax_num_cpu_devices" in jax.config.values
 
 
@@ -167,7 +192,10 @@ def pmap_runs_on_shard_map():
 
 @probe
 def device_put_sharded():
-    """`jax.device_put_sharded` / `device_put_replicated`."""
+    """`jax.device_put_sharded` / `device_put_replicated`.
+
+    Instead: `jax.device_put(x, NamedSharding(mesh, spec))` (migration guide).
+    """
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # deprecated on 0.8
         return all(hasattr(jax, name)
@@ -176,25 +204,37 @@ def device_put_sharded():
 
 @probe
 def experimental_pjit():
-    """`jax.experimental.pjit.pjit`."""
+    """`jax.experimental.pjit.pjit`.
+
+    Instead: `jax.jit(f, in_shardings=..., out_shardings=...)`.
+    """
     return _module_attr("jax.experimental.pjit", "pjit")
 
 
 @probe
 def experimental_maps_xmap():
-    """`jax.experimental.maps.xmap`."""
+    """`jax.experimental.maps.xmap`.
+
+    Instead: `jax.shard_map` over a mesh, or `jax.vmap(axis_name=...)`.
+    """
     return _module_attr("jax.experimental.maps", "xmap")
 
 
 @probe
 def positional_sharding():
-    """`jax.sharding.PositionalSharding`."""
+    """`jax.sharding.PositionalSharding`.
+
+    Instead: `NamedSharding(mesh, P("a", "b"))`.
+    """
     return hasattr(jax.sharding, "PositionalSharding")
 
 
 @probe
 def lax_psend_precv():
-    """`lax.psend` / `lax.precv` (public)."""
+    """`lax.psend` / `lax.precv` (public; GPU only, CPU raises).
+
+    Instead: `lax.ppermute(x, axis, pairs)`.
+    """
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # deprecated on 0.12
         return hasattr(lax, "psend") and hasattr(lax, "precv")
@@ -202,7 +242,11 @@ def lax_psend_precv():
 
 @probe
 def vmap_of_shard_map_psum():
-    """`vmap` of a shard_map'd psum (check_vma on) runs and is right (jax#34249)."""
+    """`vmap` of a shard_map'd psum (check_vma on) runs and is right (jax#34249).
+
+    Instead: `check_vma=False` on that shard_map, or the jit form
+    (`recipes/sharp_edges_versions.py`, 12).
+    """
     f = jax.shard_map(lambda x: lax.psum(x, "i"), mesh=_mesh(),
                       in_specs=P("i"), out_specs=P())
     x = np.arange(32.0, dtype=np.float32).reshape(4, 8)
@@ -212,7 +256,10 @@ def vmap_of_shard_map_psum():
 
 @probe
 def psum_scatter_negative_dimension():
-    """`lax.psum_scatter(..., scatter_dimension=-1)` lowers (jax#20125)."""
+    """`lax.psum_scatter(..., scatter_dimension=-1)` lowers (jax#20125).
+
+    Instead: `scatter_dimension=dim % x.ndim` (`recipes/sharp_edges_versions.py`, 13).
+    """
     f = jax.shard_map(
         lambda x: lax.psum_scatter(x, "i", scatter_dimension=-1, tiled=True),
         mesh=_mesh(), in_specs=P("i"), out_specs=P("i"))
