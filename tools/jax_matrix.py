@@ -247,6 +247,18 @@ def run_tests(venv: Path, work: Path, tests: str) -> dict:
     return summary
 
 
+def installed_versions(venv: Path) -> dict[str, str]:
+    """The exact Python, jax, jaxlib and numpy the venv runs."""
+    code, out, err, _ = _run(
+        [str(venv / "bin" / "python"), "-c",
+         "import sys, jax, jaxlib, numpy; print(sys.version.split()[0], "
+         "jax.__version__, jaxlib.__version__, numpy.__version__)"],
+        env=_test_env(venv), timeout=TIMEOUTS["probes"])
+    if code != 0:
+        raise RuntimeError(f"version query failed: {_first_line(err)}")
+    return dict(zip(("python", "jax", "jaxlib", "numpy"), out.split(), strict=True))
+
+
 def run_probes(venv: Path) -> dict[str, bool]:
     code, out, err, _ = _run([str(venv / "bin" / "python"), str(PROBES_SCRIPT)],
                              env=_test_env(venv), timeout=TIMEOUTS["probes"])
@@ -282,6 +294,7 @@ def run_release(release: str, python: str, args, log) -> dict:
             if "probes" in args.steps:
                 log("  probes")
                 result["probes"] = run_probes(venv)
+                result["versions"] = installed_versions(venv)
             if "check" in args.steps:
                 log("  check")
                 result["check"], result["recipes"] = run_check(venv, work)

@@ -129,7 +129,8 @@ def releases_table(results: dict[str, dict]) -> str:
                   f"{tests.get('skipped', 0)}") if tests else "not run"
         if not result["install"]["ok"]:
             agree = counts = f"install failed: {_cell(result['install']['detail'])}"
-        lines.append(f"| {release} | {result['python']} | {result['date']} | "
+        python = result.get("versions", {}).get("python", result["python"])
+        lines.append(f"| {release} | {python} | {result['date']} | "
                      f"`{result['commit']}` | {agree} | {counts} |")
         failures += [(release, f) for f in tests.get("failures", [])]
     lines.append("")
