@@ -12,11 +12,14 @@ What differs across that span, and what each name here papers over:
     to="varying")`` from 0.8.2; ``lax.pvary`` up to 0.9.2 (removed in 0.10.0)
     (:func:`pvary`).
 * The invariant all-gather: ``lax.all_gather_invariant`` is public in 0.8.0
-    and 0.8.1 only; ``lax.all_gather(..., to="invarying")`` from 0.8.2
+    and 0.8.1 only, private (``jax._src.lax.parallel``) from 0.8.2 to 0.9.2;
+    ``lax.all_gather(..., to="invarying")`` from 0.10.0
     (:func:`all_gather_invariant`).
+* The axes a value varies over: ``jax.typeof(x).vma`` up to 0.9.2,
+    ``jax.typeof(x).mat.varying`` from 0.10.0 (:func:`vma`).
 * Bugs of single releases, with the recipe's workaround
     (``recipes/sharp_edges_versions.py``): :data:`VMAP_OF_SHARD_MAP_PSUM_FAILS`
-    (0.8.1), :data:`PSUM_SCATTER_ACCEPTS_NEGATIVE_DIMENSION` (0.12+).
+    (0.8.1 to 0.8.3), :data:`PSUM_SCATTER_ACCEPTS_NEGATIVE_DIMENSION` (0.12+).
 
 Every boundary below is checked against the release matrix
 (``tools/jax_matrix.py``, ``docs/compat/results/``) by
@@ -93,25 +96,34 @@ PVARY_REMOVED_IN = (0, 10, 0)
 """``lax.pvary`` exists up to 0.9.2 and is gone from JAX 0.10.0."""
 
 ALL_GATHER_INVARIANT_PRIVATE_FROM = (0, 8, 2)
-"""``lax.all_gather_invariant`` is public in JAX 0.8.0 and 0.8.1 only; from
-0.8.2 the invariant form is ``lax.all_gather(..., to="invarying")``."""
+"""``lax.all_gather_invariant`` is public in JAX 0.8.0 and 0.8.1 only."""
+
+ALL_GATHER_TO_INVARYING_SINCE = (0, 10, 0)
+"""``lax.all_gather(..., to="invarying")`` exists from JAX 0.10.0; 0.8.2 to
+0.9.2 have neither it ("Allowed `to` values are: {'reduced', 'varying'}") nor
+the public ``lax.all_gather_invariant``, only the private one."""
 
 HAS_PCAST_VARYING = JAX_VERSION >= PCAST_VARYING_SINCE
 HAS_PVARY = JAX_VERSION < PVARY_REMOVED_IN
 HAS_PUBLIC_ALL_GATHER_INVARIANT = JAX_VERSION < ALL_GATHER_INVARIANT_PRIVATE_FROM
+HAS_ALL_GATHER_TO_INVARYING = JAX_VERSION >= ALL_GATHER_TO_INVARYING_SINCE
 
-VMAP_OF_SHARD_MAP_PSUM_FAILS = JAX_VERSION == (0, 8, 1)
-"""``jax.vmap`` of a shard_map'd ``lax.psum`` under ``check_vma=True`` raises
-``TypeError: _psum_invariant_abstract_eval() got an unexpected keyword
-argument 'axis_index_groups'`` on JAX 0.8.1 only (jax-ml/jax#34249).
-Workaround: ``check_vma=False`` on that shard_map, or the jit form."""
+VMAP_OF_SHARD_MAP_PSUM_BROKEN_IN = frozenset({(0, 8, 1), (0, 8, 2), (0, 8, 3)})
+"""The releases where ``jax.vmap`` of a shard_map'd ``lax.psum`` (or
+``pmean``) under ``check_vma=True`` raises ``TypeError:
+_psum_invariant_abstract_eval() got an unexpected keyword argument
+'axis_index_groups'`` (jax-ml/jax#34249; reported for 0.8.1, the matrix finds
+it in every 0.8.x after 0.8.0). Workaround: ``check_vma=False`` on that
+shard_map, or the jit form."""
+
+VMAP_OF_SHARD_MAP_PSUM_FAILS = JAX_VERSION in VMAP_OF_SHARD_MAP_PSUM_BROKEN_IN
 
 PSUM_SCATTER_ACCEPTS_NEGATIVE_DIMENSION = JAX_VERSION >= (0, 12, 0)
 """``lax.psum_scatter(..., scatter_dimension=-1)`` compiles from JAX 0.12;
 before, lowering fails ("'scatter_dimension' failed to satisfy constraint:
 ... non-negative", jax-ml/jax#20125). Workaround: ``dimension % ndim``."""
 
-AVAL_VARYING_IN_MAT = JAX_VERSION >= (0, 9, 0)
+AVAL_VARYING_IN_MAT = JAX_VERSION >= (0, 10, 0)
 """``jax.typeof(x).mat.varying`` replaces ``jax.typeof(x).vma`` (the axes a
 value varies over inside shard_map)."""
 
@@ -120,20 +132,22 @@ PROBE_BOUNDARIES: dict[str, tuple[tuple[int, ...], tuple[int, ...] | None]] = {
     "lax_pvary": (OLDEST_SUPPORTED_JAX, PVARY_REMOVED_IN),
     "lax_all_gather_invariant": (OLDEST_SUPPORTED_JAX,
                                  ALL_GATHER_INVARIANT_PRIVATE_FROM),
-    "all_gather_to_invarying": (PCAST_VARYING_SINCE, None),
+    "all_gather_to_invarying": (ALL_GATHER_TO_INVARYING_SINCE, None),
+    "private_all_gather_invariant": (OLDEST_SUPPORTED_JAX, None),
     "make_mesh_default_explicit": ((0, 9, 0), None),
     "make_mesh_warns_about_default": ((0, 8, 1), (0, 9, 0)),
     "psum_scatter_negative_dimension": ((0, 12, 0), None),
     "vmap_of_shard_map_psum": (OLDEST_SUPPORTED_JAX, None),
-    "aval_vma": (OLDEST_SUPPORTED_JAX, (0, 9, 0)),
-    "aval_mat_varying": ((0, 9, 0), None),
+    "aval_vma": (OLDEST_SUPPORTED_JAX, (0, 10, 0)),
+    "aval_mat_varying": ((0, 10, 0), None),
+    "device_put_sharded": (OLDEST_SUPPORTED_JAX, (0, 10, 0)),
 }
 """Probe of ``tools/jax_probes.py`` -> ``(since, gone_in)``: the probe holds on
 releases ``since <= version < gone_in`` (``None``: up to the newest), except
 those in :data:`PROBE_EXCEPTIONS`; the matrix results must agree."""
 
 PROBE_EXCEPTIONS: dict[str, frozenset[tuple[int, ...]]] = {
-    "vmap_of_shard_map_psum": frozenset({(0, 8, 1)}),
+    "vmap_of_shard_map_psum": VMAP_OF_SHARD_MAP_PSUM_BROKEN_IN,
 }
 """Releases inside a probe's span where it does not hold (single-release bugs)."""
 
@@ -161,6 +175,10 @@ def all_gather_invariant(
     """All-gather whose result is typed invariant over ``axis_name``."""
     if HAS_PUBLIC_ALL_GATHER_INVARIANT:  # JAX 0.8.0 and 0.8.1
         return lax.all_gather_invariant(x, axis_name, axis=axis, tiled=tiled)
+    if not HAS_ALL_GATHER_TO_INVARYING:  # JAX 0.8.2 to 0.9.2: private only
+        from jax._src.lax import parallel as _parallel
+
+        return _parallel.all_gather_invariant(x, axis_name, axis=axis, tiled=tiled)
     return lax.all_gather(x, axis_name, axis=axis, tiled=tiled, to="invarying")
 
 
@@ -172,7 +190,7 @@ def backends_initialized() -> bool:
 def vma(x: Any) -> frozenset[str]:
     """The set of mesh axes a value inside shard_map varies over.
 
-    The type keeps it in ``.vma`` up to JAX 0.8, in ``.mat.varying`` later
+    The type keeps it in ``.vma`` up to JAX 0.9.2, in ``.mat.varying`` from 0.10
     (where ``.vma`` is gone: reading it would say "varies over nothing").
     """
     aval = jax.typeof(x)

@@ -143,12 +143,15 @@ def _python_env() -> dict[str, str]:
     """The environment for interpreter lookup: on pyenv machines, make every
     installed 3.11 and 3.12 visible (``PYENV_VERSION=3.11.x:3.12.y``)."""
     env = dict(os.environ)
-    if shutil.which("pyenv") and not env.get("PYENV_VERSION"):
+    if shutil.which("pyenv"):
+        # (pyenv's python3 shim sets PYENV_VERSION to one version for its child)
+        chosen = [v for v in env.get("PYENV_VERSION", "").split(":") if v]
         bare = subprocess.run(["pyenv", "versions", "--bare"], capture_output=True,
                               text=True).stdout.split()
-        picks = [next((v for v in bare if v.startswith(p + ".")), "")
-                 for p in ("3.11", "3.12")]
-        env["PYENV_VERSION"] = ":".join(p for p in picks if p)
+        for minor in ("3.11", "3.12"):
+            if not any(v.startswith(minor + ".") for v in chosen):
+                chosen += [v for v in bare if v.startswith(minor + ".")][:1]
+        env["PYENV_VERSION"] = ":".join(chosen)
     return env
 
 
@@ -329,10 +332,12 @@ def regressions(new: dict, committed: dict) -> list[str]:
 def summary_line(result: dict) -> str:
     if not result["install"]["ok"]:
         return f"install failed: {result['install']['detail']}"
-    check = result["check"]
+    check = result.get("check")
     tests = result.get("tests")
-    text = (f"check {check.get('agree', 0)} agree, {check.get('disagree', '?')} "
-            f"disagree ({check['seconds']} s)")
+    text = f"{sum(result.get('probes', {}).values())} probes hold"
+    if check:
+        text += (f"; check {check.get('agree', 0)} agree, "
+                 f"{check.get('disagree', '?')} disagree ({check['seconds']} s)")
     if tests:
         text += (f"; tests {tests['passed']} passed, {tests['failed']} failed "
                  f"({tests['seconds']} s)")

@@ -108,6 +108,21 @@ def lax_all_gather_invariant():
 
 
 @probe
+def private_all_gather_invariant():
+    """`jax._src.lax.parallel.all_gather_invariant` (private) is typed invariant.
+
+    Instead: `lax.all_gather(..., to="invarying")` where it exists.
+    """
+    from jax._src.lax import parallel
+
+    f = jax.shard_map(
+        lambda x: parallel.all_gather_invariant(x, "i", tiled=True),
+        mesh=_mesh(), in_specs=P("i"), out_specs=P())
+    x = np.arange(16.0, dtype=np.float32)
+    return bool(np.array_equal(np.asarray(f(x)), x))
+
+
+@probe
 def all_gather_to_invarying():
     """`lax.all_gather(..., to="invarying")` with `out_specs=P()`."""
     if "to" not in inspect.signature(lax.all_gather).parameters:
