@@ -58,6 +58,19 @@ def test_pvary_makes_an_invariant_value_varying(mesh):
     np.testing.assert_array_equal(got, np.arange(1, N + 1))
 
 
+def test_all_gather_to_invarying_exists_from_0_10(mesh):
+    def gather(x):
+        return lax.all_gather(x, "i", tiled=True, to="invarying")
+
+    f = jax.shard_map(gather, mesh=mesh, in_specs=P("i"), out_specs=P())
+    x = np.arange(2.0 * N, dtype=np.float32)
+    if _compat.HAS_ALL_GATHER_TO_INVARYING:
+        np.testing.assert_array_equal(np.asarray(f(x)), x)
+    else:  # 0.8.0-0.9.2 (0.8.0-0.8.1 lack the `to` argument altogether)
+        with pytest.raises((ValueError, TypeError), match="to"):
+            f(x)
+
+
 def test_all_gather_invariant_is_typed_invariant(mesh):
     def body(x):
         out = _compat.all_gather_invariant(x, "i", tiled=True)
