@@ -19,7 +19,7 @@ What differs across that span, and what each name here papers over:
     ``jax.typeof(x).mat.varying`` from 0.10.0 (:func:`vma`).
 * Bugs of single releases, with the recipe's workaround
     (``recipes/sharp_edges_versions.py``): :data:`VMAP_OF_SHARD_MAP_PSUM_FAILS`
-    (0.8.1 to 0.8.3), :data:`PSUM_SCATTER_ACCEPTS_NEGATIVE_DIMENSION` (0.12+).
+    (0.8.1 to 0.8.3), :data:`PSUM_SCATTER_ACCEPTS_NEGATIVE_DIMENSION` (0.11+).
 
 Every boundary below is checked against the release matrix
 (``tools/jax_matrix.py``, ``docs/compat/results/``) by
@@ -118,8 +118,8 @@ shard_map, or the jit form."""
 
 VMAP_OF_SHARD_MAP_PSUM_FAILS = JAX_VERSION in VMAP_OF_SHARD_MAP_PSUM_BROKEN_IN
 
-PSUM_SCATTER_ACCEPTS_NEGATIVE_DIMENSION = JAX_VERSION >= (0, 12, 0)
-"""``lax.psum_scatter(..., scatter_dimension=-1)`` compiles from JAX 0.12;
+PSUM_SCATTER_ACCEPTS_NEGATIVE_DIMENSION = JAX_VERSION >= (0, 11, 0)
+"""``lax.psum_scatter(..., scatter_dimension=-1)`` compiles from JAX 0.11.0;
 before, lowering fails ("'scatter_dimension' failed to satisfy constraint:
 ... non-negative", jax-ml/jax#20125). Workaround: ``dimension % ndim``."""
 
@@ -133,10 +133,10 @@ PROBE_BOUNDARIES: dict[str, tuple[tuple[int, ...], tuple[int, ...] | None]] = {
     "lax_all_gather_invariant": (OLDEST_SUPPORTED_JAX,
                                  ALL_GATHER_INVARIANT_PRIVATE_FROM),
     "all_gather_to_invarying": (ALL_GATHER_TO_INVARYING_SINCE, None),
-    "private_all_gather_invariant": (OLDEST_SUPPORTED_JAX, None),
+    "private_all_gather_invariant": (OLDEST_SUPPORTED_JAX, (0, 12, 0)),
     "make_mesh_default_explicit": ((0, 9, 0), None),
     "make_mesh_warns_about_default": ((0, 8, 1), (0, 9, 0)),
-    "psum_scatter_negative_dimension": ((0, 12, 0), None),
+    "psum_scatter_negative_dimension": ((0, 11, 0), None),
     "vmap_of_shard_map_psum": (OLDEST_SUPPORTED_JAX, None),
     "aval_vma": (OLDEST_SUPPORTED_JAX, (0, 10, 0)),
     "aval_mat_varying": ((0, 10, 0), None),

@@ -13,7 +13,7 @@ bites, from the release matrix):
       reduce over every axis its ``P()`` output does not name), or the jit
       form, which needs no shard_map.
   13. ``lax.psum_scatter(x, axis, scatter_dimension=-1)`` fails to compile
-      before JAX 0.12: "'stablehlo.reduce_scatter' op attribute
+      before JAX 0.11: "'stablehlo.reduce_scatter' op attribute
       'scatter_dimension' failed to satisfy constraint: ... non-negative"
       (jax-ml/jax#20125); pmap and shard_map alike. Workaround: pass the
       dimension counted from the front, ``scatter_dimension % x.ndim``.
@@ -45,7 +45,7 @@ def make_mesh(shape, names):
 # [start:pmap]
 def scatter_last_pmap(x, n_devices, dim=-1):
     # x: f32[n*k, m] global; each device holds k rows and keeps m/n columns
-    # of the sum over devices. dim=-1 is pitfall 13 before JAX 0.12.
+    # of the sum over devices. dim=-1 is pitfall 13 before JAX 0.11.
     stacked = x.reshape(n_devices, -1, x.shape[1])  # [n, k, m]
     f = jax.pmap(lambda b: lax.psum_scatter(b, "i", scatter_dimension=dim,
                                             tiled=True), axis_name="i")
@@ -71,7 +71,7 @@ def batched_total_fixed(x, mesh):
 
 def scatter_last_shard_map(x, mesh, dim=-1):
     # x: f32[n*k, m] rows over "i"; each device keeps columns block d of the
-    # sum of the blocks. dim=-1 fails to compile before JAX 0.12 (pitfall 13).
+    # sum of the blocks. dim=-1 fails to compile before JAX 0.11 (pitfall 13).
     f = jax.shard_map(lambda b: lax.psum_scatter(b, "i", scatter_dimension=dim,
                                                  tiled=True),
                       mesh=mesh, in_specs=P("i"), out_specs=P(None, "i"))

@@ -52,7 +52,7 @@ def test_pitfall_13_psum_scatter_negative_dimension(edges, mesh, blocks):
             np.asarray(edges.scatter_last_shard_map(blocks, mesh, dim=-1)), want)
         np.testing.assert_array_equal(edges.scatter_last_pmap(blocks, N, dim=-1),
                                       want)
-    else:  # before JAX 0.12, jax-ml/jax#20125
+    else:  # before JAX 0.11, jax-ml/jax#20125
         with pytest.raises(ValueError, match="scatter_dimension"):
             edges.scatter_last_shard_map(blocks, mesh, dim=-1)
         with pytest.raises(ValueError, match="scatter_dimension"):
