@@ -83,7 +83,7 @@ def test_compat_boundaries_agree_with_the_matrix(probe):
         version = _compat._parse_version(release)
         expected = (since <= version and (gone_in is None or version < gone_in)
                     and version not in exceptions)
-        got = result["probes"].get(probe)
+        got = result.get("probes", {}).get(probe)
         assert got == expected, (
             f"{probe} is {got} on jax {release}, but "
             f"collectives._compat.PROBE_BOUNDARIES says {expected}")
