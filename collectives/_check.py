@@ -193,6 +193,22 @@ def add_check_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seed of the inputs (default: %(default)s)")
 
 
+def write_check_json(rows: Sequence[CheckResult], path: str) -> None:
+    """The ``check`` rows as JSON: ``{"jax": version, "rows": [row, ...]}``.
+
+    A row's ``max_error`` is ``null`` where it is NaN (the form failed)."""
+    import json
+
+    def plain(row: CheckResult) -> dict[str, Any]:
+        out = dataclasses.asdict(row)
+        out["max_error"] = None if np.isnan(row.max_error) else row.max_error
+        return out
+
+    with open(path, "w") as stream:
+        json.dump({"jax": jax.__version__, "rows": [plain(r) for r in rows]},
+                  stream, indent=1)
+
+
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``run``."""
     parser.add_argument("name")

@@ -98,12 +98,15 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_check(args: argparse.Namespace) -> int:
     _setup(args)
     from collectives._check import print_check
+    from collectives._check import write_check_json
 
     try:
         rows = print_check(args)
     except (KeyError, ValueError) as err:
         print(f"error: {err.args[0]}", file=sys.stderr)
         return 2
+    if args.json:
+        write_check_json(rows, args.json)
     return 0 if rows and all(row.ok for row in rows) else 1
 
 
@@ -139,6 +142,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("check", parents=[devices],
                        help="every recipe in every form vs the NumPy oracle")
     add_check_arguments(p)
+    p.add_argument("--json", metavar="FILE",
+                   help="also write the rows and the JAX version to FILE as JSON")
     p.set_defaults(func=cmd_check)
 
     from collectives.bench import add_arguments as add_bench_arguments

@@ -8,11 +8,24 @@ What differs across that span, and what each name here papers over:
 * ``jax.make_mesh`` creates ``Auto`` axes up to 0.8 and ``Explicit`` axes from
     0.9; :func:`auto_axis_types` gives the ``axis_types`` argument that yields
     ``Auto`` on every version.
-* Marking a value as varying over an axis: ``lax.pvary`` on 0.8,
-    ``lax.pcast(x, axis, to="varying")`` from 0.10 (:func:`pvary`).
-* The invariant all-gather: ``lax.all_gather_invariant`` on 0.8,
-    ``lax.all_gather(..., to="invarying")`` from 0.10
+* Marking a value as varying over an axis: ``lax.pcast(x, axis,
+    to="varying")`` from 0.8.2; ``lax.pvary`` up to 0.9.2 (removed in 0.10.0)
+    (:func:`pvary`).
+* The invariant all-gather: ``lax.all_gather_invariant`` is public in 0.8.0
+    and 0.8.1 only, private (``jax._src.lax.parallel``) from 0.8.2 to 0.9.2;
+    ``lax.all_gather(..., to="invarying")`` from 0.10.0
     (:func:`all_gather_invariant`).
+* The axes a value varies over: ``jax.typeof(x).vma`` up to 0.9.2,
+    ``jax.typeof(x).mat.varying`` from 0.10.0 (:func:`vma`).
+* Bugs of single releases, with the recipe's workaround
+    (``recipes/sharp_edges_versions.py``): :data:`VMAP_OF_SHARD_MAP_PSUM_FAILS`
+    (0.8.1 to 0.8.3), :data:`PSUM_SCATTER_ACCEPTS_NEGATIVE_DIMENSION` (0.11+).
+
+Every boundary below is checked against the release matrix
+(``tools/jax_matrix.py``, ``docs/compat/results/``) by
+``tests/test_compat_results.py``: :data:`PROBE_BOUNDARIES` says, for each
+probe of ``tools/jax_probes.py`` that a name here depends on, the releases
+where it holds.
 * Whether JAX's backends have started (:func:`backends_initialized`).
 * Behaviour the sharp-edge tests branch on: shard_map's input check on
     explicit meshes (:data:`SHARD_MAP_CHECKS_EXPLICIT_INPUT_SPECS`) and
@@ -59,6 +72,11 @@ OLDEST_SUPPORTED_JAX = (0, 8, 0)
 MAKE_MESH_DEFAULTS_TO_EXPLICIT = JAX_VERSION >= (0, 9, 0)
 """``jax.make_mesh`` without ``axis_types`` gives Explicit axes from JAX 0.9."""
 
+MAKE_MESH_WARNS_ABOUT_DEFAULT = (0, 8, 1) <= JAX_VERSION < (0, 9, 0)
+"""``jax.make_mesh`` without ``axis_types`` raises a DeprecationWarning ("The
+default axis_types will change in JAX v0.9.0") on 0.8.1 to 0.8.3 (an error
+under ``-W error``); 0.8.0 and 0.9+ are silent. Pass ``axis_types``."""
+
 NESTED_PMAP_SUPPORTED = False
 """Nested ``jax.pmap`` raises on every supported JAX (pmap runs on shard_map
 since 0.8: "The context mesh ... should match the mesh passed to shard_map")."""
@@ -75,8 +93,67 @@ RuntimeError from 0.12 (the ``jax_raise_on_ppermute_sort_diff`` flag; with
 it off, devices are numbered in the tuple's order); up to 0.11 it silently
 numbers devices in mesh order (seen on 0.8.0 and 0.10.2)."""
 
-_HAS_PCAST = hasattr(lax, "pcast")  # from 0.9
-_HAS_ALL_GATHER_INVARIANT = hasattr(lax, "all_gather_invariant")  # up to 0.9
+PCAST_VARYING_SINCE = (0, 8, 2)
+"""``lax.pcast(x, axis, to="varying")`` exists from JAX 0.8.2."""
+
+PVARY_REMOVED_IN = (0, 10, 0)
+"""``lax.pvary`` exists up to 0.9.2 and is gone from JAX 0.10.0."""
+
+ALL_GATHER_INVARIANT_PRIVATE_FROM = (0, 8, 2)
+"""``lax.all_gather_invariant`` is public in JAX 0.8.0 and 0.8.1 only."""
+
+ALL_GATHER_TO_INVARYING_SINCE = (0, 10, 0)
+"""``lax.all_gather(..., to="invarying")`` exists from JAX 0.10.0; 0.8.2 to
+0.9.2 have neither it ("Allowed `to` values are: {'reduced', 'varying'}") nor
+the public ``lax.all_gather_invariant``, only the private one."""
+
+HAS_PCAST_VARYING = JAX_VERSION >= PCAST_VARYING_SINCE
+HAS_PVARY = JAX_VERSION < PVARY_REMOVED_IN
+HAS_PUBLIC_ALL_GATHER_INVARIANT = JAX_VERSION < ALL_GATHER_INVARIANT_PRIVATE_FROM
+HAS_ALL_GATHER_TO_INVARYING = JAX_VERSION >= ALL_GATHER_TO_INVARYING_SINCE
+
+VMAP_OF_SHARD_MAP_PSUM_BROKEN_IN = frozenset({(0, 8, 1), (0, 8, 2), (0, 8, 3)})
+"""The releases where ``jax.vmap`` of a shard_map'd ``lax.psum`` (or
+``pmean``) under ``check_vma=True`` raises ``TypeError:
+_psum_invariant_abstract_eval() got an unexpected keyword argument
+'axis_index_groups'`` (jax-ml/jax#34249; reported for 0.8.1, the matrix finds
+it in every 0.8.x after 0.8.0). Workaround: ``check_vma=False`` on that
+shard_map, or the jit form."""
+
+VMAP_OF_SHARD_MAP_PSUM_FAILS = JAX_VERSION in VMAP_OF_SHARD_MAP_PSUM_BROKEN_IN
+
+PSUM_SCATTER_ACCEPTS_NEGATIVE_DIMENSION = JAX_VERSION >= (0, 11, 0)
+"""``lax.psum_scatter(..., scatter_dimension=-1)`` compiles from JAX 0.11.0;
+before, lowering fails ("'scatter_dimension' failed to satisfy constraint:
+... non-negative", jax-ml/jax#20125). Workaround: ``dimension % ndim``."""
+
+AVAL_VARYING_IN_MAT = JAX_VERSION >= (0, 10, 0)
+"""``jax.typeof(x).mat.varying`` replaces ``jax.typeof(x).vma`` (the axes a
+value varies over inside shard_map)."""
+
+PROBE_BOUNDARIES: dict[str, tuple[tuple[int, ...], tuple[int, ...] | None]] = {
+    "lax_pcast_varying": (PCAST_VARYING_SINCE, None),
+    "lax_pvary": (OLDEST_SUPPORTED_JAX, PVARY_REMOVED_IN),
+    "lax_all_gather_invariant": (OLDEST_SUPPORTED_JAX,
+                                 ALL_GATHER_INVARIANT_PRIVATE_FROM),
+    "all_gather_to_invarying": (ALL_GATHER_TO_INVARYING_SINCE, None),
+    "private_all_gather_invariant": (OLDEST_SUPPORTED_JAX, (0, 12, 0)),
+    "make_mesh_default_explicit": ((0, 9, 0), None),
+    "make_mesh_warns_about_default": ((0, 8, 1), (0, 9, 0)),
+    "psum_scatter_negative_dimension": ((0, 11, 0), None),
+    "vmap_of_shard_map_psum": (OLDEST_SUPPORTED_JAX, None),
+    "aval_vma": (OLDEST_SUPPORTED_JAX, (0, 10, 0)),
+    "aval_mat_varying": ((0, 10, 0), None),
+    "device_put_sharded": (OLDEST_SUPPORTED_JAX, (0, 10, 0)),
+}
+"""Probe of ``tools/jax_probes.py`` -> ``(since, gone_in)``: the probe holds on
+releases ``since <= version < gone_in`` (``None``: up to the newest), except
+those in :data:`PROBE_EXCEPTIONS`; the matrix results must agree."""
+
+PROBE_EXCEPTIONS: dict[str, frozenset[tuple[int, ...]]] = {
+    "vmap_of_shard_map_psum": VMAP_OF_SHARD_MAP_PSUM_BROKEN_IN,
+}
+"""Releases inside a probe's span where it does not hold (single-release bugs)."""
 
 
 def auto_axis_types(ndim: int) -> tuple[Any, ...]:
@@ -91,17 +168,21 @@ def explicit_axis_types(ndim: int) -> tuple[Any, ...]:
 
 def pvary(x: Any, axis_name: str | tuple[str, ...]) -> Any:
     """Mark ``x`` (an invariant value) as varying over ``axis_name``."""
-    if _HAS_PCAST:
+    if HAS_PCAST_VARYING:
         return lax.pcast(x, axis_name, to="varying")
-    return lax.pvary(x, axis_name)  # JAX 0.8
+    return lax.pvary(x, axis_name)  # JAX 0.8.0 and 0.8.1
 
 
 def all_gather_invariant(
         x: Any, axis_name: str | tuple[str, ...], *, axis: int = 0, tiled: bool = False
 ) -> Any:
     """All-gather whose result is typed invariant over ``axis_name``."""
-    if _HAS_ALL_GATHER_INVARIANT:
+    if HAS_PUBLIC_ALL_GATHER_INVARIANT:  # JAX 0.8.0 and 0.8.1
         return lax.all_gather_invariant(x, axis_name, axis=axis, tiled=tiled)
+    if not HAS_ALL_GATHER_TO_INVARYING:  # JAX 0.8.2 to 0.9.2: private only
+        from jax._src.lax import parallel as _parallel
+
+        return _parallel.all_gather_invariant(x, axis_name, axis=axis, tiled=tiled)
     return lax.all_gather(x, axis_name, axis=axis, tiled=tiled, to="invarying")
 
 
@@ -111,8 +192,15 @@ def backends_initialized() -> bool:
 
 
 def vma(x: Any) -> frozenset[str]:
-    """The set of mesh axes a value inside shard_map varies over."""
-    return frozenset(getattr(jax.typeof(x), "vma", frozenset()))
+    """The set of mesh axes a value inside shard_map varies over.
+
+    The type keeps it in ``.vma`` up to JAX 0.9.2, in ``.mat.varying`` from 0.10
+    (where ``.vma`` is gone: reading it would say "varies over nothing").
+    """
+    aval = jax.typeof(x)
+    if AVAL_VARYING_IN_MAT:
+        return frozenset(aval.mat.varying)
+    return frozenset(aval.vma)
 
 
 def make_jax_mesh(

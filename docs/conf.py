@@ -36,6 +36,7 @@ extensions = [
     "collective_facts",
     "strategy_facts",
     "public_api",
+    "compat_matrix",
 ]
 
 source_suffix = {".md": "markdown"}
@@ -79,14 +80,17 @@ nitpick_ignore_regex = [
 gallery_recipes_dir = "../recipes"
 # Derived from the registry: each recipe names its file (``source``), its
 # family and whether collectives.diagram draws it.
-_CORE_FILES = list(dict.fromkeys(
-    Path(r.source).stem for r in collectives.RECIPES.values() if r.family == "core"))
+def _files(family: str) -> list[str]:
+    return list(dict.fromkeys(Path(r.source).stem for r in collectives.RECIPES.values()
+                              if r.family == family))
+
+
 gallery_groups = [
-    ("Core collectives", _CORE_FILES),
-    ("Arrays, migration and processes", ["distributed_arrays", "migrate_pmap",
+    ("Core collectives", _files("core")),
+    ("Arrays, migration and processes", ["distributed_arrays", "migrate_*",
                                          "multi_process"]),
     ("Sharp edges", ["sharp_edges_*"]),
-    ("Parallelism strategies", ["fsdp", "pipeline", "optax_training"]),
+    ("Parallelism strategies", _files("strategy")),
     ("Patterns", ["*"]),
 ]
 gallery_diagrams: dict[str, list[str]] = {}

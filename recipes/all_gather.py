@@ -7,9 +7,10 @@ all devices along dim 0 (the global array, on every device);
 The sharp edge: in shard_map the plain all-gather result is typed *varying*
 over the axis, so ``out_specs=P()`` fails the static replication (VMA)
 check even though every device holds the same value. Use the invariant
-gather (``lax.all_gather(..., to="invarying")`` from JAX 0.10, or
-``lax.all_gather_invariant`` before). pmap has no such types, so legacy pmap
-code used the plain gather.
+gather (``lax.all_gather(..., to="invarying")`` from JAX 0.10.0,
+``lax.all_gather_invariant`` on 0.8.0 and 0.8.1, the private one in
+``jax._src.lax.parallel`` on 0.8.2 to 0.9.2). pmap has no such types, so
+legacy pmap code used the plain gather.
 
 Which form when: shard_map when the gather feeds more per-device work; jit
 when you only need the data replicated (an output sharding of ``P()`` is the
@@ -38,10 +39,15 @@ def make_mesh(n_devices):
 
 
 def all_gather_invariant(x, axis_name, *, tiled):
-    # The invariant gather is spelled differently across JAX versions.
-    if hasattr(lax, "all_gather_invariant"):  # JAX 0.8, 0.9
+    # The invariant gather is spelled differently across JAX versions:
+    # public lax.all_gather_invariant on 0.8.0-0.8.1, private on 0.8.2-0.9.2,
+    # lax.all_gather(..., to="invarying") from 0.10.0.
+    if hasattr(lax, "all_gather_invariant"):  # JAX 0.8.0, 0.8.1
         return lax.all_gather_invariant(x, axis_name, tiled=tiled)
-    return lax.all_gather(x, axis_name, tiled=tiled, to="invarying")  # JAX >= 0.10
+    if jax.__version_info__[:3] < (0, 10, 0):  # JAX 0.8.2 to 0.9.2
+        from jax._src.lax.parallel import all_gather_invariant as private
+        return private(x, axis_name, tiled=tiled)
+    return lax.all_gather(x, axis_name, tiled=tiled, to="invarying")  # >= 0.10
 
 
 # [start:pmap]

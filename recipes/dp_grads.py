@@ -9,7 +9,7 @@ of the full-batch loss, because every device holds the same number of rows.
 Which form when:
   * pmap (legacy): ``jax.grad`` inside the body, then ``pmean``.
   * shard_map: the same, but mark the replicated parameters *varying* first
-    (``lax.pcast(p, "i", to="varying")``; ``lax.pvary`` on JAX 0.8), or
+    (``lax.pcast(p, "i", to="varying")``; ``lax.pvary`` on JAX 0.8.0 and 0.8.1), or
     differentiate the whole program: ``jax.grad(shard_map(pmean(loss)))``.
     Porting the pmap body as is (``check_vma=True``, parameters ``P()``)
     returns gradients n times too large; ``sharp_edges_grads.py`` shows why.
@@ -44,7 +44,7 @@ def make_mesh(n_devices):
 
 def pvary(tree, axis_name):
     # Mark replicated (invariant) values as varying over axis_name.
-    if hasattr(lax, "pcast"):  # JAX >= 0.9
+    if hasattr(lax, "pcast"):  # JAX >= 0.8.2
         return jax.tree_util.tree_map(
             lambda p: lax.pcast(p, axis_name, to="varying"), tree)
     return jax.tree_util.tree_map(lambda p: lax.pvary(p, axis_name), tree)

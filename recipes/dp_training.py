@@ -49,7 +49,7 @@ def make_mesh(n_devices):
 
 def pvary(tree, axis_name):
     # Mark replicated (invariant) values as varying over axis_name.
-    if hasattr(lax, "pcast"):  # JAX >= 0.9
+    if hasattr(lax, "pcast"):  # JAX >= 0.8.2
         return jax.tree_util.tree_map(
             lambda p: lax.pcast(p, axis_name, to="varying"), tree)
     return jax.tree_util.tree_map(lambda p: lax.pvary(p, axis_name), tree)

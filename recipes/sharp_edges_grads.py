@@ -13,7 +13,7 @@ Fixes (each agrees with NumPy below):
   * differentiate the whole data-parallel program:
     ``jax.grad(shard_map(lambda w, x, y: pmean(loss(w, x, y))))``;
   * or mark the parameters varying first (``lax.pcast(w, "i",
-    to="varying")``, ``lax.pvary`` on JAX 0.8), so ``jax.grad`` is local and
+    to="varying")``, ``lax.pvary`` on JAX 0.8.0 and 0.8.1), so ``jax.grad`` is local and
     the ``pmean`` averages;
   * or the jit form: ``jax.grad`` of the global loss on sharded data.
 
@@ -40,9 +40,9 @@ def make_mesh(n_devices):
 
 def pvary(x, axis_name):
     # Mark an invariant value as varying; spelled differently across versions.
-    if hasattr(lax, "pcast"):  # JAX >= 0.9
+    if hasattr(lax, "pcast"):  # JAX >= 0.8.2
         return lax.pcast(x, axis_name, to="varying")
-    return lax.pvary(x, axis_name)  # JAX 0.8
+    return lax.pvary(x, axis_name)  # JAX 0.8.0, 0.8.1
 
 
 def loss(w, x, y):

@@ -12,8 +12,8 @@ and the fix:
   2. ``all_gather`` then ``out_specs=P()``: the gathered value is typed
      *varying*, so the replication (VMA) check fails ("out_specs which require
      replication which can't be statically inferred"). Fix: the invariant
-     gather (``lax.all_gather_invariant`` on 0.8/0.9, ``lax.all_gather(...,
-     to="invarying")`` from 0.10).
+     gather (``lax.all_gather(..., to="invarying")`` from 0.10.0;
+     ``lax.all_gather_invariant`` on 0.8.0-0.8.1, private on 0.8.2-0.9.2).
   4. ``psum`` of an invariant value (an ``in_specs=P()`` input, or a value
      already summed) multiplies it by the axis size, silently. Fix: psum only
      what varies per device; add the invariant part once.
@@ -52,10 +52,15 @@ def make_explicit_mesh(shape, names):
 
 
 def all_gather_invariant(x, axis_name, *, tiled):
-    # The invariant gather is spelled differently across JAX versions.
-    if hasattr(lax, "all_gather_invariant"):  # JAX 0.8, 0.9
+    # The invariant gather is spelled differently across JAX versions:
+    # public lax.all_gather_invariant on 0.8.0-0.8.1, private on 0.8.2-0.9.2,
+    # lax.all_gather(..., to="invarying") from 0.10.0.
+    if hasattr(lax, "all_gather_invariant"):  # JAX 0.8.0, 0.8.1
         return lax.all_gather_invariant(x, axis_name, tiled=tiled)
-    return lax.all_gather(x, axis_name, tiled=tiled, to="invarying")  # JAX >= 0.10
+    if jax.__version_info__[:3] < (0, 10, 0):  # JAX 0.8.2 to 0.9.2
+        from jax._src.lax.parallel import all_gather_invariant as private
+        return private(x, axis_name, tiled=tiled)
+    return lax.all_gather(x, axis_name, tiled=tiled, to="invarying")  # >= 0.10
 
 
 # [start:pmap]

@@ -62,11 +62,15 @@ def test_every_page_is_reachable_from_the_index():
 
 def test_migration_guide_points_at_functions_and_tests_that_exist():
     text = (DOCS / "migration.md").read_text()
-    recipe = ast.parse((RECIPES_DIR / "migrate_pmap.py").read_text())
-    functions = {n.name for n in recipe.body if isinstance(n, ast.FunctionDef)}
-    shown = set(re.findall(r":pyobject: (\w+)", text))
-    assert shown and shown <= functions, shown - functions
-    tests = (ROOT / "tests" / "test_migrate_pmap.py").read_text()
+    shown = re.findall(r"\{literalinclude\} \.\./recipes/(\w+)\.py\s+"
+                       r":language: python\s+:pyobject: (\w+)", text)
+    assert len(shown) == text.count(":pyobject:")
+    for stem, name in shown:
+        recipe = ast.parse((RECIPES_DIR / f"{stem}.py").read_text())
+        assert name in {n.name for n in recipe.body
+                        if isinstance(n, ast.FunctionDef)}, (stem, name)
+    tests = "".join((ROOT / "tests" / f"test_{stem}.py").read_text()
+                    for stem in sorted({stem for stem, _ in shown}))
     named = set(re.findall(r"`(test_\w+)`", text))
     assert named and all(f"def {name}(" in tests for name in named), named
     # Every idiom of JAX's migration guide has a section.

@@ -76,6 +76,8 @@ def test_legacy_device_put_stacks_one_entry_per_device(mig):
                                   np.arange(3.0))
 
 
+# jax.device_put_sharded warns from 0.8.1 until it is gone (0.10).
+@pytest.mark.filterwarnings("ignore:jax.device_put_sharded is deprecated")
 def test_legacy_device_put_matches_jax_where_it_still_exists(mig):
     try:
         device_put_sharded = jax.device_put_sharded

@@ -1,0 +1,175 @@
+"""The compatibility page's tables, written at build time from the results.
+
+``tools/jax_matrix.py`` leaves one JSON file per JAX release in
+``docs/compat/results/``; this extension turns them into Markdown tables in
+``_generated/compat/`` that ``compatibility.md`` includes:
+
+* ``recipes.inc``: registered recipe x release, agrees or fails (with the
+  one-line reason and the workaround from ``docs/compat/workarounds.json``);
+* ``apis.inc``: each probe of ``tools/jax_probes.py`` with the releases where
+  it holds (first and last) and what to write instead;
+* ``releases.inc``: per release, the Python, the check and test-subset counts
+  and every failing test with its reason.
+
+Nothing here is hand-written, so the page cannot drift from the results; a
+failure without a workaround, or a release of ``tools/jax_releases.txt``
+without a result, is a build warning (an error under ``-W``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+from sphinx.application import Sphinx
+from sphinx.util import logging
+
+logger = logging.getLogger(__name__)
+
+ROOT = Path(__file__).resolve().parents[2]
+WORKAROUNDS = ROOT / "docs" / "compat" / "workarounds.json"
+AGREES, FAILS, HOLDS, ABSENT = "✓", "✗", "●", "·"
+DASH = "\N{EN DASH}"
+
+
+def _matrix():
+    spec = importlib.util.spec_from_file_location(
+        "jax_matrix", ROOT / "tools" / "jax_matrix.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _spans(releases: list[str], holds: list[bool]) -> str:
+    """``0.8.0-0.9.2, 0.10.1`` (en dashes): the runs of releases where it holds."""
+    runs, start, prev = [], None, None
+    for release, ok in zip(releases, holds, strict=True):
+        if ok and start is None:
+            start = release
+        if not ok and start is not None:
+            runs.append((start, prev))
+            start = None
+        prev = release
+    if start is not None:
+        runs.append((start, prev))
+    return ", ".join(a if a == b else f"{a}{DASH}{b}" for a, b in runs) or "none"
+
+
+def recipes_table(results: dict[str, dict], recipes: list[str],
+                  workarounds: dict[str, str]) -> str:
+    releases = list(results)
+    lines = ["| recipe | " + " | ".join(releases) + " |",
+             "|---|" + "---|" * len(releases)]
+    notes: list[str] = []
+    for name in recipes:
+        cells = []
+        for release in releases:
+            entry = results[release].get("recipes", {}).get(name)
+            if entry is None:
+                cells.append("?")
+            elif entry["ok"]:
+                cells.append(AGREES)
+            else:
+                notes.append(f"{name} on {release}: {entry['reason']}")
+                cells.append(f"{FAILS} [{len(notes)}]")
+                if name not in workarounds:
+                    logger.warning(f"compat: {name} fails on jax {release} and "
+                                   f"docs/compat/workarounds.json has no entry")
+        lines.append(f"| `{name}` | " + " | ".join(cells) + " |")
+    lines.append("")
+    if notes:
+        lines += ["Failures:", ""]
+        for i, note in enumerate(notes, 1):
+            name = note.split(" on ", 1)[0]
+            lines.append(f"{i}. {_cell(note)} Workaround: "
+                         f"{_cell(workarounds.get(name, '(none listed)'))}")
+    else:
+        lines.append(f"Every recipe agrees with its NumPy oracle in every form on "
+                     f"every release ({len(recipes)} recipes x {len(releases)} "
+                     f"releases).")
+    return "\n".join(lines) + "\n"
+
+
+def apis_table(results: dict[str, dict], docs: dict[str, tuple[str, str]]) -> str:
+    releases = list(results)
+    lines = ["| API or behaviour | releases where it holds | first | last | "
+             "where it does not, write |", "|---|---|---|---|---|"]
+    for probe, (what, instead) in docs.items():
+        holds = [bool(results[r].get("probes", {}).get(probe)) for r in releases]
+        have = [r for r, ok in zip(releases, holds, strict=True) if ok]
+        first, last = (have[0], have[-1]) if have else (DASH, DASH)
+        lines.append(f"| {_cell(what)} | {_spans(releases, holds)} | {first} | "
+                     f"{last} | {_cell(instead) or DASH} |")
+    lines += ["", "Per release (" + HOLDS + " holds, " + ABSENT + " does not):", "",
+              "| probe | " + " | ".join(releases) + " |",
+              "|---|" + "---|" * len(releases)]
+    for probe in docs:
+        marks = [HOLDS if results[r].get("probes", {}).get(probe) else ABSENT
+                 for r in releases]
+        lines.append(f"| `{probe}` | " + " | ".join(marks) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def releases_table(results: dict[str, dict]) -> str:
+    lines = ["| JAX | Python | run on | commit | check: forms x meshes agree | "
+             "test subset: passed / failed / skipped |",
+             "|---|---|---|---|---|---|"]
+    failures = []
+    for release, result in results.items():
+        check = result.get("check", {})
+        tests = result.get("tests", {})
+        agree = (f"{check.get('agree', 0)} / "
+                 f"{check.get('agree', 0) + check.get('disagree', 0)}")
+        counts = (f"{tests.get('passed', 0)} / {tests.get('failed', 0)} / "
+                  f"{tests.get('skipped', 0)}") if tests else "not run"
+        if not result["install"]["ok"]:
+            agree = counts = f"install failed: {_cell(result['install']['detail'])}"
+        python = result.get("versions", {}).get("python", result["python"])
+        lines.append(f"| {release} | {python} | {result['date']} | "
+                     f"`{result['commit']}` | {agree} | {counts} |")
+        failures += [(release, f) for f in tests.get("failures", [])]
+    lines.append("")
+    if failures:
+        lines += ["Failing tests:", ""]
+        lines += [f"- {release}: `{f['test']}`: {_cell(f['reason'])}"
+                  for release, f in failures]
+    else:
+        lines.append("No test of the subset fails on any release.")
+    args = {r.get("tests", {}).get("args") for r in results.values()} - {None}
+    lines += ["", "Test subset: " + "; ".join(f"`pytest {a}`" for a in sorted(args))]
+    return "\n".join(lines) + "\n"
+
+
+def _write_if_changed(path: Path, text: str) -> None:
+    if not path.exists() or path.read_text() != text:
+        path.write_text(text)
+
+
+def generate(app: Sphinx) -> None:
+    import collectives
+
+    matrix = _matrix()
+    results = matrix.load_results()
+    missing = [r for r in matrix.read_releases() if r not in results]
+    if missing:
+        logger.warning(f"compat: no matrix result for jax {', '.join(missing)}; "
+                       f"run python tools/jax_matrix.py --releases "
+                       f"{' '.join(missing)}")
+    workarounds = (json.loads(WORKAROUNDS.read_text())
+                   if WORKAROUNDS.exists() else {})
+    out = Path(app.srcdir) / "_generated" / "compat"
+    out.mkdir(parents=True, exist_ok=True)
+    _write_if_changed(out / "recipes.inc",
+                      recipes_table(results, list(collectives.RECIPES), workarounds))
+    _write_if_changed(out / "apis.inc", apis_table(results, matrix.probe_docs()))
+    _write_if_changed(out / "releases.inc", releases_table(results))
+
+
+def setup(app: Sphinx) -> dict:
+    app.connect("builder-inited", generate)
+    return {"version": "1", "parallel_read_safe": True}

@@ -1,0 +1,89 @@
+"""The committed matrix results (docs/compat/results/) are not stale.
+
+They must cover every release of the supported range (tools/jax_releases.txt,
+the one list of it), every registered recipe and every probe, and agree with
+the version boundaries collectives._compat states. Refresh them with
+``python tools/jax_matrix.py`` (every release) or ``--releases V ...``.
+"""
+
+import importlib.util
+
+import jax
+import pytest
+
+import collectives as cx
+from collectives import _compat
+from helpers import ROOT
+
+REFRESH = "Fix: run `python tools/jax_matrix.py --releases {}` and commit the result."
+
+
+def _load_matrix():
+    spec = importlib.util.spec_from_file_location("jax_matrix",
+                                                  ROOT / "tools" / "jax_matrix.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+matrix = _load_matrix()
+RELEASES = matrix.read_releases()
+RESULTS = matrix.load_results()
+
+
+def test_the_range_starts_at_the_oldest_supported_jax():
+    oldest = next(iter(RELEASES))
+    assert _compat._parse_version(oldest) == _compat.OLDEST_SUPPORTED_JAX
+    assert list(RELEASES) == sorted(RELEASES, key=matrix.version_key)
+
+
+def test_the_installed_jax_is_inside_the_listed_range():
+    newest = max(RELEASES, key=matrix.version_key)
+    assert matrix.version_key(jax.__version__) <= matrix.version_key(newest), (
+        f"JAX {jax.__version__} is newer than the newest release in "
+        f"tools/jax_releases.txt ({newest}). Fix: add a line for it there, then "
+        f"run `python tools/jax_matrix.py --releases {jax.__version__}`.")
+
+
+@pytest.mark.parametrize("release", list(RELEASES))
+def test_every_release_has_an_installed_result(release):
+    assert release in RESULTS, (f"no docs/compat/results/jax-{release}.json. "
+                                + REFRESH.format(release))
+    result = RESULTS[release]
+    assert result["install"]["ok"], (
+        f"jax {release} did not install: {result['install']['detail']}. Fix: "
+        "change its Python in tools/jax_releases.txt, or drop it from the range")
+
+
+def test_no_result_lies_outside_the_range():
+    assert set(RESULTS) <= set(RELEASES), (
+        f"results for releases not in tools/jax_releases.txt: "
+        f"{sorted(set(RESULTS) - set(RELEASES))}. Fix: list them or delete them")
+
+
+@pytest.mark.parametrize("release", list(RESULTS))
+def test_results_cover_every_registered_recipe_and_probe(release):
+    result = RESULTS[release]
+    missing = sorted(set(cx.RECIPES) - set(result.get("recipes", {})))
+    assert not missing, (f"jax {release}: no result for recipes {missing}. "
+                         + REFRESH.format(release))
+    probes = sorted(set(matrix.probe_docs()) - set(result.get("probes", {})))
+    assert not probes, (f"jax {release}: no answer for probes {probes}. "
+                        + REFRESH.format(release))
+    for name, entry in result["recipes"].items():
+        assert entry["ok"] or entry["reason"], (release, name)
+
+
+@pytest.mark.parametrize("probe", sorted(_compat.PROBE_BOUNDARIES))
+def test_compat_boundaries_agree_with_the_matrix(probe):
+    since, gone_in = _compat.PROBE_BOUNDARIES[probe]
+    exceptions = _compat.PROBE_EXCEPTIONS.get(probe, frozenset())
+    assert probe in matrix.probe_docs()
+    for release, result in RESULTS.items():
+        version = _compat._parse_version(release)
+        expected = (since <= version and (gone_in is None or version < gone_in)
+                    and version not in exceptions)
+        got = result.get("probes", {}).get(probe)
+        assert got == expected, (
+            f"{probe} is {got} on jax {release}, but "
+            f"collectives._compat.PROBE_BOUNDARIES says {expected}")

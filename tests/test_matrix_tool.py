@@ -1,0 +1,97 @@
+"""tools/jax_matrix.py (the release matrix) and ``check --json``, which it reads."""
+
+import importlib.util
+import json
+
+import pytest
+
+from helpers import ROOT
+from helpers import run_python
+
+
+@pytest.fixture(scope="module")
+def matrix():
+    spec = importlib.util.spec_from_file_location("jax_matrix",
+                                                  ROOT / "tools" / "jax_matrix.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_check_json_writes_every_row(tmp_path):
+    out = tmp_path / "check.json"
+    run_python("-m", "collectives", "check", "psum", "ppermute_ring", "--mesh", "8",
+               "--json", str(out))
+    data = json.loads(out.read_text())
+    assert data["jax"]
+    assert [row["recipe"] for row in data["rows"]] == ["psum", "ppermute_ring"]
+    assert all(row["ok"] and row["detail"] == "" for row in data["rows"])
+    assert data["rows"][0]["forms"][:3] == ["pmap", "shard_map", "jit"]
+
+
+def test_releases_are_ordered_by_version_not_text(matrix, tmp_path):
+    listing = tmp_path / "releases.txt"
+    listing.write_text("# comment\n0.10.0 3.11\n0.9.0.1 3.11  # note\n0.9.0 3.11\n"
+                       "0.12.0 3.12\n")
+    releases = matrix.read_releases(listing)
+    assert list(releases) == ["0.9.0", "0.9.0.1", "0.10.0", "0.12.0"]
+    assert releases["0.12.0"] == "3.12"
+
+
+def test_spread_is_one_release_per_minor(matrix):
+    releases = ["0.8.0", "0.8.1", "0.8.3", "0.9.0", "0.9.0.1", "0.9.2", "0.10.2",
+                "0.12.0", "0.12.0.1"]
+    assert matrix.spread(releases) == ["0.8.0", "0.9.2", "0.10.2", "0.12.0.1"]
+    listed = matrix.read_releases()
+    minors = {matrix.version_key(v)[:2] for v in listed}
+    assert len(matrix.spread(listed)) == len(minors)
+
+
+def test_recipe_table_keeps_the_first_failure_per_recipe(matrix):
+    rows = [
+        {"recipe": "psum", "ok": True, "mesh": "8", "axis": "i", "dtype": "float32",
+         "detail": ""},
+        {"recipe": "pmax", "ok": False, "mesh": "4x2", "axis": "j",
+         "dtype": "float32",
+         "detail": "Traceback...\n  File x\nValueError: the first reason\nmore"},
+        {"recipe": "pmax", "ok": False, "mesh": "8", "axis": "i", "dtype": "float32",
+         "detail": "TypeError: a second reason"},
+    ]
+    table = matrix.recipe_table(rows)
+    assert table["psum"] == {"ok": True, "rows": 1, "failed": 0, "reason": ""}
+    assert table["pmax"]["failed"] == 2 and not table["pmax"]["ok"]
+    assert table["pmax"]["reason"] == (
+        "mesh 4x2 axis j float32: ValueError: the first reason")
+
+
+def test_regressions_name_what_newly_fails(matrix):
+    committed = {"install": {"ok": True},
+                 "recipes": {"psum": {"ok": True}, "pmax": {"ok": False}},
+                 "tests": {"failures": [{"test": "t::old"}]},
+                 "probes": {"lax_pvary": True}}
+    new = {"install": {"ok": True},
+           "recipes": {"psum": {"ok": False, "reason": "R1"},
+                       "pmax": {"ok": False, "reason": "R2"}},
+           "tests": {"failures": [{"test": "t::old", "reason": "x"},
+                                  {"test": "t::new", "reason": "R3"}]},
+           "probes": {"lax_pvary": False}}
+    assert matrix.regressions(new, committed) == [
+        "recipe psum: R1", "test t::new: R3", "probe lax_pvary: True -> False"]
+    assert matrix.regressions(committed, committed) == []
+
+
+def test_probe_docs_name_every_probe_once(matrix):
+    docs = matrix.probe_docs()
+    assert {"jax_shard_map", "lax_pvary", "lax_pcast_varying",
+            "vmap_of_shard_map_psum"} <= set(docs)
+    assert all(what.endswith((".", ")")) for what, _ in docs.values())
+    assert docs["lax_pvary"][1].startswith("`lax.pcast(x, axis, to=\"varying\")`")
+    assert docs["jax_shard_map"][1] == ""
+
+
+def test_unknown_release_is_refused_with_the_fix(matrix, capsys):
+    with pytest.raises(SystemExit):
+        matrix.main(["--releases", "0.0.1"])
+    err = capsys.readouterr().err
+    assert "0.0.1" in err and "jax_releases.txt" in err
+

@@ -1,0 +1,415 @@
+"""The JAX compatibility matrix: every release, a fresh venv, one result file each.
+
+For each release listed in ``tools/jax_releases.txt`` (the one list of the
+supported range), this script makes a venv under ``--venv-root``, installs
+``jax==V jaxlib==V`` and this package with its ``test`` extra (pip's cache is
+reused), then runs, with the working tree on ``PYTHONPATH`` so the code under
+test is the checkout's:
+
+1. ``tools/jax_probes.py``: which parallel APIs the release has, and two
+   behaviours (jax#34249, jax#20125);
+2. ``python -m collectives check --json``: every registered recipe in every
+   form against the NumPy oracle;
+3. a fast subset of the test suite (``--tests``, default :data:`DEFAULT_TESTS`).
+
+and writes ``docs/compat/results/jax-<V>.json``, from which the docs page
+``docs/compatibility.md`` is rendered and which ``tests/test_compat_results.py``
+checks for staleness. Only the standard library is needed to run it::
+
+    python tools/jax_matrix.py                 # every release (tox -e matrix)
+    python tools/jax_matrix.py --spread        # first release, newest of each minor
+    python tools/jax_matrix.py --releases 0.8.1 0.12.0.1
+    python tools/jax_matrix.py --list-new      # releases newer than the list
+    python tools/jax_matrix.py --steps tests --tests tests/test_conformance.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RELEASES_FILE = ROOT / "tools" / "jax_releases.txt"
+RESULTS_DIR = ROOT / "docs" / "compat" / "results"
+PROBES_SCRIPT = ROOT / "tools" / "jax_probes.py"
+DEFAULT_VENV_ROOT = ROOT / ".tox" / "matrix"
+
+DEFAULT_TESTS = ("tests/test_compat.py tests/test_sharp_edges.py "
+                 "tests/test_sharp_edges_versions.py "
+                 "tests/test_migrate_removed_apis.py tests/test_migrate_pmap.py "
+                 "tests/test_batching.py tests/test_laws.py "
+                 "-m 'not slow and not multiprocess'")
+"""The fast subset of the suite each release runs (``--tests`` replaces it)."""
+
+TIMEOUTS = {"install": 1200, "probes": 300, "check": 900, "tests": 1200}
+"""Seconds each step of one release may take before it counts as failed."""
+
+
+# -- the list of releases (shared with the staleness test and the docs page) ---
+
+def version_key(release: str) -> tuple[int, ...]:
+    """``"0.9.0.1"`` -> ``(0, 9, 0, 1)``, for sorting."""
+    return tuple(int(part) for part in re.findall(r"\d+", release))
+
+
+def read_releases(path: Path = RELEASES_FILE) -> dict[str, str]:
+    """Release -> Python version, in release order, from ``jax_releases.txt``."""
+    releases = {}
+    for line in path.read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            release, python = line.split()
+            releases[release] = python
+    return dict(sorted(releases.items(), key=lambda item: version_key(item[0])))
+
+
+def spread(releases) -> list[str]:
+    """One release per minor version: the oldest release for the oldest minor
+    (the supported floor), the newest release for every other minor."""
+    ordered = sorted(releases, key=version_key)
+    newest_of_minor = {}
+    for release in ordered:
+        newest_of_minor[version_key(release)[:2]] = release
+    newest_of_minor[version_key(ordered[0])[:2]] = ordered[0]
+    return sorted(newest_of_minor.values(), key=version_key)
+
+
+def result_path(release: str, results_dir: Path = RESULTS_DIR) -> Path:
+    return results_dir / f"jax-{release}.json"
+
+
+def load_results(results_dir: Path = RESULTS_DIR) -> dict[str, dict]:
+    """Release -> its committed result, in release order."""
+    found = {}
+    for path in results_dir.glob("jax-*.json"):
+        data = json.loads(path.read_text())
+        found[data["jax"]] = data
+    return dict(sorted(found.items(), key=lambda item: version_key(item[0])))
+
+
+def probe_docs(path: Path = PROBES_SCRIPT) -> dict[str, tuple[str, str]]:
+    """Probe name -> (what it checks, what to write instead where it is false),
+    read from the docstrings of ``jax_probes.py`` without importing it
+    (importing starts JAX). The second part is the paragraph after
+    ``Instead:``, empty when there is none."""
+    import ast
+
+    docs = {}
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.FunctionDef) and any(
+                isinstance(d, ast.Name) and d.id == "probe"
+                for d in node.decorator_list):
+            what, _, instead = (ast.get_docstring(node) or "").partition("Instead:")
+            docs[node.name] = (" ".join(what.split()), " ".join(instead.split()))
+    return docs
+
+
+# -- one release ---------------------------------------------------------------
+
+def _first_line(text: str, limit: int = 240) -> str:
+    """The line of an error message worth showing: the last ``Error:`` line,
+    else the first non-empty line."""
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    errors = [line for line in lines if re.match(r"^[\w.]*(Error|Exception)\b", line)]
+    line = (errors[-1] if errors else lines[0]) if lines else ""
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def _run(cmd, *, env, timeout, cwd=ROOT) -> tuple[int, str, str, float]:
+    start = time.perf_counter()
+    try:
+        done = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True,
+                              timeout=timeout)
+        code, out, err = done.returncode, done.stdout, done.stderr
+    except subprocess.TimeoutExpired as exc:
+        code = -1
+        out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else exc.stdout or ""
+        err = f"TimeoutError: no result after {timeout} s"
+    return code, out, err, time.perf_counter() - start
+
+
+def _python_env() -> dict[str, str]:
+    """The environment for interpreter lookup: on pyenv machines, make every
+    installed 3.11 and 3.12 visible (``PYENV_VERSION=3.11.x:3.12.y``)."""
+    env = dict(os.environ)
+    if shutil.which("pyenv"):
+        # (pyenv's python3 shim sets PYENV_VERSION to one version for its child)
+        chosen = [v for v in env.get("PYENV_VERSION", "").split(":") if v]
+        bare = subprocess.run(["pyenv", "versions", "--bare"], capture_output=True,
+                              text=True).stdout.split()
+        for minor in ("3.11", "3.12"):
+            if not any(v.startswith(minor + ".") for v in chosen):
+                chosen += [v for v in bare if v.startswith(minor + ".")][:1]
+        env["PYENV_VERSION"] = ":".join(chosen)
+    return env
+
+
+def _test_env(venv: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("JAX_NUM_CPU_DEVICES", "XLA_FLAGS", "PYTHONPATH")}
+    env.update(PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu", HYPOTHESIS_PROFILE="ci",
+               PIP_DISABLE_PIP_VERSION_CHECK="1", VIRTUAL_ENV=str(venv),
+               PATH=f"{venv / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}")
+    return env
+
+
+def make_venv(release: str, python: str, venv: Path, *, fresh: bool, log) -> dict:
+    """A venv with ``jax==release`` and this package's test extra."""
+    py = venv / "bin" / "python"
+    if venv.exists() and not fresh:
+        code, out, _, _ = _run([str(py), "-c", "import jax; print(jax.__version__)"],
+                               env=_test_env(venv), timeout=120)
+        if code == 0 and out.strip() == release:
+            log(f"  reusing {venv}")
+            return {"ok": True, "detail": "reused"}
+    shutil.rmtree(venv, ignore_errors=True)
+    env = _python_env()
+    code, _, err, _ = _run([f"python{python}", "-m", "venv", str(venv)], env=env,
+                           timeout=300)
+    if code != 0:
+        return {"ok": False, "detail": _first_line(err) or f"no python{python}"}
+    log(f"  installing jax=={release} with python{python}")
+    code, _, err, seconds = _run(
+        [str(py), "-m", "pip", "install", "-q", f"jax=={release}",
+         f"jaxlib=={release}", ".[test]"],
+        env=_test_env(venv), timeout=TIMEOUTS["install"])
+    return {"ok": code == 0, "detail": "" if code == 0 else _first_line(err),
+            "seconds": round(seconds, 1)}
+
+
+def recipe_table(rows: list[dict]) -> dict[str, dict]:
+    """``check`` rows -> one entry per recipe: ok, rows run, first failure."""
+    table: dict[str, dict] = {}
+    for row in rows:
+        entry = table.setdefault(row["recipe"], {"ok": True, "rows": 0, "failed": 0,
+                                                 "reason": ""})
+        entry["rows"] += 1
+        if not row["ok"]:
+            entry["failed"] += 1
+            if entry["ok"]:
+                entry["reason"] = (f"mesh {row['mesh']} axis {row['axis']} "
+                                   f"{row['dtype']}: {_first_line(row['detail'])}")
+            entry["ok"] = False
+    return table
+
+
+def run_check(venv: Path, work: Path) -> tuple[dict, dict]:
+    """``python -m collectives check --json``: (summary, per-recipe table)."""
+    out_json = work / "check.json"
+    code, out, err, seconds = _run(
+        [str(venv / "bin" / "python"), "-m", "collectives", "check", "--json",
+         str(out_json)], env=_test_env(venv), timeout=TIMEOUTS["check"])
+    summary = {"returncode": code, "seconds": round(seconds, 1)}
+    if not out_json.exists():
+        summary["detail"] = _first_line(err or out)
+        return summary, {}
+    rows = json.loads(out_json.read_text())["rows"]
+    summary.update(agree=sum(r["ok"] for r in rows),
+                   disagree=sum(not r["ok"] for r in rows))
+    return summary, recipe_table(rows)
+
+
+def run_tests(venv: Path, work: Path, tests: str) -> dict:
+    """The fast test subset, with one line per failing test."""
+    junit = work / "junit.xml"
+    code, out, err, seconds = _run(
+        [str(venv / "bin" / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider",
+         f"--junitxml={junit}", *shlex.split(tests)],
+        env=_test_env(venv), timeout=TIMEOUTS["tests"])
+    summary = {"args": tests, "returncode": code, "seconds": round(seconds, 1),
+               "passed": 0, "failed": 0, "skipped": 0, "failures": []}
+    if not junit.exists():
+        summary["failures"].append({"test": "(session)",
+                                    "reason": _first_line(err or out)})
+        return summary
+    for case in ET.parse(junit).iter("testcase"):
+        test = f"{case.get('classname')}::{case.get('name')}"
+        problem = case.find("failure")
+        if problem is None:
+            problem = case.find("error")
+        if problem is not None:
+            summary["failed"] += 1
+            summary["failures"].append(
+                {"test": test,
+                 "reason": _first_line(problem.get("message") or problem.text or "")})
+        elif case.find("skipped") is not None:
+            summary["skipped"] += 1
+        else:
+            summary["passed"] += 1
+    return summary
+
+
+def installed_versions(venv: Path) -> dict[str, str]:
+    """The exact Python, jax, jaxlib and numpy the venv runs."""
+    code, out, err, _ = _run(
+        [str(venv / "bin" / "python"), "-c",
+         "import sys, jax, jaxlib, numpy; print(sys.version.split()[0], "
+         "jax.__version__, jaxlib.__version__, numpy.__version__)"],
+        env=_test_env(venv), timeout=TIMEOUTS["probes"])
+    if code != 0:
+        raise RuntimeError(f"version query failed: {_first_line(err)}")
+    return dict(zip(("python", "jax", "jaxlib", "numpy"), out.split(), strict=True))
+
+
+def run_probes(venv: Path) -> dict[str, bool]:
+    code, out, err, _ = _run([str(venv / "bin" / "python"), str(PROBES_SCRIPT)],
+                             env=_test_env(venv), timeout=TIMEOUTS["probes"])
+    if code != 0:
+        raise RuntimeError(f"jax_probes.py failed: {_first_line(err)}")
+    return json.loads(out)
+
+
+def _commit() -> str:
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                          capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--", "collectives",
+                            "tests", "tools"], cwd=ROOT, capture_output=True,
+                           text=True).stdout.strip()
+    return head + ("+changes" if dirty else "")
+
+
+STEPS = ("probes", "check", "tests")
+
+
+def run_release(release: str, python: str, args, log) -> dict:
+    """The chosen steps for one release; the result written to its JSON file
+    (steps not chosen keep what the file held)."""
+    venv = Path(args.venv_root) / f"jax-{release}"
+    path = result_path(release, Path(args.results))
+    result: dict = json.loads(path.read_text()) if path.exists() else {}
+    result.update({"jax": release, "python": python,
+                   "date": datetime.date.today().isoformat(), "commit": _commit()})
+    result["install"] = make_venv(release, python, venv, fresh=args.fresh, log=log)
+    if result["install"]["ok"]:
+        with tempfile.TemporaryDirectory() as tmp:
+            work = Path(tmp)
+            if "probes" in args.steps:
+                log("  probes")
+                result["probes"] = run_probes(venv)
+                result["versions"] = installed_versions(venv)
+            if "check" in args.steps:
+                log("  check")
+                result["check"], result["recipes"] = run_check(venv, work)
+            if "tests" in args.steps and args.tests:
+                log("  tests")
+                result["tests"] = run_tests(venv, work, args.tests)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
+    return result
+
+
+def regressions(new: dict, committed: dict) -> list[str]:
+    """What fails in ``new`` but passed in the committed result, and probes
+    whose answer changed: one line each."""
+    lines = []
+    if not new["install"]["ok"]:
+        return [f"install failed: {new['install']['detail']}"]
+    for name, entry in new.get("recipes", {}).items():
+        before = committed.get("recipes", {}).get(name)
+        if not entry["ok"] and (before is None or before["ok"]):
+            lines.append(f"recipe {name}: {entry['reason']}")
+    old_failures = {f["test"] for f in committed.get("tests", {}).get("failures", [])}
+    for failure in new.get("tests", {}).get("failures", []):
+        if failure["test"] not in old_failures:
+            lines.append(f"test {failure['test']}: {failure['reason']}")
+    for probe, value in new.get("probes", {}).items():
+        if probe in committed.get("probes", {}) and committed["probes"][probe] != value:
+            lines.append(f"probe {probe}: {committed['probes'][probe]} -> {value}")
+    return lines
+
+
+def summary_line(result: dict) -> str:
+    if not result["install"]["ok"]:
+        return f"install failed: {result['install']['detail']}"
+    check = result.get("check")
+    tests = result.get("tests")
+    text = f"{sum(result.get('probes', {}).values())} probes hold"
+    if check:
+        text += (f"; check {check.get('agree', 0)} agree, "
+                 f"{check.get('disagree', '?')} disagree ({check['seconds']} s)")
+    if tests:
+        text += (f"; tests {tests['passed']} passed, {tests['failed']} failed "
+                 f"({tests['seconds']} s)")
+    return text
+
+
+# -- newer releases ------------------------------------------------------------
+
+def list_new(releases: dict[str, str]) -> list[str]:
+    """Releases on the package index newer than the newest listed one."""
+    newest_python = max(releases.values(), key=version_key)
+    out = subprocess.run([f"python{newest_python}", "-m", "pip", "index",
+                          "versions", "jax"], capture_output=True, text=True,
+                         env=_python_env()).stdout
+    match = re.search(r"Available versions: (.*)", out)
+    known = max(releases, key=version_key)
+    found = match.group(1).split(", ") if match else []
+    return sorted((v for v in found if version_key(v) > version_key(known)),
+                  key=version_key)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--releases", nargs="+", metavar="V",
+                       help="only these releases (default: every listed one)")
+    which.add_argument("--spread", action="store_true",
+                       help="the oldest release and the newest of each minor (CI)")
+    which.add_argument("--list-new", action="store_true",
+                       help="print releases newer than tools/jax_releases.txt")
+    parser.add_argument("--venv-root", default=str(DEFAULT_VENV_ROOT),
+                        help="where the venvs live (default: %(default)s)")
+    parser.add_argument("--results", default=str(RESULTS_DIR),
+                        help="where the JSON results go (default: %(default)s)")
+    parser.add_argument("--tests", default=DEFAULT_TESTS,
+                        help="pytest arguments of the test subset; '' for none "
+                             "(default: %(default)s)")
+    parser.add_argument("--steps", nargs="+", choices=STEPS, default=list(STEPS),
+                        help="what to run (default: all); the others keep their "
+                             "committed results")
+    parser.add_argument("--fresh", action="store_true",
+                        help="recreate venvs that already hold the release")
+    parser.add_argument("--strict", action="store_true",
+                        help="exit 1 when a recipe or test fails that passed in "
+                             "the committed results, or a probe's answer changed "
+                             "(CI: with --results elsewhere)")
+    args = parser.parse_args(argv)
+    releases = read_releases()
+    if args.list_new:
+        new = list_new(releases)
+        print("\n".join(new) if new else "no newer release")
+        return 0
+    chosen = (spread(releases) if args.spread else args.releases or list(releases))
+    unknown = [v for v in chosen if v not in releases]
+    if unknown:
+        parser.error(f"--releases {' '.join(unknown)}: not in {RELEASES_FILE.name} "
+                     f"(known: {' '.join(releases)}); add a line there first")
+    committed = load_results()  # before this run overwrites any of them
+    bad = 0
+    for release in chosen:
+        print(f"jax {release} (python{releases[release]})", flush=True)
+        result = run_release(release, releases[release], args,
+                             log=lambda text: print(text, flush=True))
+        print(f"  {summary_line(result)}", flush=True)
+        worse = regressions(result, committed.get(release, {}))
+        for line in worse:
+            print(f"  NEW: {line}", flush=True)
+        bad += bool(worse)
+    print(f"{len(chosen) - bad} of {len(chosen)} releases as committed; results "
+          f"in {args.results}")
+    return 1 if bad and args.strict else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
