@@ -17,7 +17,6 @@ import math
 
 import numpy as np
 
-from collectives._costs import per_device_bytes
 from collectives._devices import make_mesh
 from collectives._layout import spec_axes
 from collectives._memory import compiled_memory
@@ -81,23 +80,6 @@ def _split_bytes(params, specs, mesh) -> int:
     return total
 
 
-def _mlp_sent_model(name, axes, args) -> float:
-    """Bytes per device of ``dp_mlp`` / ``dp_tp_mlp``'s step by the cost model:
-    one all-reduce of the loss and the gradient blocks over the data axis;
-    with TP two all-reduces of ``[rows, h]`` activations over the model axis."""
-    params, x, _ = args
-    if name == "dp_mlp":
-        size = (1 + sum(v.size for v in params.values())) * x.itemsize
-        return per_device_bytes("all-reduce", size, axes.size)
-    data, model = (axes.mesh.shape[a] for a in axes.names)
-    pair = sum(params[k].size for k in ("w2", "b2", "w3"))
-    blocks = sum(v.size for v in params.values()) - pair + pair // model
-    rows = x.shape[0] // data
-    return (per_device_bytes("all-reduce", (1 + blocks) * x.itemsize, data)
-            + 2 * per_device_bytes("all-reduce",
-                                   rows * params["w2"].shape[0] * x.itemsize, model))
-
-
 def strategy_args(name: str, width: int = 16, batch: int = 32):
     """One model size for every strategy: the MLP ``(8, w, w, w, 8)`` on a
     batch of ``batch`` rows; the pipeline's 8 stages of width ``w``."""
@@ -134,12 +116,9 @@ def strategy_table(width: int = 16, batch: int = 32) -> list[StrategyRow]:
         placed = recipe.place(*args, axes=axes)
         fn = recipe.compiled("shard_map", axes)
         stats = collective_stats(fn, *placed)
-        if recipe.hlo is None:  # the MLP recipes of _mlp declare no fact
-            sent_model = _mlp_sent_model(name, axes, args)
-        else:
-            models = recipe.expected_hlo("shard_map", axes, args)
-            model = next((m for m in models if m.mismatch(stats) is None), models[0])
-            sent_model = float(sum(model.bytes.values()))
+        models = recipe.expected_hlo("shard_map", axes, args)
+        model = next((m for m in models if m.mismatch(stats) is None), models[0])
+        sent_model = float(sum(model.bytes.values()))
         params, specs = args[0], recipe.in_specs(axes)[0]
         stored = device_bytes(placed[0])
         rows.append(StrategyRow(

@@ -19,6 +19,8 @@ Which form when:
     stacked between steps.
 
 Requires: optax.
+Registered as: ``collectives.RECIPES["fsdp_mlp"]``,
+``collectives.RECIPES["fsdp_tp_mlp"]``.
 Devices: 8 (simulated on CPU by ``main()``).
 JAX versions checked: 0.8.0, 0.10.2, 0.12.0.
 Run: ``python recipes/fsdp.py``

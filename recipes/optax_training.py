@@ -27,6 +27,7 @@ relative error is about twice theirs while no gradient element is near zero
 (true for these few small steps); the N steps' errors add up.
 
 Requires: optax.
+Registered as: ``collectives.RECIPES["dp_adam"]``.
 Devices: 8 (simulated on CPU by ``main()``).
 JAX versions checked: 0.8.0, 0.10.2, 0.12.0.
 Run: ``python recipes/optax_training.py``

@@ -22,6 +22,7 @@ Which form when:
     state one stage on; XLA writes the roll as collective-permutes.
   * pmap (legacy): the same per-stage body, pmapped over the stage axis.
 
+Registered as: ``collectives.RECIPES["pipeline_mlp"]``.
 Devices: 8 (simulated on CPU by ``main()``).
 JAX versions checked: 0.8.0, 0.10.2, 0.12.0.
 Run: ``python recipes/pipeline.py``

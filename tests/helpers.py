@@ -48,3 +48,25 @@ def load_recipe(stem):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def examples(ci):
+    """``ci`` hypothesis examples by default; the deep profile's count under it."""
+    from hypothesis import settings
+
+    if settings.get_current_profile_name() == "deep":
+        return settings().max_examples
+    return min(ci, settings().max_examples)
+
+
+def assert_loss_and_grads_match(report, want_loss, want, *, rtol, atol):
+    """Every JAX form's ``(loss, grads)`` in ``report`` equals the single-device
+    ``jax.value_and_grad`` result within ``rtol``/``atol``."""
+    from collectives.testing import compare_arrays
+
+    for form in ("pmap", "shard_map", "jit"):
+        loss, grads = report.results[form]
+        assert compare_arrays(loss, want_loss, rtol=rtol, atol=atol)[1] is None, form
+        for key in want:
+            problem = compare_arrays(grads[key], want[key], rtol=rtol, atol=atol)[1]
+            assert problem is None, (form, key, problem)

@@ -225,8 +225,10 @@ def test_the_pmap_form_checks_declared_replication(name):
         outs, treedef = jax.tree_util.tree_flatten(body(*blocks, axis=axis))
         skews = [sum(lax.axis_index(n) for n in _replicated_over(axes, spec))
                  for spec in specs]
-        return treedef.unflatten([out + jnp.asarray(skew).astype(out.dtype)
-                                  for out, skew in zip(outs, skews, strict=True)])
+        # (a skew far outside any rounding tolerance, whatever the values)
+        return treedef.unflatten([
+            out + (jnp.abs(out) + 1) * jnp.asarray(skew).astype(out.dtype)
+            for out, skew in zip(outs, skews, strict=True)])
 
     broken = dataclasses.replace(recipe, pmap_body=skewed)
     with pytest.raises(cx.ReplicationError, match="differ"):

@@ -15,17 +15,13 @@ import collectives as cx
 from collectives._recipes.fsdp import N_LAYERS
 from collectives.hlo import collective_stats
 from collectives.testing import assert_forms_agree
-from collectives.testing import compare_arrays
 from collectives.testing.strategies import recipe_cases
+from helpers import assert_loss_and_grads_match
+from helpers import examples
 
 NAMES = ("fsdp_mlp", "fsdp_tp_mlp")
 RTOL, ATOL = 1e-5, 1e-5  # float32 through eight chained matmuls of width <= 16
 
-
-def _examples(ci: int) -> int:
-    if settings.get_current_profile_name() == "deep":
-        return settings().max_examples
-    return min(ci, settings().max_examples)
 
 
 def _gaussian(args, seed):
@@ -37,7 +33,7 @@ def _gaussian(args, seed):
 
 
 @pytest.mark.parametrize("name", NAMES)
-@settings(max_examples=_examples(2))
+@settings(max_examples=examples(2))
 @given(data=st.data(), seed=st.integers(0, 2**16))
 def test_forms_equal_one_device_value_and_grad(name, data, seed):
     recipe = cx.RECIPES[name]
@@ -45,12 +41,7 @@ def test_forms_equal_one_device_value_and_grad(name, data, seed):
     args = _gaussian(case.args, seed)
     report = assert_forms_agree(recipe, *args, mesh=case.mesh, axis=case.axis)
     want_loss, want = jax.jit(jax.value_and_grad(cx.mlp_loss))(*args)
-    for form in ("pmap", "shard_map", "jit"):
-        loss, grads = report.results[form]
-        assert compare_arrays(loss, want_loss, rtol=RTOL, atol=ATOL)[1] is None, form
-        for key in want:
-            problem = compare_arrays(grads[key], want[key], rtol=RTOL, atol=ATOL)[1]
-            assert problem is None, (form, key, problem)
+    assert_loss_and_grads_match(report, want_loss, want, rtol=RTOL, atol=ATOL)
 
 
 @pytest.mark.parametrize("name,axis", [("fsdp_mlp", None), ("fsdp_mlp", "j"),

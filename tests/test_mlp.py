@@ -27,16 +27,11 @@ from collectives.hlo import collective_stats
 from collectives.testing import assert_forms_agree
 from collectives.testing import compare_arrays
 from collectives.testing.strategies import recipe_cases
+from helpers import examples
 from helpers import load_recipe
 
 NAMES = ("dp_tp_mlp", "dp_mlp")
 
-
-def _examples(ci: int) -> int:
-    """``ci`` examples per test by default; the deep profile's count under it."""
-    if settings.get_current_profile_name() == "deep":
-        return settings().max_examples
-    return min(ci, settings().max_examples)
 
 
 def _gaussian(args, seed):
@@ -48,7 +43,7 @@ def _gaussian(args, seed):
 
 
 @pytest.mark.parametrize("name", NAMES)
-@settings(max_examples=_examples(2))
+@settings(max_examples=examples(2))
 @given(data=st.data(), seed=st.integers(0, 2**16))
 def test_forms_match_oracle(name, data, seed):
     recipe = cx.RECIPES[name]

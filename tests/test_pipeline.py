@@ -21,16 +21,13 @@ from collectives.hlo import collective_stats
 from collectives.testing import assert_forms_agree
 from collectives.testing import compare_arrays
 from collectives.testing.strategies import recipe_cases
+from helpers import assert_loss_and_grads_match
+from helpers import examples
 from helpers import load_recipe
 
 RECIPE = cx.RECIPES["pipeline_mlp"]
 RTOL, ATOL = 1e-5, 1e-6  # float32 through <= 8 tanh layers of width <= 3
 
-
-def _examples(ci: int) -> int:
-    if settings.get_current_profile_name() == "deep":
-        return settings().max_examples
-    return min(ci, settings().max_examples)
 
 
 def sequential_loss(stage_params, x, y):
@@ -41,7 +38,7 @@ def sequential_loss(stage_params, x, y):
     return jnp.sum((a - y) ** 2) / x.shape[0]
 
 
-@settings(max_examples=_examples(3))
+@settings(max_examples=examples(3))
 @given(data=st.data())
 def test_forms_equal_the_layers_in_sequence(data):
     case = data.draw(recipe_cases(RECIPE, dtypes=("float32",), ndim=(2,)))
@@ -50,12 +47,7 @@ def test_forms_equal_the_layers_in_sequence(data):
     report = assert_forms_agree(RECIPE, stage_params, x, y, mesh=case.mesh,
                                 axis=case.axis)
     want_loss, want = jax.jit(jax.value_and_grad(sequential_loss))(stage_params, x, y)
-    for form in ("pmap", "shard_map", "jit"):
-        loss, grads = report.results[form]
-        assert compare_arrays(loss, want_loss, rtol=RTOL, atol=ATOL)[1] is None, form
-        for key in want:
-            problem = compare_arrays(grads[key], want[key], rtol=RTOL, atol=ATOL)[1]
-            assert problem is None, (form, key, problem)
+    assert_loss_and_grads_match(report, want_loss, want, rtol=RTOL, atol=ATOL)
 
 
 def _idle_fraction(stages, microbatches):

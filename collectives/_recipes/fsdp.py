@@ -46,6 +46,7 @@ from collectives._recipes.megatron import model_identity_psum_grad
 from collectives._recipes.megatron import model_psum_identity_grad
 from collectives._recipes.mlp import PARAM_NAMES
 from collectives._recipes.mlp import Params
+from collectives._recipes.mlp import data_and_model_axes
 from collectives._recipes.mlp import mlp_oracle
 from collectives._recipes.permute import body_axis_size
 from collectives._registry import register
@@ -234,15 +235,6 @@ def fsdp_jit_value_and_grad(params: Params, x, y, mesh: jax.sharding.Mesh,
 
 # -- recipes ---------------------------------------------------------------
 
-def _data_and_model(axes: Axes, model: bool):
-    if model:
-        return axes.names[0], axes.names[1]
-    return axes.entry, None
-
-
-def _any_axes(axes: Axes) -> str | None:
-    del axes
-    return None
 
 
 def _needs_two_axes(axes: Axes) -> str | None:
@@ -255,7 +247,7 @@ def _needs_two_axes(axes: Axes) -> str | None:
 
 def _specs(model: bool):
     def in_specs(axes: Axes):
-        data, model_axis = _data_and_model(axes, model)
+        data, model_axis = data_and_model_axes(axes, model)
         return (fsdp_specs(data, model_axis), P(data), P(data))
 
     def out_specs(axes: Axes):
@@ -266,7 +258,7 @@ def _specs(model: bool):
 
 def _shapes(model: bool):
     def shapes(axes: Axes, dims):
-        data, model_axis = _data_and_model(axes, model)
+        data, model_axis = data_and_model_axes(axes, model)
         n = math.prod(axes.mesh.shape[name] for name in axis_tuple(data))
         t = axes.mesh.shape[model_axis] if model else 1
         b = dims[0]
@@ -292,7 +284,7 @@ def _body(model: bool, one_axis_at_a_time: bool):
 
 def _program(model: bool):
     def program(params, x, y, *, axes: Axes):
-        data, model_axis = _data_and_model(axes, model)
+        data, model_axis = data_and_model_axes(axes, model)
         return fsdp_jit_value_and_grad(params, x, y, axes.mesh, data, model_axis)
     return program
 
@@ -333,7 +325,7 @@ def _hlo(model: bool):
 
     def fact(axes: Axes, args, form: str):
         params, x, _ = args
-        data, model_axis = _data_and_model(axes, model)
+        data, model_axis = data_and_model_axes(axes, model)
         n = math.prod(axes.mesh.shape[name] for name in axis_tuple(data))
         t = axes.mesh.shape[model_axis] if model else 1
         blocks = _block_bytes(params, n, t)
@@ -383,8 +375,9 @@ def _recipe(name: str, summary: str, model: bool) -> Recipe:
         pmap_body=_body(model, True), program=_program(model), oracle=mlp_oracle,
         in_specs=in_specs, out_specs=out_specs, example_shapes=_shapes(model),
         arg_names=("params", "x", "y"), count_terms=_terms, dtype_kinds=_FLOAT,
-        unsupported_reason=_needs_two_axes if model else _any_axes,
-        check_vma=not model, family="strategy", hlo=_hlo(model), source="fsdp.py")
+        unsupported_reason=_needs_two_axes if model else lambda axes: None,
+        check_vma=not model, family="strategy", hlo=_hlo(model), source="fsdp.py",
+        exact=not model)  # the Megatron pair sums partial products in float16
 
 
 fsdp_mlp = register(_recipe(

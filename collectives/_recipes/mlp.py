@@ -40,12 +40,13 @@ from jax import lax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from collectives._costs import fixed
+from collectives._costs import per_device_bytes
 from collectives._layout import Axes
 from collectives._layout import axis_tuple
 from collectives._recipe import Recipe
 from collectives._recipes.permute import body_axis_size
 from collectives._registry import register
+from collectives.hlo import Expectation
 
 PARAM_NAMES = ("w1", "b1", "w2", "b2", "w3", "b3", "w4", "b4")
 
@@ -268,7 +269,8 @@ def dp_tp_mlp_jit_value_and_grad(params: Params, x, y, mesh: jax.sharding.Mesh,
 # Arguments (params, x, y), global view; outputs (loss, grads) with the
 # gradients laid out like the parameters.
 
-def _data_and_model(axes: Axes, model: bool):
+def data_and_model_axes(axes: Axes, model: bool):
+    """(data axis entry, model axis or None) of a recipe over ``axes``."""
     if model:
         return axes.names[0], axes.names[1]
     return axes.entry, None
@@ -284,7 +286,7 @@ def _needs_two_axes(axes: Axes) -> str | None:
 
 def _specs(model: bool):
     def in_specs(axes: Axes):
-        data, model_axis = _data_and_model(axes, model)
+        data, model_axis = data_and_model_axes(axes, model)
         return (mlp_specs(model_axis), P(data), P(data))
 
     def out_specs(axes: Axes):
@@ -295,7 +297,7 @@ def _specs(model: bool):
 
 def _shapes(model: bool):
     def shapes(axes: Axes, dims):
-        data, model_axis = _data_and_model(axes, model)
+        data, model_axis = data_and_model_axes(axes, model)
         b, h = (tuple(dims) * 2)[:2]
         batch = b * math.prod(axes.mesh.shape[n] for n in axis_tuple(data))
         hidden = h * (axes.mesh.shape[model_axis] if model else 1)
@@ -321,7 +323,7 @@ def dp_mlp_body(params, x, y, *, axis):
 
 def _program(model: bool):
     def program(params, x, y, *, axes: Axes):
-        data, model_axis = _data_and_model(axes, model)
+        data, model_axis = data_and_model_axes(axes, model)
         return dp_tp_mlp_jit_value_and_grad(params, x, y, axes.mesh, data,
                                             model_axis)
     return program
@@ -342,8 +344,35 @@ def _terms(axes: Axes) -> int:
 
 _FLOAT = frozenset({"float"})
 
+
+def _mlp_fact(model: bool):
+    """Both forms: one all-reduce over the data axis of the loss and every
+    gradient block (XLA combines them); with TP, two more over the model
+    axis, of ``[rows, h]`` activations (the forward sum after W3 and its
+    transpose into the first hidden layer)."""
+
+    def fact(axes: Axes, args: tuple[Any, ...], form: str) -> Expectation:
+        del form
+        params, x, _ = args
+        item = np.asarray(x).dtype.itemsize
+        if not model:
+            size = (1 + sum(np.size(v) for v in params.values())) * item
+            return Expectation({"all-reduce": 1},
+                               {"all-reduce": per_device_bytes("all-reduce", size,
+                                                               axes.size)})
+        data, width = (axes.mesh.shape[name] for name in axes.names)
+        pair = sum(np.size(params[k]) for k in ("w2", "b2", "w3"))
+        blocks = sum(np.size(v) for v in params.values()) - pair + pair // width
+        rows = np.shape(x)[0] // data
+        sent = (per_device_bytes("all-reduce", (1 + blocks) * item, data)
+                + 2 * per_device_bytes(
+                    "all-reduce", rows * np.shape(params["w2"])[0] * item, width))
+        return Expectation({"all-reduce": 3}, {"all-reduce": sent})
+
+    return fact
+
 dp_tp_mlp = register(Recipe(
-    name="dp_tp_mlp", source="dp_tp_mlp.py", hlo=fixed({"all-reduce": 3}),
+    name="dp_tp_mlp", source="dp_tp_mlp.py", hlo=_mlp_fact(model=True),
     exact=False,  # relu layers round in float16 and bfloat16
     summary="MLP loss+grads over axes (data, model): batch split over data, "
             "W2/b2/W3 over model",
@@ -353,7 +382,7 @@ dp_tp_mlp = register(Recipe(
     count_terms=_terms, dtype_kinds=_FLOAT, unsupported_reason=_needs_two_axes))
 
 dp_mlp = register(Recipe(
-    name="dp_mlp", source="dp_tp_mlp.py", hlo=fixed({"all-reduce": 1}),
+    name="dp_mlp", source="dp_tp_mlp.py", hlo=_mlp_fact(model=False),
     exact=False,
     summary="MLP loss+grads, data parallel: batch split, params replicated, "
             "grads psum",

@@ -292,7 +292,52 @@ def launch(target: Sequence[str], *, num_processes: int = 2,
            heartbeat_timeout: int = 30, collective_timeout: int = 120,
            env: Mapping[str, str] | None = None, cwd: str | None = None,
            echo: str = "first", stream: IO[str] | None = None) -> LaunchResult:
-    """Implementation of :func:`collectives.distributed.launch`."""
+    """Run ``target`` in ``num_processes`` local processes joined by JAX.
+
+    Each process simulates ``devices_per_process`` CPU devices, joins JAX's
+    distributed runtime through a coordinator on 127.0.0.1 (gloo collectives,
+    loopback only) and runs the target. If any process fails, the others are
+    stopped at once: SIGTERM to each process group, SIGKILL after 2 s, so
+    nothing they started outlives the launch.
+
+    Args:
+      target: what every process runs: ``["check", *names_and_options]``
+        (every recipe vs the oracle on meshes spanning all processes),
+        ``["run", name]``, or ``["python", script, *args]`` (also ``-m
+        MODULE`` / ``-c CODE``; run with this interpreter after the process
+        joined the runtime, so the script must not call
+        ``jax.distributed.initialize()`` unguarded).
+      num_processes: how many processes.
+      devices_per_process: simulated CPU devices in each.
+      port: the coordinator's port on 127.0.0.1; default a free one.
+      timeout: seconds for the whole run before every process is stopped.
+      startup_timeout: seconds for every process to start and connect.
+      heartbeat_timeout: seconds without a heartbeat before JAX declares a
+        process dead.
+      collective_timeout: seconds a CPU collective waits for its peers
+        (XLA flags; gloo's reduce-scatter keeps its own 30 s).
+      env: extra environment variables for the workers.
+      cwd: the workers' working directory (default: this one).
+      echo: whose output to echo live, prefixed ``[pI]``: ``"first"``
+        (process 0), ``"all"`` or ``"none"``. All output is kept either way.
+      stream: where to echo (default ``sys.stdout``).
+
+    Returns:
+      A :class:`LaunchResult`: ``ok``, a message naming any failed process,
+      and per process its status, exit code, summary and last output.
+
+    Raises:
+      ValueError: the target or an argument is invalid.
+      LaunchError: the port is not free; nothing was started.
+
+    Examples:
+      >>> from collectives import distributed
+      >>> result = distributed.launch(
+      ...     ["python", "-c", "import jax; print(jax.device_count())"],
+      ...     num_processes=2, devices_per_process=1, echo="none")
+      >>> result.ok, [p.tail(1) for p in result.processes]
+      (True, ['2', '2'])
+    """
     argv = worker_argv(target)
     for name, value, low in (("num_processes", num_processes, 1),
                              ("devices_per_process", devices_per_process, 1),
