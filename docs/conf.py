@@ -32,9 +32,11 @@ extensions = [
     "sphinx.ext.autodoc",
     "sphinx.ext.napoleon",
     "sphinx.ext.viewcode",
+    "sphinx_design",
     "gallery",
     "collective_facts",
     "public_api",
+    "readme_snippet",
 ]
 
 source_suffix = {".md": "markdown"}
@@ -76,21 +78,8 @@ nitpick_ignore_regex = [
 
 # -- the recipe gallery ---------------------------------------------------------
 gallery_recipes_dir = "../recipes"
-# Derived from the registry: each recipe names its file (``source``), its
-# family and whether collectives.diagram draws it.
-_CORE_FILES = list(dict.fromkeys(
-    Path(r.source).stem for r in collectives.RECIPES.values() if r.family == "core"))
-gallery_groups = [
-    ("Core collectives", _CORE_FILES),
-    ("Arrays, migration and processes", ["distributed_arrays", "migrate_pmap",
-                                         "multi_process"]),
-    ("Sharp edges", ["sharp_edges_*"]),
-    ("Patterns", ["*"]),
-]
-gallery_diagrams: dict[str, list[str]] = {}
-for _name, _recipe in collectives.RECIPES.items():
-    if _recipe.diagram is not None:
-        gallery_diagrams.setdefault(Path(_recipe.source).stem, []).append(_name)
+# The gallery's sections, cards and diagrams come from the registry: each
+# recipe names its file (``source``), its family and its diagram.
 
 # -- HTML -----------------------------------------------------------------------
 html_theme = "sphinx_book_theme"

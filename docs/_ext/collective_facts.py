@@ -60,28 +60,37 @@ def hlo_formulas() -> dict[str, str]:
     return formulas
 
 
+def draw(name: str, srcdir) -> str:
+    """Draw NAME's diagram once per build; its image URI (from the source root).
+
+    Raises:
+        ValueError: NAME has no diagram (from :func:`collectives.diagram`).
+    """
+    import collectives as cx
+
+    if name not in _DIAGRAMS:
+        out = Path(srcdir) / "_generated" / "diagrams"
+        out.mkdir(parents=True, exist_ok=True)
+        diagram = cx.diagram(name)
+        diagram.save(str(out / f"{name}.svg"))
+        _DIAGRAMS[name] = diagram
+    return f"/_generated/diagrams/{name}.svg"
+
+
 class CollectiveDiagram(SphinxDirective):
     """``{collective-diagram} NAME``: a figure of one collective's before/after."""
 
     required_arguments = 1
 
     def run(self) -> list[nodes.Node]:
-        import collectives as cx
-
         name = self.arguments[0]
-        out = Path(self.env.srcdir) / "_generated" / "diagrams"
-        out.mkdir(parents=True, exist_ok=True)
-        done = _DIAGRAMS
-        if name not in done:
-            try:
-                diagram = cx.diagram(name)
-            except ValueError as error:
-                return [self.state.document.reporter.warning(
-                    f"collective-diagram: {error}", line=self.lineno)]
-            diagram.save(str(out / f"{name}.svg"))
-            done[name] = diagram
-        diagram = done[name]
-        image = nodes.image(uri=f"/_generated/diagrams/{name}.svg",
+        try:
+            uri = draw(name, self.env.srcdir)
+        except ValueError as error:
+            return [self.state.document.reporter.warning(
+                f"collective-diagram: {error}", line=self.lineno)]
+        diagram = _DIAGRAMS[name]
+        image = nodes.image(uri=uri,
                             alt=diagram.text())
         image["classes"].append("collective-diagram")
         caption = nodes.caption(
@@ -172,12 +181,17 @@ def _table(header: list[str], rows: list[list[str]]) -> nodes.table:
     return table
 
 
+# Body columns written as code: the collective's name, V and the formula.
+CODE_COLUMNS = (0, 3, 4)
+
+
 def _row(cells: list[str], code_first: bool = False) -> nodes.row:
     row = nodes.row()
     for i, text in enumerate(cells):
         entry = nodes.entry()
         para = nodes.paragraph()
-        para += nodes.literal(text, text) if code_first and i == 0 else nodes.Text(text)
+        code = code_first and i in CODE_COLUMNS and text not in ("—", "0")
+        para += nodes.literal(text, text) if code else nodes.Text(text)
         entry += para
         row += entry
     return row
