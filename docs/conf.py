@@ -71,8 +71,9 @@ nitpick_ignore_regex = [
     ("py:obj", r"(jax|numpy|np|typing|collections)\..*"),
     ("py:class", r"collectives\..*\._[A-Za-z].*"),
     ("py:class", r"(st|strategies)\..*|SpecArg|ShapeArg|DtypeArg"),
-    # Private helpers that public docstrings mention by name.
-    ("py:func", r"standard_configs"),
+    # Private helpers and types that public docstrings mention by name.
+    ("py:func", r"standard_configs|expert_capacity"),
+    ("py:class", r"DiagramSpec|BenchSpec"),
     ("py:data", r"DEFAULT_RANGE|EXACT_RANGE"),
 ]
 
