@@ -37,6 +37,7 @@ extensions = [
     "collective_facts",
     "public_api",
     "readme_snippet",
+    "jax_links",
 ]
 
 source_suffix = {".md": "markdown"}
