@@ -26,7 +26,9 @@ DOCS = ROOT / "docs"
 
 
 def _python_blocks(page: str) -> list[str]:
-    return re.findall(r"```python\n(.*?)```", (DOCS / page).read_text(), re.S)
+    # ```python blocks, and ```{runnable} ones (shown with their output)
+    return re.findall(r"```(?:python|\{runnable\})\n(.*?)```",
+                      (DOCS / page).read_text(), re.S)
 
 
 def _toctree_entries(text: str) -> set[str]:

@@ -78,31 +78,28 @@ def docstring_markdown(doc: str) -> tuple[str, str]:
 
     The docstrings are plain text: paragraphs, ``*`` bullets, numbered
     items (numbered as in the file, not renumbered), and the ``Devices:``,
-    ``JAX versions checked:`` and ``Run:`` lines, which become a list.
+    ``JAX versions checked:`` and ``Run:`` lines, which become a collapsed
+    "Verified on" note at the end.
     """
     lines = doc.strip().splitlines()
     # The title is the first paragraph, however many lines it takes.
     end = next((i for i, line in enumerate(lines) if not line.strip()), len(lines))
     title = " ".join(line.strip() for line in lines[:end]).rstrip(".")
     out: list[str] = []
+    notes: list[str] = []
     item_indent = None  # indentation of the text of the open list item
-    in_meta = False
     for line in lines[end:]:
         if not line.strip():
             out.append("")
-            item_indent, in_meta = None, False
+            item_indent = None
             continue
         indent = len(line) - len(line.lstrip())
         meta, numbered = META.match(line), NUMBERED.match(line)
         bullet = BULLET.match(line)
         if meta:
-            # One paragraph, one line each (hard breaks), apart from any list.
-            if in_meta:
-                out[-1] += "\\"
-            elif out and out[-1]:
-                out.append("")
-            out.append(f"**{meta.group(1)}:** {_escape(meta.group(2))}")
-            in_meta, item_indent = True, None
+            # Devices, versions, run command: a "Verified on" note at the end.
+            notes.append(f"**{meta.group(1)}:** {_escape(meta.group(2))}")
+            item_indent = None
         elif numbered:
             if out and out[-1]:
                 out.append("")
@@ -116,8 +113,9 @@ def docstring_markdown(doc: str) -> tuple[str, str]:
                 out.append("")  # a paragraph after a list, not a continuation
                 item_indent = None
             out.append(_escape(line.strip()))
-            in_meta = False
     body = "\n".join(out).strip()
+    if notes:
+        body += "\n\n:::{dropdown} Verified on\n" + "\\\n".join(notes) + "\n:::"
     return title, body
 
 

@@ -1,10 +1,13 @@
-"""``{readme-snippet}``: the README's first Python block, run, with its output.
+"""Python shown with what it printed when the site was built.
 
-The landing page shows the same code as the README, and underneath it what
-that code printed when this build ran it (in a subprocess, on simulated CPU
-devices, from a temporary directory). The output is never typed by hand: a
-snippet that fails, or prints nothing, is a build warning (an error under
-``-W``). The output is cached by the code and the Python that ran it.
+* ``{readme-snippet}``: the README's first Python block (the landing page
+  shows the same code as the README);
+* ``{runnable}``: the directive's own content (the start page's tour).
+
+Each is run in a subprocess, on simulated CPU devices, from a temporary
+directory, and the page shows its output under the code. The output is never
+typed by hand: code that fails, or prints nothing, is a build warning (an
+error under ``-W``). Outputs are cached by the code and the Python that ran it.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ def readme_code(readme: Path) -> str:
 def run_code(code: str, cache_dir: Path, timeout: float = 300) -> tuple[int, str, str]:
     """``(returncode, stdout, stderr)`` of ``python -c code`` (cached on success)."""
     key = hashlib.sha256((code + sys.executable).encode()).hexdigest()
-    cache = cache_dir / "readme_snippet.json"
+    cache = cache_dir / f"snippet-{key[:16]}.json"
     if cache.exists():
         cached = json.loads(cache.read_text())
         if cached["key"] == key:
@@ -56,27 +59,40 @@ def run_code(code: str, cache_dir: Path, timeout: float = 300) -> tuple[int, str
     return result.returncode, result.stdout, result.stderr
 
 
+def code_and_output(directive: SphinxDirective, code: str) -> list[nodes.Node]:
+    """The code block, a caption, and the output block (or a warning)."""
+    cache_dir = Path(directive.env.srcdir) / "_generated" / ".cache"
+    returncode, stdout, stderr = run_code(code, cache_dir)
+    if returncode != 0 or not stdout.strip():
+        return [directive.state.document.reporter.warning(
+            f"{directive.name}: the code exited {returncode} and printed "
+            f"{len(stdout)} characters:\n{stderr[-3000:]}", line=directive.lineno)]
+    source = nodes.literal_block(code, code, language="python")
+    caption = nodes.paragraph("", "It prints (run when this page was built):")
+    output = nodes.literal_block(stdout, stdout.rstrip(), language="text",
+                                 classes=["readme-output"])
+    return [source, caption, output]
+
+
 class ReadmeSnippet(SphinxDirective):
     """The README's snippet as a code block, then its output as a text block."""
 
     def run(self) -> list[nodes.Node]:
         readme = Path(self.env.srcdir).parent / "README.md"
         self.env.note_dependency(str(readme))
-        code = readme_code(readme)
-        cache_dir = Path(self.env.srcdir) / "_generated" / ".cache"
-        returncode, stdout, stderr = run_code(code, cache_dir)
-        if returncode != 0 or not stdout.strip():
-            return [self.state.document.reporter.warning(
-                f"readme-snippet: the README's snippet exited {returncode} and "
-                f"printed {len(stdout)} characters:\n{stderr[-3000:]}",
-                line=self.lineno)]
-        source = nodes.literal_block(code, code, language="python")
-        caption = nodes.paragraph("", "It prints (run when this page was built):")
-        output = nodes.literal_block(stdout, stdout.rstrip(), language="text",
-                                     classes=["readme-output"])
-        return [source, caption, output]
+        return code_and_output(self, readme_code(readme))
+
+
+class Runnable(SphinxDirective):
+    """The directive's content as a code block, then its output."""
+
+    has_content = True
+
+    def run(self) -> list[nodes.Node]:
+        return code_and_output(self, "\n".join(self.content) + "\n")
 
 
 def setup(app: Sphinx) -> dict:
     app.add_directive("readme-snippet", ReadmeSnippet)
+    app.add_directive("runnable", Runnable)
     return {"version": "1", "parallel_read_safe": True}
