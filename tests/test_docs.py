@@ -150,3 +150,55 @@ def test_every_pitfall_has_an_anchor_and_a_verified_on_note():
         assert "test_pitfall" not in prose and "_compat." not in prose, n
     assert "collectives._" not in text
 
+
+
+def _browser_check():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "browser_check", DOCS / "browser_check.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("size", [5, 300, 70_000])
+def test_browser_check_websocket_frames_round_trip(size):
+    # The DevTools client is written with the standard library only: its
+    # frames must be what RFC 6455 says, at each of the three length sizes.
+    import socket
+    import struct
+
+    ws_class = _browser_check().WebSocket
+    near, far = socket.socketpair()
+    ws = object.__new__(ws_class)
+    ws.sock, ws.buffer = near, b""
+    text = ("é" + "x" * size)[:size]
+    ws.send(text)
+    first, second = far.recv(2, socket.MSG_WAITALL)
+    assert first == 0x81 and second & 0x80  # final text frame, masked
+    n = second & 0x7F
+    if n == 126:
+        n = struct.unpack(">H", far.recv(2, socket.MSG_WAITALL))[0]
+    elif n == 127:
+        n = struct.unpack(">Q", far.recv(8, socket.MSG_WAITALL))[0]
+    mask = far.recv(4, socket.MSG_WAITALL)
+    payload = far.recv(n, socket.MSG_WAITALL)
+    assert bytes(b ^ mask[i % 4] for i, b in enumerate(payload)).decode() == text
+    # The browser's reply, unmasked and split in two frames (continuation).
+    data = text.encode()
+    half = len(data) // 2
+
+    def frame(opcode_byte, chunk):
+        n = len(chunk)
+        head = bytes([opcode_byte])
+        if n < 126:
+            return head + bytes([n]) + chunk
+        if n < 1 << 16:
+            return head + bytes([126]) + struct.pack(">H", n) + chunk
+        return head + bytes([127]) + struct.pack(">Q", n) + chunk
+
+    far.sendall(frame(0x01, data[:half]) + frame(0x80, data[half:]))
+    assert ws.recv() == text
+    near.close()
+    far.close()
