@@ -96,9 +96,12 @@
     }
     images.push(img.src);
   }
+  // Private names of the package (the source listings are exempt: Python side).
+  const article = document.querySelector(".bd-article") || document.body;
+  const privates = [...new Set(article.innerText.match(/collectives\._\w+/g) || [])];
   const links = [...document.querySelectorAll("a[href]")].map((a) => a.href);
   const ids = [...document.querySelectorAll("[id]")].map((el) => el.id);
   for (const a of document.querySelectorAll("a[name]")) ids.push(a.name);
-  return JSON.stringify({problems, links, ids, images,
+  return JSON.stringify({problems, links, ids, images, privates,
                          height: document.documentElement.scrollHeight});
 })()

@@ -15,7 +15,9 @@ default). The check fails (exit status 1, one line per problem) on:
   that did not render);
 * an internal link to a page that does not exist, or to an anchor that is
   not on its page;
-* an image that did not load.
+* an image that did not load;
+* a private name of the package (``collectives._...``) outside the source
+  listings.
 
 One screenshot per page and width goes to ``SCREENSHOT_DIR`` (the top of the
 page; the viewport's width, at most 2400 px tall), for a person to look at.
@@ -264,6 +266,9 @@ def main(argv: list[str] | None = None) -> int:
                         shot.parent.mkdir(parents=True, exist_ok=True)
                     data = check_page(tools, base + page, width, shot)
                     problems += [f"{page} @ {width}px: {p}" for p in data["problems"]]
+                    if page not in listing and width == widths[0]:
+                        problems += [f"{page}: private name {name} in the text"
+                                     for name in data["privates"]]
                     ids[page] = set(data["ids"])
                     links.setdefault(page, set()).update(data["links"])
                     images.update(data["images"])
