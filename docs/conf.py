@@ -32,11 +32,14 @@ extensions = [
     "sphinx.ext.autodoc",
     "sphinx.ext.napoleon",
     "sphinx.ext.viewcode",
+    "sphinx_design",
     "gallery",
     "collective_facts",
     "strategy_facts",
     "public_api",
     "compat_matrix",
+    "readme_snippet",
+    "jax_links",
 ]
 
 source_suffix = {".md": "markdown"}
@@ -71,32 +74,16 @@ nitpick_ignore_regex = [
     ("py:obj", r"(jax|numpy|np|typing|collections)\..*"),
     ("py:class", r"collectives\..*\._[A-Za-z].*"),
     ("py:class", r"(st|strategies)\..*|SpecArg|ShapeArg|DtypeArg"),
-    # Private helpers that public docstrings mention by name.
-    ("py:func", r"standard_configs"),
+    # Private helpers and types that public docstrings mention by name.
+    ("py:func", r"standard_configs|expert_capacity"),
+    ("py:class", r"DiagramSpec|BenchSpec"),
     ("py:data", r"DEFAULT_RANGE|EXACT_RANGE"),
 ]
 
 # -- the recipe gallery ---------------------------------------------------------
 gallery_recipes_dir = "../recipes"
-# Derived from the registry: each recipe names its file (``source``), its
-# family and whether collectives.diagram draws it.
-def _files(family: str) -> list[str]:
-    return list(dict.fromkeys(Path(r.source).stem for r in collectives.RECIPES.values()
-                              if r.family == family))
-
-
-gallery_groups = [
-    ("Core collectives", _files("core")),
-    ("Arrays, migration and processes", ["distributed_arrays", "migrate_*",
-                                         "multi_process"]),
-    ("Sharp edges", ["sharp_edges_*"]),
-    ("Parallelism strategies", _files("strategy")),
-    ("Patterns", ["*"]),
-]
-gallery_diagrams: dict[str, list[str]] = {}
-for _name, _recipe in collectives.RECIPES.items():
-    if _recipe.diagram is not None:
-        gallery_diagrams.setdefault(Path(_recipe.source).stem, []).append(_name)
+# The gallery's sections, cards and diagrams come from the registry: each
+# recipe names its file (``source``), its family and its diagram.
 
 # -- HTML -----------------------------------------------------------------------
 html_theme = "sphinx_book_theme"

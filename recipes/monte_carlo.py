@@ -3,7 +3,7 @@
 What it shows: C = n * k independent chains, k on each of n devices, all
 seeded from ONE global key, with statistics combined across devices by
 ``pmean``:
-  * a random-walk Metropolis sampler for N(3, 2**2) (known mean and variance);
+  * a random-walk Metropolis sampler for N(3, 2²) (known mean and variance);
   * a plain estimator: pi from points thrown into the unit square.
 
 Keys: chain ``c`` uses ``fold_in(key, c)``. A device finds its chains'
@@ -21,7 +21,7 @@ errors of the truth (a two-sided normal tail of 2e-9: a correct sampler
 fails it for about one seed in 500 million; the seed is fixed, so the check
 is deterministic). Standard errors, for C independent chains and N points:
   * mean of the final states: sigma / sqrt(C);
-  * their variance: sigma**2 * sqrt(2 / (C - 1)) (Gaussian samples);
+  * their variance: sigma² * sqrt(2 / (C - 1)) (Gaussian samples);
   * pi: 4 * sqrt(p (1 - p) / N) with p = pi / 4.
 The chains start at 0, 1.5 sigma from the mean, and run 200 steps with
 uniform proposals of half-width 3 sigma; the mean's distance from 3 shrinks

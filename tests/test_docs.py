@@ -7,10 +7,15 @@ these checks need no Sphinx and run with the suite.
 import ast
 import contextlib
 import io
+import os
 import re
+import subprocess
+import sys
 
+import numpy as np
 import pytest
 
+from collectives import RECIPES
 from collectives._diagram import diagram_names
 from helpers import RECIPES_DIR
 from helpers import ROOT
@@ -21,7 +26,9 @@ DOCS = ROOT / "docs"
 
 
 def _python_blocks(page: str) -> list[str]:
-    return re.findall(r"```python\n(.*?)```", (DOCS / page).read_text(), re.S)
+    # ```python blocks, and ```{runnable} ones (shown with their output)
+    return re.findall(r"```(?:python|\{runnable\})\n(.*?)```",
+                      (DOCS / page).read_text(), re.S)
 
 
 def _toctree_entries(text: str) -> set[str]:
@@ -91,7 +98,112 @@ def test_links_into_the_gallery_name_recipe_files(page):
 
 def test_concepts_has_a_row_and_a_diagram_for_every_core_collective():
     text = (DOCS / "concepts.md").read_text()
+    # The figures (and their ``collective-NAME`` anchors) come from the registry.
+    assert "```{collective-diagrams} core\n```" in text
     for name in DIAGRAM_NAMES:
-        assert f"{{collective-diagram}} {name}\n" in text, name
-        assert re.search(rf"^\| \[?`{name}", text, re.M) or (
-            name in ("pmax", "pmin") and "[`pmax`, `pmin`]" in text), name
+        if RECIPES[name].family == "core":
+            assert re.search(rf"^\| \[?`{name}", text, re.M) or (
+                name in ("pmax", "pmin") and "[`pmax`, `pmin`]" in text), name
+
+
+def test_landing_page_has_install_snippet_and_three_doors():
+    text = (DOCS / "index.md").read_text()
+    assert "```bash\npip install" in text
+    assert "```{readme-snippet}\n```" in text  # the README's code, run at build
+    assert "```{collective-diagram} psum\n```" in text
+    doors = re.findall(r":::\{grid-item-card\} (.+)\n:link: (\w+)", text)
+    assert doors == [("Learn shard_map", "concepts"),
+                     ("Migrate from pmap", "migration"),
+                     ("Test my sharded code", "testing")], doors
+    for _, page in doors:
+        assert (DOCS / f"{page}.md").exists(), page
+
+
+def test_readme_snippet_prints_the_psum_the_landing_page_shows():
+    # The landing page shows this code and whatever it prints at build time;
+    # here: it runs, on simulated CPU devices, and prints the sum over "i".
+    readme = (ROOT / "README.md").read_text()
+    code = re.findall(r"^```python\n(.*?)^```", readme, re.S | re.M)[0]
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    env.pop("JAX_NUM_CPU_DEVICES", None)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                            text=True, timeout=300, cwd=ROOT, env=env)
+    assert result.returncode == 0, result.stderr[-2000:]
+    x = np.arange(32.0).reshape(4, 2, 4)
+    assert result.stdout.strip() == str(x.sum(0)), result.stdout
+
+
+def test_every_recipe_file_tags_the_forms_the_gallery_shows_in_tabs():
+    for path in sorted(RECIPES_DIR.glob("*.py")):
+        text = path.read_text()
+        for form in ("shard_map", "jit", "pmap", "numpy"):
+            assert f"# [start:{form}]\n" in text and f"# [end:{form}]\n" in text, (
+                path.name, form)
+
+
+def test_every_pitfall_has_an_anchor_and_a_verified_on_note():
+    text = (DOCS / "sharp_edges.md").read_text()
+    numbers = re.findall(r"^## (\d+)\. ", text, re.M)
+    assert numbers == [str(n) for n in range(1, len(numbers) + 1)], numbers
+    for n in numbers:
+        assert f"(pitfall-{n})=\n## {n}. " in text, n
+        assert f"{{ref}}`{n} <pitfall-{n}>`" in text, n  # the summary table links it
+    sections = re.split(r"^## \d+\. ", text, flags=re.M)[1:len(numbers) + 1]
+    for n, section in zip(numbers, sections, strict=True):
+        assert ":::{dropdown} Verified on" in section, n
+        prose = re.sub(r":::\{dropdown\}.*?\n:::", "", section, flags=re.S)
+        assert "test_pitfall" not in prose and "_compat." not in prose, n
+    assert "collectives._" not in text
+
+
+
+def _browser_check():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "browser_check", DOCS / "browser_check.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("size", [5, 300, 70_000])
+def test_browser_check_websocket_frames_round_trip(size):
+    # The DevTools client is written with the standard library only: its
+    # frames must be what RFC 6455 says, at each of the three length sizes.
+    import socket
+    import struct
+
+    ws_class = _browser_check().WebSocket
+    near, far = socket.socketpair()
+    ws = object.__new__(ws_class)
+    ws.sock, ws.buffer = near, b""
+    text = ("é" + "x" * size)[:size]
+    ws.send(text)
+    first, second = far.recv(2, socket.MSG_WAITALL)
+    assert first == 0x81 and second & 0x80  # final text frame, masked
+    n = second & 0x7F
+    if n == 126:
+        n = struct.unpack(">H", far.recv(2, socket.MSG_WAITALL))[0]
+    elif n == 127:
+        n = struct.unpack(">Q", far.recv(8, socket.MSG_WAITALL))[0]
+    mask = far.recv(4, socket.MSG_WAITALL)
+    payload = far.recv(n, socket.MSG_WAITALL)
+    assert bytes(b ^ mask[i % 4] for i, b in enumerate(payload)).decode() == text
+    # The browser's reply, unmasked and split in two frames (continuation).
+    data = text.encode()
+    half = len(data) // 2
+
+    def frame(opcode_byte, chunk):
+        n = len(chunk)
+        head = bytes([opcode_byte])
+        if n < 126:
+            return head + bytes([n]) + chunk
+        if n < 1 << 16:
+            return head + bytes([126]) + struct.pack(">H", n) + chunk
+        return head + bytes([127]) + struct.pack(">Q", n) + chunk
+
+    far.sendall(frame(0x01, data[:half]) + frame(0x80, data[half:]))
+    assert ws.recv() == text
+    near.close()
+    far.close()

@@ -60,42 +60,79 @@ def hlo_formulas() -> dict[str, str]:
     return formulas
 
 
+def draw(name: str, srcdir) -> str:
+    """Draw NAME's diagram once per build; its image URI (from the source root).
+
+    Raises:
+        ValueError: NAME has no diagram (from :func:`collectives.diagram`).
+    """
+    import collectives as cx
+
+    if name not in _DIAGRAMS:
+        out = Path(srcdir) / "_generated" / "diagrams"
+        out.mkdir(parents=True, exist_ok=True)
+        diagram = cx.diagram(name)
+        diagram.save(str(out / f"{name}.svg"))
+        _DIAGRAMS[name] = diagram
+    return f"/_generated/diagrams/{name}.svg"
+
+
 class CollectiveDiagram(SphinxDirective):
     """``{collective-diagram} NAME``: a figure of one collective's before/after."""
 
     required_arguments = 1
 
     def run(self) -> list[nodes.Node]:
+        return figure(self, self.arguments[0])
+
+
+def figure(directive: SphinxDirective, name: str, label: str | None = None
+           ) -> list[nodes.Node]:
+    """NAME's diagram as a captioned figure; ``label`` makes it a ref target."""
+    try:
+        uri = draw(name, directive.env.srcdir)
+    except ValueError as error:
+        return [directive.state.document.reporter.warning(
+            f"collective-diagram: {error}", line=directive.lineno)]
+    diagram = _DIAGRAMS[name]
+    image = nodes.image(uri=uri, alt=diagram.text())
+    image["classes"].append("collective-diagram")
+    caption = nodes.caption(
+        "", "", nodes.literal(name, name),
+        nodes.Text(f": {diagram.summary}. {diagram.n_devices} devices "
+                   "(columns); each input element is "
+                   "10 \N{MULTIPLICATION SIGN} device + position, "
+                   "coloured by the device it came from"
+                   + ("; grey, hatched: combined from every device."
+                      if any((s < 0).any() for s in diagram.after_source)
+                      else ".")))
+    node = nodes.figure("", image, caption)
+    if label is None:
+        node["ids"].append(f"diagram-{name.replace('_', '-')}")
+    else:
+        node["ids"].append(label.replace("_", "-"))
+        node["names"].append(label)
+        directive.state.document.note_explicit_target(node)
+    return [node]
+
+
+class CollectiveDiagrams(SphinxDirective):
+    """``{collective-diagrams} FAMILY``: every diagram of a family, in registry order.
+
+    Each figure is a reference target ``collective-NAME`` (``{ref}`psum
+    <collective-psum>```), so that every core collective has an anchor.
+    """
+
+    required_arguments = 1
+
+    def run(self) -> list[nodes.Node]:
         import collectives as cx
 
-        name = self.arguments[0]
-        out = Path(self.env.srcdir) / "_generated" / "diagrams"
-        out.mkdir(parents=True, exist_ok=True)
-        done = _DIAGRAMS
-        if name not in done:
-            try:
-                diagram = cx.diagram(name)
-            except ValueError as error:
-                return [self.state.document.reporter.warning(
-                    f"collective-diagram: {error}", line=self.lineno)]
-            diagram.save(str(out / f"{name}.svg"))
-            done[name] = diagram
-        diagram = done[name]
-        image = nodes.image(uri=f"/_generated/diagrams/{name}.svg",
-                            alt=diagram.text())
-        image["classes"].append("collective-diagram")
-        caption = nodes.caption(
-            "", "", nodes.literal(name, name),
-            nodes.Text(f": {diagram.summary}. {diagram.n_devices} devices "
-                       "(columns); each input element is "
-                       "10 \N{MULTIPLICATION SIGN} device + position, "
-                       "coloured by the device it came from"
-                       + ("; grey, hatched: combined from every device."
-                          if any((s < 0).any() for s in diagram.after_source)
-                          else ".")))
-        figure = nodes.figure("", image, caption)
-        figure["ids"].append(f"diagram-{name.replace('_', '-')}")
-        return [figure]
+        out: list[nodes.Node] = []
+        for name, recipe in cx.RECIPES.items():
+            if recipe.family == self.arguments[0] and recipe.diagram is not None:
+                out += figure(self, name, label=f"collective-{name}")
+        return out
 
 
 def _fmt(value: float) -> str:
@@ -172,12 +209,17 @@ def _table(header: list[str], rows: list[list[str]]) -> nodes.table:
     return table
 
 
+# Body columns written as code: the collective's name, V and the formula.
+CODE_COLUMNS = (0, 3, 4)
+
+
 def _row(cells: list[str], code_first: bool = False) -> nodes.row:
     row = nodes.row()
     for i, text in enumerate(cells):
         entry = nodes.entry()
         para = nodes.paragraph()
-        para += nodes.literal(text, text) if code_first and i == 0 else nodes.Text(text)
+        code = code_first and i in CODE_COLUMNS and text not in ("—", "0")
+        para += nodes.literal(text, text) if code else nodes.Text(text)
         entry += para
         row += entry
     return row
@@ -185,5 +227,6 @@ def _row(cells: list[str], code_first: bool = False) -> nodes.row:
 
 def setup(app: Sphinx) -> dict:
     app.add_directive("collective-diagram", CollectiveDiagram)
+    app.add_directive("collective-diagrams", CollectiveDiagrams)
     app.add_directive("collective-costs", CollectiveCosts)
     return {"version": "1", "parallel_read_safe": False}

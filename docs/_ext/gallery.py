@@ -35,23 +35,42 @@ META = re.compile(r"^(Devices|JAX versions checked|Run):\s*(.*)$")
 NUMBERED = re.compile(r"^(\s*)(\d+)\.\s+(.*)$")
 BULLET = re.compile(r"^(\s*)[*-]\s+(.*)$")
 CODE = re.compile(r"(``.+?``|`[^`]+`)")
+EMPHASIS = re.compile(
+    r"(?<![\w*])(\*\*(?=\S)([^*]+?)(?<=\S)\*\*|\*(?=[^\s*])([^*]+?)(?<=[^\s*])\*)(?![\w*])")
 
 REGION_TITLES = {
-    "pmap": "pmap form (legacy: the \"before\")",
-    "shard_map": "shard_map form",
-    "jit": "jit form",
+    "shard_map": "shard_map",
+    "jit": "jit",
+    "pmap": "pmap (legacy)",
     "numpy": "NumPy oracle",
 }
 
 
 # -- docstring to MyST ---------------------------------------------------------
 
+def _escape_plain(text: str) -> str:
+    """Escape Markdown and HTML, keeping ``**bold**`` and ``*emphasis*``."""
+    parts = EMPHASIS.split(text)
+    # split() keeps the groups: text, whole match, bold inner, emphasis inner, ...
+    out = []
+    for i in range(0, len(parts), 4):
+        out.append(re.sub(r"([*_<\\])", r"\\\1", parts[i]))
+        if i + 1 < len(parts):
+            bold, emphasis = parts[i + 2], parts[i + 3]
+            inner = re.sub(r"([_<\\])", r"\\\1", bold or emphasis)
+            out.append(f"**{inner}**" if bold else f"*{inner}*")
+    return "".join(out)
+
+
 def _escape(text: str) -> str:
-    """Escape Markdown emphasis and HTML outside code spans."""
+    """Escape Markdown and HTML outside code spans, keeping bold and emphasis.
+
+    The docstrings are plain text that marks ``**strong**`` and ``*emphasis*``
+    as Markdown does; any other ``*`` (``2**2``, ``a * b``) is literal.
+    """
     parts = CODE.split(text)
-    return "".join(
-        part if i % 2 else re.sub(r"([*_<\\])", r"\\\1", part)
-        for i, part in enumerate(parts))
+    return "".join(part if i % 2 else _escape_plain(part)
+                   for i, part in enumerate(parts))
 
 
 def docstring_markdown(doc: str) -> tuple[str, str]:
@@ -59,29 +78,28 @@ def docstring_markdown(doc: str) -> tuple[str, str]:
 
     The docstrings are plain text: paragraphs, ``*`` bullets, numbered
     items (numbered as in the file, not renumbered), and the ``Devices:``,
-    ``JAX versions checked:`` and ``Run:`` lines, which become a list.
+    ``JAX versions checked:`` and ``Run:`` lines, which become a collapsed
+    "Verified on" note at the end.
     """
     lines = doc.strip().splitlines()
-    title = lines[0].strip().rstrip(".")
+    # The title is the first paragraph, however many lines it takes.
+    end = next((i for i, line in enumerate(lines) if not line.strip()), len(lines))
+    title = " ".join(line.strip() for line in lines[:end]).rstrip(".")
     out: list[str] = []
+    notes: list[str] = []
     item_indent = None  # indentation of the text of the open list item
-    in_meta = False
-    for line in lines[1:]:
+    for line in lines[end:]:
         if not line.strip():
             out.append("")
-            item_indent, in_meta = None, False
+            item_indent = None
             continue
         indent = len(line) - len(line.lstrip())
         meta, numbered = META.match(line), NUMBERED.match(line)
         bullet = BULLET.match(line)
         if meta:
-            # One paragraph, one line each (hard breaks), apart from any list.
-            if in_meta:
-                out[-1] += "\\"
-            elif out and out[-1]:
-                out.append("")
-            out.append(f"**{meta.group(1)}:** {_escape(meta.group(2))}")
-            in_meta, item_indent = True, None
+            # Devices, versions, run command: a "Verified on" note at the end.
+            notes.append(f"**{meta.group(1)}:** {_escape(meta.group(2))}")
+            item_indent = None
         elif numbered:
             if out and out[-1]:
                 out.append("")
@@ -95,8 +113,9 @@ def docstring_markdown(doc: str) -> tuple[str, str]:
                 out.append("")  # a paragraph after a list, not a continuation
                 item_indent = None
             out.append(_escape(line.strip()))
-            in_meta = False
     body = "\n".join(out).strip()
+    if notes:
+        body += "\n\n:::{dropdown} Verified on\n" + "\\\n".join(notes) + "\n:::"
     return title, body
 
 
@@ -152,12 +171,22 @@ def _has_main(tree: ast.Module) -> bool:
                for node in tree.body)
 
 
+# The forms, modern first, as tabs; a file's other regions are shown above.
+FORMS = ("shard_map", "jit", "pmap", "numpy")
+
+
+def _literalinclude(rel: str, region: str) -> list[str]:
+    return [f"```{{literalinclude}} {rel}", ":language: python",
+            f':start-after: "# [start:{region}]"',
+            f':end-before: "# [end:{region}]"', "```"]
+
+
 def _page(path: Path, run: dict, diagrams: list[str], rel: str) -> str:
     text = path.read_text()
     tree = ast.parse(text)
     title, body = docstring_markdown(ast.get_docstring(tree) or path.stem)
     name = path.stem
-    lines = [f"(recipe-{name})=", f"# `{name}.py`", "", f"**{_escape(title)}.**", "",
+    lines = [f"(recipe-{name})=", f"# `{name}.py`", "", f"{_escape(title)}.", "",
              f"{{download}}`Download recipes/{name}.py <{rel}>`; run it with "
              f"`python recipes/{name}.py` (it needs only jax and numpy"
              f"{' and optax' if 'Requires: optax.' in text else ''}).", "",
@@ -166,52 +195,101 @@ def _page(path: Path, run: dict, diagrams: list[str], rel: str) -> str:
         lines += ["## What the collectives do to the shards", ""]
         for collective in diagrams:
             lines += ["```{collective-diagram} " + collective, "```", ""]
-    for region in _regions(text):
-        heading = REGION_TITLES.get(region, f"`{region}`")
-        lines += [f"## {heading}", "",
-                  f"```{{literalinclude}} {rel}",
-                  ":language: python",
-                  f':start-after: "# [start:{region}]"',
-                  f':end-before: "# [end:{region}]"',
-                  "```", ""]
-    if _has_main(tree):
-        lines += ["## Running every form against the oracle: `main()`", "",
-                  f"```{{literalinclude}} {rel}", ":language: python",
-                  ":pyobject: main", "```", ""]
+    regions = _regions(text)
+    for region in (r for r in regions if r not in FORMS):
+        lines += [f"## `{region}`", "", *_literalinclude(rel, region), ""]
+    forms = [r for r in FORMS if r in regions]
+    if forms:
+        lines += ["## The forms", "",
+                  "Modern first: `shard_map` (per-device code with explicit "
+                  "collectives), `jit` (a global program; XLA inserts the "
+                  "collectives), legacy `pmap` (the \"before\" of a migration), "
+                  "and the NumPy oracle every form is checked against.", "",
+                  "`````{tab-set}"]
+        for form in forms:
+            lines += [f"````{{tab-item}} {REGION_TITLES[form]}", f":sync: {form}", "",
+                      *_literalinclude(rel, form), "````"]
+        lines += ["`````", ""]
     output = run["stdout"].rstrip() or "(no output)"
     lines += ["## Output", "",
               f"What `python recipes/{name}.py` printed when this page was built "
               f"({run['seconds']:.1f} s, simulated CPU devices):", "",
-              "```text", output, "```", ""]
+              "```{code-block} text", ":class: recipe-output", "", output, "```", ""]
+    if _has_main(tree):
+        lines += ["## Running every form against the oracle: `main()`", "",
+                  f"```{{literalinclude}} {rel}", ":language: python",
+                  ":pyobject: main", "```", ""]
     return "\n".join(lines)
 
 
-def _group(name: str, groups: list[tuple[str, list[str]]]) -> str:
-    for group, patterns in groups:
-        if any(fnmatch.fnmatch(name, pattern) for pattern in patterns):
-            return group
-    return groups[-1][0] if groups else "Recipes"
+# The gallery's sections: the registry's families in the order the registry
+# first names them, then the files no recipe names as its source.
+FAMILY_TITLES = {"core": "Core collectives", "pattern": "Patterns",
+                 "strategy": "Parallelism strategies"}
+UNNAMED = [("Sharp edges", "sharp_edges_*"),
+           ("Arrays, training, migration and processes", "*")]
 
 
-def _listing(paths: list[Path], groups: list[tuple[str, list[str]]],
-             prefix: str) -> str:
-    by_group: dict[str, list[Path]] = {group: [] for group, _ in groups}
-    for path in paths:
-        by_group.setdefault(_group(path.stem, groups), []).append(path)
+def sections(paths: list[Path]) -> list[tuple[str, list[tuple[Path, list[str]]]]]:
+    """``[(title, [(file, [recipe names]), ...]), ...]`` from the registry.
+
+    Files appear in the order of their first recipe in ``collectives.RECIPES``;
+    the files that no recipe names are split into sharp edges and the rest.
+    """
+    import collectives
+
+    by_stem = {p.stem: p for p in paths}
+    families: dict[str, dict[str, list[str]]] = {}
+    for recipe_name, recipe in collectives.RECIPES.items():
+        stem = Path(recipe.source).stem
+        if stem in by_stem:
+            files = families.setdefault(recipe.family, {})
+            files.setdefault(stem, []).append(recipe_name)
+    named = {stem for files in families.values() for stem in files}
+    out = [(FAMILY_TITLES.get(family, family.capitalize()),
+            [(by_stem[stem], names) for stem, names in files.items()])
+           for family, files in families.items()]
+    rest = [p for p in paths if p.stem not in named]
+    for title, pattern in UNNAMED:
+        members = [p for p in rest if fnmatch.fnmatch(p.stem, pattern)]
+        rest = [p for p in rest if p not in members]
+        if members:
+            out.append((title, [(p, []) for p in members]))
+    return out
+
+
+def diagrams_by_file() -> dict[str, list[str]]:
+    """File stem -> the names of its recipes that have a diagram, in order."""
+    import collectives
+
+    out: dict[str, list[str]] = {}
+    for recipe_name, recipe in collectives.RECIPES.items():
+        if recipe.diagram is not None:
+            out.setdefault(Path(recipe.source).stem, []).append(recipe_name)
+    return out
+
+
+def _listing(groups, thumbnails: dict[str, str], prefix: str) -> str:
     lines = []
-    for group, members in by_group.items():
-        if not members:
-            continue
-        lines += [f"## {group}", "", "| recipe | what it shows |", "|---|---|"]
-        for path in members:
+    for group, members in groups:
+        lines += [f"## {group}", "", "::::{grid} 1 2 3 3", ":gutter: 3", ""]
+        for path, names in members:
             doc = ast.get_docstring(ast.parse(path.read_text())) or path.stem
             title, _ = docstring_markdown(doc)
-            lines.append(f"| [`{path.stem}.py`]({prefix}{path.stem}.md) | "
-                         f"{title.replace('|', '/')} |")
-        lines.append("")
+            lines += [f":::{{grid-item-card}} `{path.stem}.py`",
+                      f":link: recipe-{path.stem}", ":link-type: ref",
+                      ":class-card: recipe-card"]
+            if path.stem in thumbnails:
+                lines.append(f":img-top: {thumbnails[path.stem]}")
+                lines.append(":class-img-top: recipe-thumbnail")
+            lines += ["", f"{_escape(title)}."]
+            if names:
+                lines += ["", "{bdg-secondary-line}`recipes` "
+                          + ", ".join(f"`{n}`" for n in names)]
+            lines += [":::", ""]
+        lines += ["::::", ""]
     lines += ["```{toctree}", ":hidden:", ""]
-    lines += [f"{prefix}{path.stem}" for members in by_group.values()
-              for path in members]
+    lines += [f"{prefix}{path.stem}" for _, members in groups for path, _ in members]
     lines += ["```", ""]
     return "\n".join(lines)
 
@@ -243,6 +321,7 @@ def generate(app: Sphinx) -> None:
     stale = {p.name for p in out.glob("*.md")} - {f"{p.stem}.md" for p in paths}
     for name in stale:
         (out / name).unlink()
+    diagrams = diagrams_by_file()
     for path, run in runs.items():
         if run["returncode"] != 0 or "ok:" not in run["stdout"]:
             logger.warning(
@@ -251,10 +330,15 @@ def generate(app: Sphinx) -> None:
                 f"{run['stdout'][-2000:]}\n{run['stderr']}",
                 location=None)
         rel = os.path.relpath(path, out)
-        diagrams = config.gallery_diagrams.get(path.stem, [])
-        _write_if_changed(out / f"{path.stem}.md", _page(path, run, diagrams, rel))
+        _write_if_changed(out / f"{path.stem}.md",
+                          _page(path, run, diagrams.get(path.stem, []), rel))
+    # Card thumbnails: each file's first diagram, drawn now so that the
+    # gallery page finds the image whichever page Sphinx reads first.
+    from collective_facts import draw
+
+    thumbnails = {stem: draw(names[0], srcdir) for stem, names in diagrams.items()}
     _write_if_changed(out / "listing.inc",
-                      _listing(paths, config.gallery_groups, "_generated/gallery/"))
+                      _listing(sections(paths), thumbnails, "_generated/gallery/"))
 
 
 _RECIPE_LINK = re.compile(r"\]\(\.\./recipes/([A-Za-z0-9_]+\.py)?\)")
@@ -285,8 +369,6 @@ def link_recipes(app: Sphinx, docname: str, source: list[str]) -> None:
 
 def setup(app: Sphinx) -> dict:
     app.add_config_value("gallery_recipes_dir", "../recipes", "env")
-    app.add_config_value("gallery_groups", [], "env")
-    app.add_config_value("gallery_diagrams", {}, "env")
     app.add_config_value("gallery_jobs", 0, "env")
     app.add_config_value("gallery_timeout", 600, "env")
     app.connect("builder-inited", generate)

@@ -18,11 +18,13 @@ import ast
 import importlib
 import inspect
 import pkgutil
+import re
 from typing import ClassVar
 
 from docutils import nodes
 from docutils.parsers.rst import directives
 from docutils.statemachine import StringList
+from sphinx import addnodes
 from sphinx.application import Sphinx
 from sphinx.environment import BuildEnvironment
 from sphinx.pycode import ModuleAnalyzer
@@ -253,6 +255,60 @@ def resolve_short_names(app: Sphinx, env: BuildEnvironment, node, contnode):
                         contnode, matches[0])
 
 
+PRIVATE_PATH = re.compile(r"\bcollectives(?:\.\w+)*\._\w+(?:\.\w+)*")
+
+
+def public_homes(package: str) -> dict[str, str]:
+    """Each public name -> the public module that lists it (the first one)."""
+    homes: dict[str, str] = {}
+    for module_name in public_modules(package):
+        for name in public_names(module_name):
+            homes.setdefault(name, module_name)
+    return homes
+
+
+def hide_private_paths(app: Sphinx, doctree: nodes.document) -> None:
+    """In API entries, ``collectives._layout.Axes`` reads ``collectives.Axes``.
+
+    Signatures and field types show annotations by their defining module,
+    which for this package is a private one; the reader imports the name
+    from its public module (or, for a type that is not exported, sees its
+    bare name). References are retargeted the same way, so they resolve.
+    """
+    homes = public_homes(app.config.public_api_package)
+
+    def public(match: re.Match) -> str:
+        parts = match.group(0).split(".")
+        last_private = max(i for i, part in enumerate(parts) if part.startswith("_"))
+        rest = parts[last_private + 1:]
+        for i, part in enumerate(rest):  # past public submodules of private ones
+            if part in homes:
+                return ".".join([homes[part], *rest[i:]])
+        return ".".join(rest[-1:])
+
+    for desc in doctree.findall(addnodes.desc):
+        for xref in desc.findall(addnodes.pending_xref):
+            target = xref.get("reftarget", "")
+            if PRIVATE_PATH.search(target):
+                xref["reftarget"] = PRIVATE_PATH.sub(public, target)
+        for text in list(desc.findall(nodes.Text)):
+            if PRIVATE_PATH.search(text.astext()):
+                new = nodes.Text(PRIVATE_PATH.sub(public, text.astext()))
+                text.parent.replace(text, new)
+
+
+def skip_pointers_in_viewcode(app: Sphinx, doctree: nodes.document) -> None:
+    """Pointer entries (``:no-index:``) get no "[source]" link.
+
+    Otherwise the source page's "[docs]" link for the object would point at
+    the pointer's module path, an anchor that no page has.
+    """
+    for desc in doctree.findall(addnodes.desc):
+        if desc.get("no-index") or desc.get("noindex"):
+            for signature in desc.findall(addnodes.desc_signature):
+                signature["module"] = None
+
+
 def setup(app: Sphinx) -> dict:
     app.add_config_value("public_api_package", "collectives", "env")
     app.add_directive("public-api", PublicAPI)
@@ -261,4 +317,7 @@ def setup(app: Sphinx) -> dict:
     app.connect("env-merge-info", _merge)
     app.connect("env-check-consistency", _check)
     app.connect("missing-reference", resolve_short_names)
+    app.connect("doctree-read", hide_private_paths)
+    # Before sphinx.ext.viewcode's own doctree-read (priority 500).
+    app.connect("doctree-read", skip_pointers_in_viewcode, priority=400)
     return {"version": "1", "parallel_read_safe": True}
