@@ -256,6 +256,24 @@ def lax_psend_precv():
 
 
 @probe
+def ppermute_checks_axis_order():
+    """`lax.ppermute` over axes out of mesh order raises (not silently reorders).
+
+    Instead: pass the axes in mesh order (`recipes/sharp_edges_ppermute.py`, 10).
+    """
+    mesh = jax.make_mesh((4, 2), ("i", "j"),
+                         axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    perm = [(s, (s + 1) % 8) for s in range(8)]
+    f = jax.shard_map(lambda x: lax.ppermute(x, ("j", "i"), perm), mesh=mesh,
+                      in_specs=P(("j", "i")), out_specs=P(("j", "i")))
+    try:
+        jax.jit(f)(np.zeros(8, np.float32))
+    except RuntimeError as err:
+        return "same order" in str(err)
+    return False
+
+
+@probe
 def vmap_of_shard_map_psum():
     """`vmap` of a shard_map'd psum (check_vma on) runs and is right (jax#34249).
 
