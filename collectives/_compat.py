@@ -77,11 +77,11 @@ NESTED_PMAP_SUPPORTED = False
 """Nested ``jax.pmap`` raises on every supported JAX (pmap runs on shard_map
 since 0.8: "The context mesh ... should match the mesh passed to shard_map")."""
 
-SHARD_MAP_CHECKS_EXPLICIT_INPUT_SPECS = JAX_VERSION >= (0, 9, 0)
+SHARD_MAP_CHECKS_EXPLICIT_INPUT_SPECS = JAX_VERSION >= (0, 9, 1)
 """On a mesh with ``Explicit`` axes, ``shard_map`` raises when an input's
 sharding differs from ``in_specs`` ("in_specs passed to shard_map: ... does
-not match the specs of the input"); 0.8.0 accepts and reshards. Seen on
-0.8.0 (accepts), 0.10.2 and 0.12.0.1 (raise)."""
+not match the specs of the input") from JAX 0.9.1; 0.8.0 to 0.9.0.1 accept
+and reshard (the matrix probe ``shard_map_checks_explicit_input_specs``)."""
 
 PPERMUTE_CHECKS_AXIS_ORDER = JAX_VERSION >= (0, 11, 1)
 """``lax.ppermute`` over a tuple of axes not in mesh order raises a
@@ -139,6 +139,7 @@ PROBE_BOUNDARIES: dict[str, tuple[tuple[int, ...], tuple[int, ...] | None]] = {
     "psum_scatter_negative_dimension": ((0, 11, 0), None),
     "vmap_of_shard_map_psum": (OLDEST_SUPPORTED_JAX, None),
     "ppermute_checks_axis_order": ((0, 11, 1), None),
+    "shard_map_checks_explicit_input_specs": ((0, 9, 1), None),
     "aval_vma": (OLDEST_SUPPORTED_JAX, (0, 10, 0)),
     "aval_mat_varying": ((0, 10, 0), None),
     "device_put_sharded": (OLDEST_SUPPORTED_JAX, (0, 10, 0)),

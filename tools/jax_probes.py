@@ -256,6 +256,24 @@ def lax_psend_precv():
 
 
 @probe
+def shard_map_checks_explicit_input_specs():
+    """On an Explicit mesh, shard_map rejects an input not placed as `in_specs` says.
+
+    Instead: `jax.device_put(x, NamedSharding(mesh, spec))` first, or an Auto mesh
+    (`recipes/sharp_edges_sharding.py`, 1).
+    """
+    mesh = jax.make_mesh((8,), ("i",),
+                         axis_types=(jax.sharding.AxisType.Explicit,))
+    f = jax.shard_map(lambda b: lax.psum(b, "i"), mesh=mesh, in_specs=P("i"),
+                      out_specs=P())
+    try:
+        jax.jit(f)(np.ones(16, np.float32))
+    except ValueError as err:
+        return "does not match the specs of the input" in str(err)
+    return False
+
+
+@probe
 def ppermute_checks_axis_order():
     """`lax.ppermute` over axes out of mesh order raises (not silently reorders).
 
