@@ -81,17 +81,17 @@ NESTED_PMAP_SUPPORTED = False
 """Nested ``jax.pmap`` raises on every supported JAX (pmap runs on shard_map
 since 0.8: "The context mesh ... should match the mesh passed to shard_map")."""
 
-SHARD_MAP_CHECKS_EXPLICIT_INPUT_SPECS = JAX_VERSION >= (0, 9, 0)
+SHARD_MAP_CHECKS_EXPLICIT_INPUT_SPECS = JAX_VERSION >= (0, 9, 1)
 """On a mesh with ``Explicit`` axes, ``shard_map`` raises when an input's
 sharding differs from ``in_specs`` ("in_specs passed to shard_map: ... does
-not match the specs of the input"); 0.8.0 accepts and reshards. Seen on
-0.8.0 (accepts), 0.10.2 and 0.12.0.1 (raise)."""
+not match the specs of the input") from JAX 0.9.1; 0.8.0 to 0.9.0.1 accept
+and reshard (the matrix probe ``shard_map_checks_explicit_input_specs``)."""
 
-PPERMUTE_CHECKS_AXIS_ORDER = JAX_VERSION >= (0, 12, 0)
+PPERMUTE_CHECKS_AXIS_ORDER = JAX_VERSION >= (0, 11, 1)
 """``lax.ppermute`` over a tuple of axes not in mesh order raises a
-RuntimeError from 0.12 (the ``jax_raise_on_ppermute_sort_diff`` flag; with
-it off, devices are numbered in the tuple's order); up to 0.11 it silently
-numbers devices in mesh order (seen on 0.8.0 and 0.10.2)."""
+RuntimeError from 0.11.1 (the ``jax_raise_on_ppermute_sort_diff`` flag; with
+it off, devices are numbered in the tuple's order); up to 0.11.0 it silently
+numbers devices in mesh order (the matrix probe ``ppermute_checks_axis_order``)."""
 
 PCAST_VARYING_SINCE = (0, 8, 2)
 """``lax.pcast(x, axis, to="varying")`` exists from JAX 0.8.2."""
@@ -142,6 +142,8 @@ PROBE_BOUNDARIES: dict[str, tuple[tuple[int, ...], tuple[int, ...] | None]] = {
     "make_mesh_warns_about_default": ((0, 8, 1), (0, 9, 0)),
     "psum_scatter_negative_dimension": ((0, 11, 0), None),
     "vmap_of_shard_map_psum": (OLDEST_SUPPORTED_JAX, None),
+    "ppermute_checks_axis_order": ((0, 11, 1), None),
+    "shard_map_checks_explicit_input_specs": ((0, 9, 1), None),
     "aval_vma": (OLDEST_SUPPORTED_JAX, (0, 10, 0)),
     "aval_mat_varying": ((0, 10, 0), None),
     "device_put_sharded": (OLDEST_SUPPORTED_JAX, (0, 10, 0)),
@@ -214,7 +216,7 @@ def make_jax_mesh(
 
 @contextlib.contextmanager
 def ppermute_axis_order_unchecked() -> Iterator[None]:
-    """Turn off JAX's ppermute axis-order check (0.12+) inside the block.
+    """Turn off JAX's ppermute axis-order check (0.11.1+) inside the block.
 
     Only to show what unchecked JAX versions compute; a no-op where the check
     does not exist.

@@ -13,7 +13,7 @@ What it shows, each as the wrong way and the fix:
      mesh's, e.g. ``("j", "i")`` on a mesh ``("i", "j")``: JAX up to 0.11
      silently numbers the devices in *mesh* order, while ``lax.axis_index``
      and ``all_gather`` follow the tuple's order, so a ring shift lands on the
-     wrong devices (seen on 0.8.0 and 0.10.2). JAX 0.12 raises instead ("Make
+     wrong devices (up to 0.11.0). JAX 0.11.1 and later raise instead ("Make
      sure that the axis_name passed to jax.lax.ppermute is in the same order
      as the axis_names declared on the mesh"); with the check turned off
      (``jax.config.update("jax_raise_on_ppermute_sort_diff", False)``; the
@@ -169,7 +169,7 @@ def main():
     mesh2 = make_mesh((4, 2), ("i", "j"))
     want = np.roll(np.arange(N_DEVICES), 1)  # device d receives d - 1
     wrong = _error_line(ring_shift_tuple, mesh2, ("j", "i"))
-    if wrong is None:  # JAX <= 0.11: silently in mesh order
+    if wrong is None:  # JAX <= 0.11.0: silently in mesh order
         wrong = str(ring_shift_tuple(mesh2, ("j", "i")).tolist())
     print('10. ring over ("j", "i") on mesh ("i", "j"): want', want.tolist())
     print("    plain ppermute ->", wrong)

@@ -7,7 +7,8 @@ and the fix:
      from JAX 0.9 on, and shard_map then refuses inputs whose sharding differs
      from ``in_specs`` (a NumPy array counts as replicated): "in_specs passed
      to shard_map: P('i',) does not match the specs of the input: P(None,
-     None)". JAX 0.8 accepts them. Fix: build the mesh with ``Auto`` axes, or
+     None)" (from JAX 0.9.1; 0.8.0 to 0.9.0.1 accept them). Fix: build the
+     mesh with ``Auto`` axes, or
      ``jax.device_put`` the inputs with ``NamedSharding(mesh, in_specs)``.
   2. ``all_gather`` then ``out_specs=P()``: the gathered value is typed
      *varying*, so the replication (VMA) check fails ("out_specs which require
@@ -73,7 +74,7 @@ def psum_with_groups_pmap(x, groups):
 
 # [start:shard_map]
 def psum_rows(x, mesh):
-    # Pitfall 1: on an Explicit mesh (JAX >= 0.9) a NumPy x raises here.
+    # Pitfall 1: on an Explicit mesh (JAX >= 0.9.1) a NumPy x raises here.
     f = jax.shard_map(lambda b: lax.psum(b, "i"), mesh=mesh,
                       in_specs=P("i"), out_specs=P())
     return jax.jit(f)(x)

@@ -256,6 +256,42 @@ def lax_psend_precv():
 
 
 @probe
+def shard_map_checks_explicit_input_specs():
+    """On an Explicit mesh, shard_map rejects an input not placed as `in_specs` says.
+
+    Instead: `jax.device_put(x, NamedSharding(mesh, spec))` first, or an Auto mesh
+    (`recipes/sharp_edges_sharding.py`, 1).
+    """
+    mesh = jax.make_mesh((8,), ("i",),
+                         axis_types=(jax.sharding.AxisType.Explicit,))
+    f = jax.shard_map(lambda b: lax.psum(b, "i"), mesh=mesh, in_specs=P("i"),
+                      out_specs=P())
+    try:
+        jax.jit(f)(np.ones(16, np.float32))
+    except ValueError as err:
+        return "does not match the specs of the input" in str(err)
+    return False
+
+
+@probe
+def ppermute_checks_axis_order():
+    """`lax.ppermute` over axes out of mesh order raises (not silently reorders).
+
+    Instead: pass the axes in mesh order (`recipes/sharp_edges_ppermute.py`, 10).
+    """
+    mesh = jax.make_mesh((4, 2), ("i", "j"),
+                         axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    perm = [(s, (s + 1) % 8) for s in range(8)]
+    f = jax.shard_map(lambda x: lax.ppermute(x, ("j", "i"), perm), mesh=mesh,
+                      in_specs=P(("j", "i")), out_specs=P(("j", "i")))
+    try:
+        jax.jit(f)(np.zeros(8, np.float32))
+    except RuntimeError as err:
+        return "same order" in str(err)
+    return False
+
+
+@probe
 def vmap_of_shard_map_psum():
     """`vmap` of a shard_map'd psum (check_vma on) runs and is right (jax#34249).
 
