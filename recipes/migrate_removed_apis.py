@@ -155,6 +155,17 @@ def scale_jit(x, mesh):
 # [end:jit]
 
 
+# [start:pmap]
+def normalise_pmap(x, n_devices):
+    # The legacy form of the same normalisation: x stacked as [n, k, m], one
+    # block per device, the column sums combined by psum over "i".
+    stacked = x.reshape(n_devices, -1, *x.shape[1:])
+    f = jax.pmap(lambda block: block / lax.psum(block.sum(0, keepdims=True), "i"),
+                 axis_name="i")
+    return np.asarray(f(stacked)).reshape(x.shape)
+# [end:pmap]
+
+
 # [start:numpy]
 def normalise_numpy(x):
     return x / x.sum(0, keepdims=True)
@@ -182,6 +193,7 @@ def main():
     np.testing.assert_allclose(np.asarray(normalise_shard_map(x, mesh)), want,
                                rtol=1e-6)
     np.testing.assert_allclose(np.asarray(normalise_vmap(x)), want, rtol=1e-6)
+    np.testing.assert_allclose(normalise_pmap(x, N_DEVICES), want, rtol=1e-6)
     print("xmap -> shard_map / named vmap: column sums",
           np.asarray(normalise_shard_map(x, mesh)).sum(0).tolist())
 
