@@ -49,8 +49,12 @@ DEFAULT_TESTS = ("tests/test_compat.py tests/test_sharp_edges.py "
                  "tests/test_sharp_edges_versions.py "
                  "tests/test_migrate_removed_apis.py tests/test_migrate_pmap.py "
                  "tests/test_batching.py tests/test_laws.py "
-                 "-m 'not slow and not multiprocess'")
-"""The fast subset of the suite each release runs (``--tests`` replaces it)."""
+                 "tests/test_conformance.py "
+                 "-m 'not slow and not multiprocess' "
+                 "-k 'not test_conformance or cost_model or rejects'")
+"""The fast subset of the suite each release runs (``--tests`` replaces it):
+the version-sensitive tests, and the conformance suite's fast checks (every
+recipe's compiled HLO against its cost model, the bad inputs)."""
 
 TIMEOUTS = {"install": 1200, "probes": 300, "check": 900, "tests": 1200}
 """Seconds each step of one release may take before it counts as failed."""
