@@ -99,11 +99,13 @@ class Axes:
         """Spec entry for a dimension sharded over the other mesh axes."""
         return spec_entry(self.others)
 
-    # Older names of the attributes above.
-    rest = property(lambda self: self.others)
-    rest_size = property(lambda self: self.others_size)
-    on = property(lambda self: self.entry)
-    batch = property(lambda self: self.others_entry)
+    # Older names of the attributes above, kept for code written against them.
+    rest = property(lambda self: self.others, doc="Older name of ``others``.")
+    rest_size = property(lambda self: self.others_size,
+                         doc="Older name of ``others_size``.")
+    on = property(lambda self: self.entry, doc="Older name of ``entry``.")
+    batch = property(lambda self: self.others_entry,
+                     doc="Older name of ``others_entry``.")
 
 
 def resolve_axes(mesh: Mesh, axis: AxisArg) -> Axes:
