@@ -9,6 +9,7 @@ outlives the test. Tests marked ``slow`` (the full ``check``) run with
 """
 
 import os
+import random
 import re
 import shlex
 import signal
@@ -21,7 +22,6 @@ from pathlib import Path
 
 import pytest
 
-from collectives import _compat
 from collectives.distributed import _cluster
 from helpers import RECIPES_DIR
 from helpers import ROOT
@@ -29,15 +29,26 @@ from helpers import ROOT
 BOUND_SECONDS = 120  # a failing rank must be gone within this
 FAST = ("psum", "all_gather", "psum_scatter", "ppermute_ring", "dp_grads")
 
-needs_port_override = pytest.mark.skipif(
-    _compat.JAX_VERSION < (0, 8, 1),
-    reason="JAX_COORDINATOR_PORT overrides a cluster's port from JAX 0.8.1")
+# JAX derives a SLURM or Open MPI job's coordinator port from its job id, in
+# [EPHEMERAL, 65535]; JAX_COORDINATOR_PORT overrides it from 0.8.1. The fakes
+# pick a free port there and the job id that maps to it, so both agree on
+# every supported release.
+EPHEMERAL = 65535 - 2**12 + 1
 
 
 def _free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    for port in random.Random(os.getpid()).sample(range(EPHEMERAL, 65536), 200):
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in [{EPHEMERAL}, 65535] on 127.0.0.1")
+
+
+def slurm_job_id(port):
+    return str(port - EPHEMERAL + 2**12)
 
 
 def _base_env():
@@ -54,14 +65,15 @@ def _base_env():
 
 def slurm_env(rank, n, port):
     """What `srun` sets in each task (a one-node step on 127.0.0.1)."""
-    return {"SLURM_JOB_ID": "4242", "SLURM_STEP_NODELIST": "127.0.0.1",
+    return {"SLURM_JOB_ID": slurm_job_id(port), "SLURM_STEP_NODELIST": "127.0.0.1",
             "SLURM_NTASKS": str(n), "SLURM_PROCID": str(rank),
             "SLURM_LOCALID": str(rank), "JAX_COORDINATOR_PORT": str(port)}
 
 
 def ompi_env(rank, n, port):
     """What Open MPI < 5's `mpirun` sets (ORTE), its launcher on 127.0.0.1."""
-    return {"OMPI_MCA_orte_hnp_uri": "1531576320.0;tcp://127.0.0.1:35001",
+    orte_job = (port - EPHEMERAL + 2**12) * 2**12
+    return {"OMPI_MCA_orte_hnp_uri": f"{orte_job}.0;tcp://127.0.0.1:35001",
             "OMPI_COMM_WORLD_SIZE": str(n), "OMPI_COMM_WORLD_RANK": str(rank),
             "OMPI_COMM_WORLD_LOCAL_RANK": str(rank),
             "JAX_COORDINATOR_PORT": str(port)}
@@ -131,7 +143,6 @@ def _run_job(ranks, cluster, target, *options, n=2, bound=BOUND_SECONDS):
     return [ranks.wait(proc, bound) for proc in procs]
 
 
-@needs_port_override
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("cluster", sorted(CLUSTERS))
 def test_two_ranks_of_a_faked_cluster_pass_check(ranks, cluster, tmp_path):
@@ -149,7 +160,6 @@ def test_two_ranks_of_a_faked_cluster_pass_check(ranks, cluster, tmp_path):
 
 
 @pytest.mark.slow
-@needs_port_override
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("cluster", sorted(CLUSTERS))
 def test_every_recipe_under_a_faked_cluster(ranks, cluster, request):
@@ -160,17 +170,17 @@ def test_every_recipe_under_a_faked_cluster(ranks, cluster, request):
     assert "ok: all 2 ranks passed" in out0
 
 
-@needs_port_override
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("rank", [0, 1])
 def test_a_lone_rank_fails_in_bounded_time_naming_the_variables(ranks, rank):
     start = time.monotonic()
-    proc = ranks.start(slurm_env(rank, 2, _free_port()), "--cpu-devices", "4",
+    port = _free_port()
+    proc = ranks.start(slurm_env(rank, 2, port), "--cpu-devices", "4",
                        "--startup-timeout", "10", "--", "check", "psum", rank=rank)
     code, out = ranks.wait(proc)
     assert time.monotonic() - start < BOUND_SECONDS
     assert code == _cluster.EXIT_NOT_JOINED, out
-    assert f"rank {rank} of 2 (slurm: SLURM_JOB_ID=4242" in out
+    assert f"rank {rank} of 2 (slurm: SLURM_JOB_ID={slurm_job_id(port)}" in out
     assert "SLURM_NTASKS=2" in out and "gave up" in out
     assert ("rank(s) [1] did not all connect" if rank == 0
             else "rank 0 (the coordinator") in out
@@ -194,7 +204,6 @@ KILLED = textwrap.dedent("""
 """)
 
 
-@needs_port_override
 @pytest.mark.multiprocess
 def test_a_killed_rank_fails_the_other_in_bounded_time(ranks, tmp_path):
     script = tmp_path / "killed.py"
