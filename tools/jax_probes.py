@@ -82,7 +82,7 @@ def shard_map_check_rep():
 def lax_pvary():
     """`lax.pvary(x, axis)`.
 
-    Instead: `lax.pcast(x, axis, to="varying")` (`collectives._compat.pvary`).
+    Instead: `lax.pcast(x, axis, to="varying")`.
     """
     return hasattr(lax, "pvary")
 
@@ -101,8 +101,7 @@ def lax_pcast_varying():
 def lax_all_gather_invariant():
     """`lax.all_gather_invariant` (public).
 
-    Instead: `lax.all_gather(..., to="invarying")`
-    (`collectives._compat.all_gather_invariant`).
+    Instead: `lax.all_gather(..., to="invarying")`.
     """
     return hasattr(lax, "all_gather_invariant")
 
@@ -150,7 +149,7 @@ def _varying_aval():
 def aval_vma():
     """`jax.typeof(x).vma` holds the axes a value varies over.
 
-    Instead: `jax.typeof(x).mat.varying` (`collectives._compat.vma`).
+    Instead: `jax.typeof(x).mat.varying`.
     """
     return set(getattr(_varying_aval(), "vma", ())) == {"i"}
 
