@@ -48,6 +48,7 @@ from collectives._recipes.mlp import PARAM_NAMES
 from collectives._recipes.mlp import Params
 from collectives._recipes.mlp import data_and_model_axes
 from collectives._recipes.mlp import mlp_oracle
+from collectives._recipes.mlp import needs_data_and_model_axes
 from collectives._recipes.permute import body_axis_size
 from collectives._registry import register
 from collectives.hlo import Expectation
@@ -235,14 +236,9 @@ def fsdp_jit_value_and_grad(params: Params, x, y, mesh: jax.sharding.Mesh,
 
 # -- recipes ---------------------------------------------------------------
 
-
-
-def _needs_two_axes(axes: Axes) -> str | None:
-    if len(axes.names) == 2:
-        return None
-    return ("needs two collective axes in the order (data, model): parameters "
-            "and batch split over the first, the Megatron pair W2/W3 over the "
-            "second; e.g. a 4x2 mesh with axis=None or ('i', 'j')")
+_needs_two_axes = needs_data_and_model_axes(
+    "parameters and batch split over the first, the Megatron pair W2/W3 over "
+    "the second")
 
 
 def _specs(model: bool):

@@ -276,12 +276,21 @@ def data_and_model_axes(axes: Axes, model: bool):
     return axes.entry, None
 
 
-def _needs_two_axes(axes: Axes) -> str | None:
-    if len(axes.names) == 2:
-        return None
-    return ("needs two collective axes in the order (data, model): the batch is "
-            "split over the first, W2/b2/W3 over the second; e.g. a 4x2 mesh "
-            "with axis=None or ('i', 'j')")
+def needs_data_and_model_axes(layout: str):
+    """``unsupported_reason`` of a recipe over two collective axes (data,
+    model); ``layout`` says what each axis splits."""
+
+    def reason(axes: Axes) -> str | None:
+        if len(axes.names) == 2:
+            return None
+        return (f"needs two collective axes in the order (data, model): {layout}; "
+                "e.g. a 4x2 mesh with axis=None or ('i', 'j')")
+
+    return reason
+
+
+_needs_two_axes = needs_data_and_model_axes(
+    "the batch is split over the first, W2/b2/W3 over the second")
 
 
 def _specs(model: bool):
