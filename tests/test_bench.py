@@ -75,6 +75,15 @@ def test_cli_smoke_prints_the_table_and_valid_json_and_csv(tmp_path):
     assert "time_us_samples" not in records[0]
 
 
+def test_one_device_runs_say_that_they_time_no_link():
+    result = run_python("-m", "collectives", "bench", "--devices", "1", "-c", "psum",
+                        "-b", "64", "-e", "64", "-r", "2", "-w", "0", "-n", "2",
+                        "--budget", "0", "--no-memory", "-q")
+    assert "on 1 device every collective is the identity" in result.stdout
+    assert "Use 2 or more devices" in result.stdout
+    assert "# Out of bounds values : 0 OK" in result.stdout
+
+
 def test_every_collective_and_form_is_right_on_every_device(sweep):
     rows = sweep["results"]
     assert bench.schema_errors(json.loads(json.dumps(sweep))) == []

@@ -183,6 +183,10 @@ def run(collectives: Sequence[str] = DEFAULT_COLLECTIVES,
          f"{dtype_name}, {samples} to {stopping.max_samples} samples (until "
          f"±{100 * precision:g} % at 95 % or {budget:g} s), warm-up {warmup}, iters "
          f"{iters or f'auto (>= {1000 * min_time:g} ms per call)'}")
+    if axes.size == 1:
+        show("# note: on 1 device every collective is the identity and XLA may "
+             "remove it (and the loop\n#   of iters around it): times then measure "
+             "dispatch, not a link. Use 2 or more devices.")
     rows: list[dict[str, Any]] = []
     skipped: list[dict[str, str]] = []
     start, done, total = time.perf_counter(), 0, len(collectives) * len(sizes)
