@@ -86,6 +86,13 @@ def test_ini_settings_fixtures_and_profiles(tmp_path):
             assert conftest.SEEN_AT_IMPORT == jax.device_count() == 4
 
 
+        def test_the_simulated_devices_are_the_platform():
+            # (an accelerator would otherwise be the default backend; the
+            # plugin leaves a $JAX_PLATFORMS the user set alone)
+            assert jax.config.jax_platforms == "cpu"
+            assert jax.default_backend() == "cpu"
+
+
         def test_environment_picks_the_profile():
             assert settings.get_current_profile_name() == "dev"
             assert settings.default.max_examples == 4
@@ -107,7 +114,7 @@ def test_ini_settings_fixtures_and_profiles(tmp_path):
     """))
     result = run_pytest(tmp_path, env={"HYPOTHESIS_PROFILE": "dev"})
     assert result.returncode == 0, output(result)
-    assert "4 passed, 1 skipped" in result.stdout, output(result)
+    assert "5 passed, 1 skipped" in result.stdout, output(result)
     assert "collectives: 4 cpu device(s) (from ini cpu_devices)" in result.stdout
     assert "needs 5 devices, JAX has 4 cpu device(s)" in result.stdout
 

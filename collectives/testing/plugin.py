@@ -9,7 +9,10 @@ nothing unless asked:
   imported, so before JAX can start its backends. Precedence: the command
   line, then ``$JAX_NUM_CPU_DEVICES``, then the ini setting. If something
   started JAX earlier with another count, the run stops with a usage error
-  that says how to fix it.
+  that says how to fix it. On a machine with a GPU or TPU the simulated CPU
+  devices are then the ones tests see (``jax_platforms = "cpu"``), unless
+  ``$JAX_PLATFORMS`` is set: ``JAX_PLATFORMS=cuda pytest ...`` runs on the
+  accelerator instead.
 * ``@pytest.mark.devices(n)`` skips a test, with a reason, when JAX has
   fewer than ``n`` devices.
 * Fixtures ``mesh_1d`` (axis ``"i"``) and ``mesh_2d`` (axes ``"i", "j"``):
@@ -90,6 +93,10 @@ def _configure_devices(config: pytest.Config) -> None:
     from collectives import use_cpu_devices
 
     try:
+        if not os.environ.get("JAX_PLATFORMS") and not _compat_started():
+            # Otherwise an accelerator would be the default backend and the
+            # simulated devices unused: tests asking for 8 devices would see 1 GPU.
+            jax.config.update("jax_platforms", "cpu")
         use_cpu_devices(count)
     except RuntimeError:
         have = len(jax.devices("cpu"))
@@ -100,6 +107,12 @@ def _configure_devices(config: pytest.Config) -> None:
             "another plugin, a sitecustomize, or pytest.main() in a process that "
             f"already used JAX. Fix: set {ENV}={count} in the environment before "
             "Python starts, or find what starts JAX early.") from None
+
+
+def _compat_started() -> bool:
+    from collectives import _compat
+
+    return _compat.backends_initialized()
 
 
 @pytest.hookimpl(tryfirst=True)
