@@ -29,6 +29,7 @@ def _load_matrix():
 matrix = _load_matrix()
 RELEASES = matrix.read_releases()
 RESULTS = matrix.load_results()
+RELEASES_LIST = list(RELEASES)
 
 
 def test_the_range_starts_at_the_oldest_supported_jax():
@@ -87,3 +88,15 @@ def test_compat_boundaries_agree_with_the_matrix(probe):
         assert got == expected, (
             f"{probe} is {got} on jax {release}, but "
             f"collectives._compat.PROBE_BOUNDARIES says {expected}")
+
+
+def test_the_matrix_refuses_fewer_than_one_job(capsys):
+    with pytest.raises(SystemExit):
+        matrix.main(["--jobs", "0", "--releases", RELEASES_LIST[0]])
+    assert "--jobs 0: needs 1 or more" in capsys.readouterr().err
+
+
+def test_ci_runs_one_release_per_minor_version():
+    # .ci/run: the full suites cover two releases, the spread the others.
+    minors = {tuple(v.split(".")[:2]) for v in RELEASES}
+    assert {tuple(v.split(".")[:2]) for v in matrix.spread(RELEASES)} == minors

@@ -26,6 +26,7 @@ checks for staleness. Only the standard library is needed to run it::
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import datetime
 import json
 import os
@@ -50,11 +51,13 @@ DEFAULT_TESTS = ("tests/test_compat.py tests/test_sharp_edges.py "
                  "tests/test_migrate_removed_apis.py tests/test_migrate_pmap.py "
                  "tests/test_batching.py tests/test_laws.py "
                  "tests/test_conformance.py "
-                 "-m 'not slow and not multiprocess' "
+                 "tests/test_clusters.py::test_two_ranks_of_a_faked_cluster_pass_check "
+                 "-m 'not slow' "
                  "-k 'not test_conformance or cost_model or rejects'")
 """The fast subset of the suite each release runs (``--tests`` replaces it):
-the version-sensitive tests, and the conformance suite's fast checks (every
-recipe's compiled HLO against its cost model, the bad inputs)."""
+the version-sensitive tests, the conformance suite's fast checks (every
+recipe's compiled HLO against its cost model, the bad inputs), and two ranks
+of each faked cluster (SLURM, Open MPI) passing ``worker -- check``."""
 
 TIMEOUTS = {"install": 1200, "probes": 300, "check": 900, "tests": 1200}
 """Seconds each step of one release may take before it counts as failed."""
@@ -168,8 +171,22 @@ def _test_env(venv: Path) -> dict[str, str]:
     return env
 
 
-def make_venv(release: str, python: str, venv: Path, *, fresh: bool, log) -> dict:
-    """A venv with ``jax==release`` and this package's test extra."""
+def build_wheel(out: Path) -> str:
+    """This package built once, as a wheel in ``out``: releases installed side
+    by side must not build the source tree at the same time."""
+    code, _, err, _ = _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
+                            "-w", str(out), str(ROOT)], env=_python_env(),
+                           timeout=TIMEOUTS["install"])
+    wheels = sorted(out.glob("collectives-*.whl"))
+    if code != 0 or not wheels:
+        raise SystemExit(f"building the wheel failed: {_first_line(err)}")
+    return str(wheels[-1])
+
+
+def make_venv(release: str, python: str, venv: Path, *, fresh: bool, log,
+              package: str = ".") -> dict:
+    """A venv with ``jax==release`` and this package's test extra (``package``:
+    the source tree, or a wheel of it)."""
     py = venv / "bin" / "python"
     if venv.exists() and not fresh:
         code, out, _, _ = _run([str(py), "-c", "import jax; print(jax.__version__)"],
@@ -186,7 +203,7 @@ def make_venv(release: str, python: str, venv: Path, *, fresh: bool, log) -> dic
     log(f"  installing jax=={release} with python{python}")
     code, _, err, seconds = _run(
         [str(py), "-m", "pip", "install", "-q", f"jax=={release}",
-         f"jaxlib=={release}", ".[test]"],
+         f"jaxlib=={release}", f"{package}[test]"],
         env=_test_env(venv), timeout=TIMEOUTS["install"])
     return {"ok": code == 0, "detail": "" if code == 0 else _first_line(err),
             "seconds": round(seconds, 1)}
@@ -294,7 +311,10 @@ def run_release(release: str, python: str, args, log) -> dict:
     result: dict = json.loads(path.read_text()) if path.exists() else {}
     result.update({"jax": release, "python": python,
                    "date": datetime.date.today().isoformat(), "commit": _commit()})
-    result["install"] = make_venv(release, python, venv, fresh=args.fresh, log=log)
+    result["install"] = make_venv(release, python, venv, fresh=args.fresh, log=log,
+                                  package=args.package)
+    if args.install_only:
+        return result
     if result["install"]["ok"]:
         with tempfile.TemporaryDirectory() as tmp:
             work = Path(tmp)
@@ -363,6 +383,10 @@ def list_new(releases: dict[str, str]) -> list[str]:
                   key=version_key)
 
 
+def print_now(text: str) -> None:
+    print(text, flush=True)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     which = parser.add_mutually_exclusive_group()
@@ -388,10 +412,18 @@ def main(argv=None) -> int:
                         help="exit 1 when a recipe or test fails that passed in "
                              "the committed results, or a probe's answer changed "
                              "(CI: with --results elsewhere)")
+    parser.add_argument("--install-only", action="store_true",
+                        help="only make the venvs (a later run reuses them); "
+                             "writes no results")
+    parser.add_argument("--jobs", type=int, default=1, metavar="N",
+                        help="releases run side by side (default: 1); each one's "
+                             "lines print when it ends")
     parser.add_argument("--skip", nargs="+", default=[], metavar="V",
                         help="leave these releases out (CI: those its full test "
                              "runs already cover)")
     args = parser.parse_args(argv)
+    if args.jobs < 1:
+        parser.error(f"--jobs {args.jobs}: needs 1 or more releases at a time")
     releases = read_releases()
     if args.list_new:
         new = list_new(releases)
@@ -404,16 +436,36 @@ def main(argv=None) -> int:
         parser.error(f"--releases {' '.join(unknown)}: not in {RELEASES_FILE.name} "
                      f"(known: {' '.join(releases)}); add a line there first")
     committed = load_results()  # before this run overwrites any of them
-    bad = 0
-    for release in chosen:
-        print(f"jax {release} (python{releases[release]})", flush=True)
-        result = run_release(release, releases[release], args,
-                             log=lambda text: print(text, flush=True))
-        print(f"  {summary_line(result)}", flush=True)
+    wheel_dir = tempfile.TemporaryDirectory()
+    args.package = build_wheel(Path(wheel_dir.name))
+
+    def one(release: str) -> bool:
+        """Run one release; print its lines together; True if it regressed."""
+        lines = [f"jax {release} (python{releases[release]})"]
+        log = lines.append if args.jobs > 1 else print_now
+        if args.jobs == 1:
+            print_now(lines.pop())
+        result = run_release(release, releases[release], args, log=log)
+        if args.install_only:
+            log(f"  install: {'ok' if result['install']['ok'] else 'FAILED'} "
+                f"{result['install'].get('detail', '')}")
+            if lines:
+                print_now("\n".join(lines))
+            return not result["install"]["ok"]
+        log(f"  {summary_line(result)}")
         worse = regressions(result, committed.get(release, {}))
         for line in worse:
-            print(f"  NEW: {line}", flush=True)
-        bad += bool(worse)
+            log(f"  NEW: {line}")
+        if lines:
+            print_now("\n".join(lines))
+        return bool(worse)
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        bad = sum(pool.map(one, chosen))
+    wheel_dir.cleanup()
+    if args.install_only:
+        print(f"{len(chosen) - bad} of {len(chosen)} venvs ready in {args.venv_root}")
+        return 1 if bad else 0
     print(f"{len(chosen) - bad} of {len(chosen)} releases as committed; results "
           f"in {args.results}")
     return 1 if bad and args.strict else 0
