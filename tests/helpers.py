@@ -26,12 +26,13 @@ def runnable_configs(recipe):
     return configs
 
 
-def run_python(*args, cwd=None, timeout=300, env=None, check=True):
-    """Run ``python *args`` in a fresh process; return the CompletedProcess."""
+def run_python(*args, cwd=None, timeout=300, env=None, check=True, python=None):
+    """Run ``python *args`` in a fresh process (``python``: another interpreter
+    than this one); return the CompletedProcess."""
     full_env = {**os.environ, **(env or {})}
     full_env.pop("JAX_NUM_CPU_DEVICES", None)
-    result = subprocess.run([sys.executable, *args], capture_output=True, text=True,
-                            timeout=timeout, cwd=cwd, env=full_env)
+    result = subprocess.run([python or sys.executable, *args], capture_output=True,
+                            text=True, timeout=timeout, cwd=cwd, env=full_env)
     if check and result.returncode != 0:
         raise AssertionError(
             f"python {' '.join(map(str, args))} exited {result.returncode}\n"

@@ -2,6 +2,7 @@
 (and optax, in the training files whose docstring says ``Requires: optax``)."""
 
 import ast
+import os
 
 import numpy as np
 import pytest
@@ -50,10 +51,25 @@ def test_recipe_skeleton(path):
         assert f"# [start:{tag}]" in text and f"# [end:{tag}]" in text, (path, tag)
 
 
+# $COLLECTIVES_RECIPE_PYTHON: an interpreter whose environment holds only jax,
+# numpy and optax (CI sets one), to run the files where this package is absent.
+RECIPE_PYTHON = os.environ.get("COLLECTIVES_RECIPE_PYTHON") or None
+WITHOUT_PACKAGE = {"PYTHONPATH": ""} if RECIPE_PYTHON else None
+
+
+@pytest.mark.skipif(RECIPE_PYTHON is None, reason="COLLECTIVES_RECIPE_PYTHON unset")
+def test_the_recipe_interpreter_lacks_this_package(tmp_path):
+    result = run_python("-c", "import collectives", python=RECIPE_PYTHON,
+                        env=WITHOUT_PACKAGE, check=False, cwd=tmp_path)
+    assert result.returncode != 0 and "No module named 'collectives'" in (
+        result.stderr), result.stderr
+
+
 @pytest.mark.parametrize("path", RECIPE_FILES, ids=lambda p: p.name)
 def test_recipe_runs_standalone(path, tmp_path):
     # A fresh process in an empty directory, as a user who copied the file.
-    result = run_python(str(path), cwd=tmp_path)
+    result = run_python(str(path), cwd=tmp_path, python=RECIPE_PYTHON,
+                        env=WITHOUT_PACKAGE)
     assert "ok:" in result.stdout, result.stdout
 
 
