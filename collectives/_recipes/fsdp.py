@@ -47,6 +47,7 @@ from collectives._recipes.megatron import model_psum_identity_grad
 from collectives._recipes.mlp import PARAM_NAMES
 from collectives._recipes.mlp import Params
 from collectives._recipes.mlp import data_and_model_axes
+from collectives._recipes.mlp import loss_and_grads_specs
 from collectives._recipes.mlp import mlp_oracle
 from collectives._recipes.mlp import needs_data_and_model_axes
 from collectives._recipes.permute import body_axis_size
@@ -242,14 +243,7 @@ _needs_two_axes = needs_data_and_model_axes(
 
 
 def _specs(model: bool):
-    def in_specs(axes: Axes):
-        data, model_axis = data_and_model_axes(axes, model)
-        return (fsdp_specs(data, model_axis), P(data), P(data))
-
-    def out_specs(axes: Axes):
-        return (P(), in_specs(axes)[0])
-
-    return in_specs, out_specs
+    return loss_and_grads_specs(fsdp_specs, model)
 
 
 def _shapes(model: bool):

@@ -293,15 +293,23 @@ _needs_two_axes = needs_data_and_model_axes(
     "the batch is split over the first, W2/b2/W3 over the second")
 
 
-def _specs(model: bool):
+def loss_and_grads_specs(param_specs, model: bool):
+    """``(in_specs, out_specs)`` of a ``(params, x, y) -> (loss, grads)``
+    recipe: params laid out by ``param_specs(data, model_axis)``, the batch
+    split over the data axes; the loss replicated, the grads laid out as the
+    params."""
     def in_specs(axes: Axes):
         data, model_axis = data_and_model_axes(axes, model)
-        return (mlp_specs(model_axis), P(data), P(data))
+        return (param_specs(data, model_axis), P(data), P(data))
 
     def out_specs(axes: Axes):
         return (P(), in_specs(axes)[0])
 
     return in_specs, out_specs
+
+
+def _specs(model: bool):
+    return loss_and_grads_specs(lambda data, model_axis: mlp_specs(model_axis), model)
 
 
 def _shapes(model: bool):
