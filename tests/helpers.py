@@ -40,15 +40,25 @@ def run_python(*args, cwd=None, timeout=300, env=None, check=True, python=None):
     return result
 
 
-def load_recipe(stem):
-    """Import ``recipes/<stem>.py`` as a module (recipes/ is not a package)."""
+def load_file(path, name):
+    """Import the file ``path`` as the module ``name`` (for files outside any
+    package: recipes/, tools/)."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location(f"recipe_{stem}",
-                                                  RECIPES_DIR / f"{stem}.py")
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def load_recipe(stem):
+    """Import ``recipes/<stem>.py`` as a module (recipes/ is not a package)."""
+    return load_file(RECIPES_DIR / f"{stem}.py", f"recipe_{stem}")
+
+
+def load_matrix():
+    """``tools/jax_matrix.py``, the release matrix."""
+    return load_file(ROOT / "tools" / "jax_matrix.py", "jax_matrix")
 
 
 def examples(ci):

@@ -6,30 +6,19 @@ the version boundaries collectives._compat states. Refresh them with
 ``python tools/jax_matrix.py`` (every release) or ``--releases V ...``.
 """
 
-import importlib.util
-
 import jax
 import pytest
 
 import collectives as cx
 from collectives import _compat
-from helpers import ROOT
+from helpers import load_matrix
 
 REFRESH = "Fix: run `python tools/jax_matrix.py --releases {}` and commit the result."
 
 
-def _load_matrix():
-    spec = importlib.util.spec_from_file_location("jax_matrix",
-                                                  ROOT / "tools" / "jax_matrix.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-matrix = _load_matrix()
+matrix = load_matrix()
 RELEASES = matrix.read_releases()
 RESULTS = matrix.load_results()
-RELEASES_LIST = list(RELEASES)
 
 
 def test_the_range_starts_at_the_oldest_supported_jax():
@@ -89,14 +78,3 @@ def test_compat_boundaries_agree_with_the_matrix(probe):
             f"{probe} is {got} on jax {release}, but "
             f"collectives._compat.PROBE_BOUNDARIES says {expected}")
 
-
-def test_the_matrix_refuses_fewer_than_one_job(capsys):
-    with pytest.raises(SystemExit):
-        matrix.main(["--jobs", "0", "--releases", RELEASES_LIST[0]])
-    assert "--jobs 0: needs 1 or more" in capsys.readouterr().err
-
-
-def test_ci_runs_one_release_per_minor_version():
-    # .ci/run: the full suites cover two releases, the spread the others.
-    minors = {tuple(v.split(".")[:2]) for v in RELEASES}
-    assert {tuple(v.split(".")[:2]) for v in matrix.spread(RELEASES)} == minors

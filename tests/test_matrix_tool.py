@@ -1,21 +1,16 @@
 """tools/jax_matrix.py (the release matrix) and ``check --json``, which it reads."""
 
-import importlib.util
 import json
 
 import pytest
 
-from helpers import ROOT
+from helpers import load_matrix
 from helpers import run_python
 
 
 @pytest.fixture(scope="module")
 def matrix():
-    spec = importlib.util.spec_from_file_location("jax_matrix",
-                                                  ROOT / "tools" / "jax_matrix.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_matrix()
 
 
 def test_check_json_writes_every_row(tmp_path):
@@ -94,4 +89,10 @@ def test_unknown_release_is_refused_with_the_fix(matrix, capsys):
         matrix.main(["--releases", "0.0.1"])
     err = capsys.readouterr().err
     assert "0.0.1" in err and "jax_releases.txt" in err
+
+
+def test_the_matrix_refuses_fewer_than_one_job(matrix, capsys):
+    with pytest.raises(SystemExit):
+        matrix.main(["--jobs", "0", "--releases", next(iter(matrix.read_releases()))])
+    assert "--jobs 0: needs 1 or more" in capsys.readouterr().err
 
