@@ -54,14 +54,12 @@ def bus_factor(kind: str, n: int) -> float:
     ``busbw = algbw * bus_factor`` where ``algbw = S / t`` and ``S`` is the size
     nccl-tests reports: the buffer for all-reduce, the whole array for
     all-gather and reduce-scatter, one device's buffer for all-to-all and
-    permute. On one device nothing crosses a link, so every factor is 0.
+    permute.
 
     Examples:
       >>> from collectives.hlo import bus_factor
       >>> bus_factor("all-reduce", 8), bus_factor("all-gather", 8)
       (1.75, 0.875)
-      >>> bus_factor("collective-permute", 8), bus_factor("collective-permute", 1)
-      (1.0, 0.0)
     """
     _check_kind(kind)
     if n < 1:
@@ -69,7 +67,7 @@ def bus_factor(kind: str, n: int) -> float:
     if kind == "all-reduce":
         return 2 * (n - 1) / n
     if kind == "collective-permute":
-        return 1.0 if n > 1 else 0.0
+        return 1.0
     return (n - 1) / n
 
 

@@ -76,10 +76,12 @@ def test_cli_smoke_prints_the_table_and_valid_json_and_csv(tmp_path):
 
 
 def test_one_device_runs_say_that_they_time_no_link():
-    result = run_python("-m", "collectives", "bench", "--devices", "1", "-c", "psum",
-                        "-b", "64", "-e", "64", "-r", "2", "-w", "0", "-n", "2",
-                        "--budget", "0", "--no-memory", "-q")
+    result = run_python("-m", "collectives", "bench", "--devices", "1", "-c",
+                        "ppermute_ring", "-b", "64", "-e", "64", "-r", "2", "-w", "0",
+                        "-n", "2", "--budget", "0", "--no-memory", "-q")
     assert "on 1 device every collective is the identity" in result.stdout
+    # (nccl-tests' permute factor is 1 on any n; no link, no bus bandwidth)
+    assert "busbw = algbw * 0 on 1 devices" in result.stdout
     assert "Use 2 or more devices" in result.stdout
     assert "# Out of bounds values : 0 OK" in result.stdout
 

@@ -60,6 +60,12 @@ def size_sweep(begin: int, end: int, factor: float) -> list[int]:
     return sizes
 
 
+def link_factor(kind: str, n: int) -> float:
+    """nccl-tests' bus factor, except on one device, where nothing crosses a
+    link and every factor is 0 (the permute's is 1 for any ``n`` otherwise)."""
+    return bus_factor(kind, n) if n > 1 else 0.0
+
+
 def machine_info() -> dict[str, Any]:
     """What the numbers were measured on."""
     devices = jax.devices()
@@ -76,7 +82,7 @@ def _row(case: _cases.Case, form: str, timing: Timing, wrong: int,
     """One table row; ``copy`` is the same-run copy's timing (None for the copy
     row itself), paired sample by sample with this form's."""
     est = timing.interval
-    factor = 1.0 if form == "copy" else bus_factor(case.kind, case.axes.size)
+    factor = 1.0 if form == "copy" else link_factor(case.kind, case.axes.size)
     alg = est.scaled(case.size / 1e9)  # GB/s from seconds
     if copy is None:
         fraction, fraction_ci = 1.0, [1.0, 1.0]
@@ -192,7 +198,7 @@ def run(collectives: Sequence[str] = DEFAULT_COLLECTIVES,
     start, done, total = time.perf_counter(), 0, len(collectives) * len(sizes)
     for name in collectives:
         kind = _cases.KIND[name]
-        show(f"#\n# {name} ({kind}): busbw = algbw * {bus_factor(kind, axes.size):.4g}"
+        show(f"#\n# {name} ({kind}): busbw = algbw * {link_factor(kind, axes.size):.4g}"
              f" on {axes.size} devices")
         for line in _report.header_lines():
             show(line)
