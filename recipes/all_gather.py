@@ -23,6 +23,8 @@ JAX versions checked: 0.8.0, 0.10.2, 0.12.0.
 Run: ``python recipes/all_gather.py``
 """
 
+import os
+
 import jax
 import numpy as np
 from jax import lax
@@ -98,6 +100,9 @@ def all_gather_numpy(x, n_devices):
 
 
 def main():
+    # Simulated CPU devices, on a GPU machine too, unless $JAX_PLATFORMS
+    # names a platform.
+    jax.config.update("jax_platforms", os.environ.get("JAX_PLATFORMS", "cpu"))
     jax.config.update("jax_num_cpu_devices", N_DEVICES)
     mesh = make_mesh(N_DEVICES)
     x = np.arange(N_DEVICES * 2 * 3, dtype=np.int32).reshape(N_DEVICES * 2, 3)

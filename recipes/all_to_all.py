@@ -20,6 +20,8 @@ JAX versions checked: 0.8.0, 0.10.2, 0.12.0.
 Run: ``python recipes/all_to_all.py``
 """
 
+import os
+
 import jax
 import numpy as np
 from jax import lax
@@ -81,6 +83,9 @@ def all_to_all_numpy(x):
 
 
 def main():
+    # Simulated CPU devices, on a GPU machine too, unless $JAX_PLATFORMS
+    # names a platform.
+    jax.config.update("jax_platforms", os.environ.get("JAX_PLATFORMS", "cpu"))
     jax.config.update("jax_num_cpu_devices", N_DEVICES)
     mesh = make_mesh(N_DEVICES)
     x = np.arange(N_DEVICES * 2 * N_DEVICES * 3, dtype=np.int32).reshape(

@@ -21,6 +21,7 @@ Run: ``python recipes/all_to_all_attention.py``
 """
 
 import math
+import os
 
 import jax
 import jax.numpy as jnp
@@ -93,6 +94,9 @@ def attention_numpy(q, k, v):
 
 
 def main():
+    # Simulated CPU devices, on a GPU machine too, unless $JAX_PLATFORMS
+    # names a platform.
+    jax.config.update("jax_platforms", os.environ.get("JAX_PLATFORMS", "cpu"))
     jax.config.update("jax_num_cpu_devices", N_DEVICES)
     mesh = make_mesh(N_DEVICES)
     rng = np.random.default_rng(0)

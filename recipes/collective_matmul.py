@@ -32,6 +32,7 @@ Run: ``python recipes/collective_matmul.py``
 """
 
 import functools
+import os
 
 import jax
 import jax.numpy as jnp
@@ -187,6 +188,9 @@ def matmul_numpy(x, w):
 
 
 def main():
+    # Simulated CPU devices, on a GPU machine too, unless $JAX_PLATFORMS
+    # names a platform.
+    jax.config.update("jax_platforms", os.environ.get("JAX_PLATFORMS", "cpu"))
     jax.config.update("jax_num_cpu_devices", N_DEVICES)
     mesh = make_mesh(N_DEVICES)
     rng = np.random.default_rng(0)

@@ -35,6 +35,7 @@ Run: ``python recipes/dp_tp_mlp.py``
 """
 
 import functools
+import os
 
 import jax
 import jax.numpy as jnp
@@ -202,6 +203,9 @@ def assert_close(got, want, what):
 
 
 def main():
+    # Simulated CPU devices, on a GPU machine too, unless $JAX_PLATFORMS
+    # names a platform.
+    jax.config.update("jax_platforms", os.environ.get("JAX_PLATFORMS", "cpu"))
     jax.config.update("jax_num_cpu_devices", N_DEVICES)
     rng = np.random.default_rng(0)
     x = rng.standard_normal((BATCH, SIZES[0])).astype(np.float32)

@@ -27,6 +27,7 @@ Run: ``python recipes/fsdp.py``
 """
 
 import functools
+import os
 
 import jax
 import jax.numpy as jnp
@@ -183,6 +184,9 @@ def train_numpy(params, x, y, steps=STEPS, b1=0.9, b2=0.999, eps=1e-8):
 
 
 def main():
+    # Simulated CPU devices, on a GPU machine too, unless $JAX_PLATFORMS
+    # names a platform.
+    jax.config.update("jax_platforms", os.environ.get("JAX_PLATFORMS", "cpu"))
     jax.config.update("jax_num_cpu_devices", N_DEVICES)
     mesh = make_mesh(N_DEVICES)
     rng = np.random.default_rng(0)

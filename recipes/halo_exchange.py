@@ -23,6 +23,8 @@ JAX versions checked: 0.8.0, 0.10.2, 0.12.0.
 Run: ``python recipes/halo_exchange.py``
 """
 
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -106,6 +108,9 @@ def stencil_numpy(x, periodic):
 
 
 def main():
+    # Simulated CPU devices, on a GPU machine too, unless $JAX_PLATFORMS
+    # names a platform.
+    jax.config.update("jax_platforms", os.environ.get("JAX_PLATFORMS", "cpu"))
     jax.config.update("jax_num_cpu_devices", N_DEVICES)
     mesh = make_mesh(N_DEVICES)
     # x[r] = (r + 1)**2: the second difference is 2 inside; the ends show

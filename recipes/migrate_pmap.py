@@ -35,6 +35,7 @@ Run: ``python recipes/migrate_pmap.py``
 """
 
 import functools
+import os
 
 import jax
 import jax.numpy as jnp
@@ -280,6 +281,9 @@ def example_data(seed=0):
 
 
 def main():
+    # Simulated CPU devices, on a GPU machine too, unless $JAX_PLATFORMS
+    # names a platform.
+    jax.config.update("jax_platforms", os.environ.get("JAX_PLATFORMS", "cpu"))
     jax.config.update("jax_num_cpu_devices", N_DEVICES)
     mesh = make_mesh((N_DEVICES,), ("i",))
     mesh2d = make_mesh(GRID, ("i", "j"))

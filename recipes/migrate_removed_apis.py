@@ -29,6 +29,8 @@ JAX versions checked: every release 0.8.0 to 0.12.0.1 (docs/compatibility.md).
 Run: ``python recipes/migrate_removed_apis.py``
 """
 
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -181,6 +183,9 @@ def send_numpy(x, n_devices, pairs):
 
 
 def main():
+    # Simulated CPU devices, on a GPU machine too, unless $JAX_PLATFORMS
+    # names a platform.
+    jax.config.update("jax_platforms", os.environ.get("JAX_PLATFORMS", "cpu"))
     jax.config.update("jax_num_cpu_devices", N_DEVICES)
     mesh = make_mesh((N_DEVICES,), ("i",))
     grid = make_mesh(GRID, ("a", "b"))

@@ -20,6 +20,7 @@ Run: ``python recipes/moe.py``
 """
 
 import functools
+import os
 
 import jax
 import jax.numpy as jnp
@@ -130,6 +131,9 @@ def moe_numpy(router_w, w_in, w_out, x, capacity, n):
 
 
 def main():
+    # Simulated CPU devices, on a GPU machine too, unless $JAX_PLATFORMS
+    # names a platform.
+    jax.config.update("jax_platforms", os.environ.get("JAX_PLATFORMS", "cpu"))
     jax.config.update("jax_num_cpu_devices", N_DEVICES)
     mesh, n = make_mesh(N_DEVICES), N_DEVICES
     rng = np.random.default_rng(0)

@@ -45,6 +45,7 @@ Run: ``python recipes/monte_carlo.py``
 """
 
 import math
+import os
 
 import jax
 import jax.numpy as jnp
@@ -184,6 +185,9 @@ def check_estimates(stats, n_chains):
 
 
 def main():
+    # Simulated CPU devices, on a GPU machine too, unless $JAX_PLATFORMS
+    # names a platform.
+    jax.config.update("jax_platforms", os.environ.get("JAX_PLATFORMS", "cpu"))
     jax.config.update("jax_num_cpu_devices", N_DEVICES)
     mesh = make_mesh(N_DEVICES)
     key = jax.random.key(2024)

@@ -73,6 +73,9 @@ def initialize():
             raise
         print("no launcher or cluster: one process, "
               f"{N_DEVICES} simulated CPU devices")
+        # Simulated CPU devices, on a GPU machine too, unless $JAX_PLATFORMS
+        # names a platform.
+        jax.config.update("jax_platforms", os.environ.get("JAX_PLATFORMS", "cpu"))
         jax.config.update("jax_num_cpu_devices", N_DEVICES)
 # [end:initialize]
 

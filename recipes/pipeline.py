@@ -29,6 +29,8 @@ Run: ``python recipes/pipeline.py``
 """
 
 
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -147,6 +149,9 @@ def pipeline_numpy(params, x, y):
 
 
 def main():
+    # Simulated CPU devices, on a GPU machine too, unless $JAX_PLATFORMS
+    # names a platform.
+    jax.config.update("jax_platforms", os.environ.get("JAX_PLATFORMS", "cpu"))
     jax.config.update("jax_num_cpu_devices", N_STAGES)
     mesh = make_mesh(N_STAGES)
     rng = np.random.default_rng(0)

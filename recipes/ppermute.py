@@ -20,6 +20,8 @@ JAX versions checked: 0.8.0, 0.10.2, 0.12.0.
 Run: ``python recipes/ppermute.py``
 """
 
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -90,6 +92,9 @@ def ring_shift_numpy(x, n_devices, shift=1):
 
 
 def main():
+    # Simulated CPU devices, on a GPU machine too, unless $JAX_PLATFORMS
+    # names a platform.
+    jax.config.update("jax_platforms", os.environ.get("JAX_PLATFORMS", "cpu"))
     jax.config.update("jax_num_cpu_devices", N_DEVICES)
     mesh = make_mesh(N_DEVICES)
     x = np.arange(N_DEVICES * 2, dtype=np.float32).reshape(N_DEVICES * 2, 1)

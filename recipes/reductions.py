@@ -20,6 +20,8 @@ JAX versions checked: 0.8.0, 0.10.2, 0.12.0.
 Run: ``python recipes/reductions.py``
 """
 
+import os
+
 import jax
 import numpy as np
 from jax import lax
@@ -95,6 +97,9 @@ def reductions_numpy(x, n_devices):
 
 
 def main():
+    # Simulated CPU devices, on a GPU machine too, unless $JAX_PLATFORMS
+    # names a platform.
+    jax.config.update("jax_platforms", os.environ.get("JAX_PLATFORMS", "cpu"))
     jax.config.update("jax_num_cpu_devices", N_DEVICES)
     mesh = make_mesh(N_DEVICES)
     rng = np.random.default_rng(0)

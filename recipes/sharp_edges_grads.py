@@ -22,6 +22,8 @@ JAX versions checked: 0.8.0, 0.10.2, 0.12.0 (the wrong factor is the same on all
 Run: ``python recipes/sharp_edges_grads.py``
 """
 
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -125,6 +127,9 @@ def example(n_devices, rows_per_device=2, d=3):
 
 
 def main():
+    # Simulated CPU devices, on a GPU machine too, unless $JAX_PLATFORMS
+    # names a platform.
+    jax.config.update("jax_platforms", os.environ.get("JAX_PLATFORMS", "cpu"))
     jax.config.update("jax_num_cpu_devices", N_DEVICES)
     mesh = make_mesh(N_DEVICES)
     w, x, y = example(N_DEVICES)

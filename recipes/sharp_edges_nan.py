@@ -19,6 +19,8 @@ JAX versions checked: 0.8.0, 0.10.2, 0.12.0.
 Run: ``python recipes/sharp_edges_nan.py``
 """
 
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -84,6 +86,9 @@ def pmax_numpy(x, n_devices):
 
 
 def main():
+    # Simulated CPU devices, on a GPU machine too, unless $JAX_PLATFORMS
+    # names a platform.
+    jax.config.update("jax_platforms", os.environ.get("JAX_PLATFORMS", "cpu"))
     jax.config.update("jax_num_cpu_devices", N_DEVICES)
     mesh = make_mesh(N_DEVICES)
     x = np.arange(3.0 * N_DEVICES, dtype=np.float32).reshape(N_DEVICES, 3)

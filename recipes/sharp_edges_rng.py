@@ -20,6 +20,8 @@ JAX versions checked: 0.8.0, 0.10.2, 0.12.0 (same values and ops on all three).
 Run: ``python recipes/sharp_edges_rng.py``
 """
 
+import os
+
 import jax
 import numpy as np
 from jax import lax
@@ -87,6 +89,9 @@ def noise_numpy(key, x, partitionable=True):
 
 
 def main():
+    # Simulated CPU devices, on a GPU machine too, unless $JAX_PLATFORMS
+    # names a platform.
+    jax.config.update("jax_platforms", os.environ.get("JAX_PLATFORMS", "cpu"))
     jax.config.update("jax_num_cpu_devices", N_DEVICES)
     mesh = make_mesh(N_DEVICES)
     key = jax.random.key(0)

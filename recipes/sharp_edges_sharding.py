@@ -31,6 +31,8 @@ JAX versions checked: 0.8.0, 0.10.2, 0.12.0.
 Run: ``python recipes/sharp_edges_sharding.py``
 """
 
+import os
+
 import jax
 import numpy as np
 from jax import lax
@@ -172,6 +174,9 @@ def _error_line(fn, *args):
 
 
 def main():
+    # Simulated CPU devices, on a GPU machine too, unless $JAX_PLATFORMS
+    # names a platform.
+    jax.config.update("jax_platforms", os.environ.get("JAX_PLATFORMS", "cpu"))
     jax.config.update("jax_num_cpu_devices", N_DEVICES)
     mesh = make_mesh((N_DEVICES,), ("i",))
     x = np.arange(2.0 * N_DEVICES, dtype=np.float32)

@@ -26,6 +26,8 @@ JAX versions checked: every release 0.8.0 to 0.12.0.1 (docs/compatibility.md).
 Run: ``python recipes/sharp_edges_versions.py``
 """
 
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -121,6 +123,9 @@ def error_line(fn, *args, **kwargs):
 
 
 def main():
+    # Simulated CPU devices, on a GPU machine too, unless $JAX_PLATFORMS
+    # names a platform.
+    jax.config.update("jax_platforms", os.environ.get("JAX_PLATFORMS", "cpu"))
     jax.config.update("jax_num_cpu_devices", N_DEVICES)
     mesh = make_mesh((N_DEVICES,), ("i",))
     print(f"JAX {jax.__version__}")

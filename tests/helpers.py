@@ -29,8 +29,14 @@ def runnable_configs(recipe):
 def run_python(*args, cwd=None, timeout=300, env=None, check=True, python=None):
     """Run ``python *args`` in a fresh process (``python``: another interpreter
     than this one); return the CompletedProcess."""
+    import jax
+
     full_env = {**os.environ, **(env or {})}
     full_env.pop("JAX_NUM_CPU_DEVICES", None)
+    # The platform the pytest plugin chose (cpu, so the simulated devices are
+    # the ones used on a GPU machine too) holds in the child as well.
+    if jax.config.jax_platforms and "JAX_PLATFORMS" not in full_env:
+        full_env["JAX_PLATFORMS"] = jax.config.jax_platforms
     result = subprocess.run([python or sys.executable, *args], capture_output=True,
                             text=True, timeout=timeout, cwd=cwd, env=full_env)
     if check and result.returncode != 0:

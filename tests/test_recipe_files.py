@@ -49,6 +49,11 @@ def test_recipe_skeleton(path):
     assert 'if __name__ == "__main__":' in text
     for tag in ("shard_map", "jit", "numpy"):
         assert f"# [start:{tag}]" in text and f"# [end:{tag}]" in text, (path, tag)
+    # Simulated devices are CPU devices: choose the platform too, or a GPU
+    # machine's one device would be the default backend.
+    if '"jax_num_cpu_devices"' in text:
+        assert ('jax.config.update("jax_platforms", os.environ.get("JAX_PLATFORMS", '
+                '"cpu"))') in text, path.name
 
 
 # $COLLECTIVES_RECIPE_PYTHON: an interpreter whose environment holds only jax,
