@@ -353,3 +353,27 @@ def test_templates_use_options_the_worker_has(path):
                                            match.group(2)])
     assert args.func.__name__ == "run_worker_command"
     assert "Expected" in path.read_text() and "Change:" in path.read_text()
+
+
+def test_every_rank_times_the_same_number_of_calls():
+    # Adaptive stopping (precision, budget) reads each rank's own clock: ranks
+    # would then run different numbers of collectives and cross.
+    from collectives.bench._stats import Stopping
+    from collectives.bench._stats import median_interval
+    from collectives.bench._stats import sample_adaptively
+    from collectives.distributed import _bench
+
+    args = _bench.parse(["-r", "3", "-b", "1M", "-e", "1M"])
+    settings = _bench.sampling(args, 1 << 20)
+    assert settings["samples"] == settings["max_samples"] == 3
+    assert settings["budget"] == 0 and settings["iters"] == 8
+    # However wide a rank's intervals, and with a clock that never moves (an
+    # adaptive budget would then sample to max_samples): 3 rounds.
+    stopping = Stopping(precision=1e-9, budget=settings["budget"],
+                        min_samples=settings["samples"],
+                        max_samples=settings["max_samples"])
+    noisy = iter(range(1, 1000))
+    samples, _ = sample_adaptively(lambda: {"t": float(next(noisy))},
+                                   lambda got: [median_interval(got["t"])],
+                                   stopping, clock=lambda: 0.0)
+    assert len(samples["t"]) == 3

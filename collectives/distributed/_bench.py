@@ -44,6 +44,20 @@ def iterations_for(size: int) -> int:
     return max(1, min(64, ITER_BYTES // max(1, size)))
 
 
+def sampling(args: argparse.Namespace, size: int) -> dict[str, Any]:
+    """How many calls each rank times at size ``S``: the same on every rank.
+
+    Every timed call runs collectives that all ranks must enter together, so
+    nothing may depend on a rank's own clock: exactly ``-r`` rounds (no
+    adaptive stopping on precision or budget) of a fixed number of
+    iterations. Ranks that stopped on their own intervals ran different
+    numbers of collectives and deadlocked or crossed (gloo: "Received data
+    size doesn't match expected size")."""
+    return dict(samples=args.samples, max_samples=args.samples, budget=0.0,
+                warmup=args.warmup, iters=args.iters or iterations_for(size),
+                min_time=args.min_time)
+
+
 def bench_parser() -> argparse.ArgumentParser:
     """The arguments of the ``bench`` target (after ``launch ... --``)."""
     p = argparse.ArgumentParser(
@@ -89,9 +103,7 @@ def cmd_bench(argv: Sequence[str]) -> tuple[int, str]:
     rows: list[dict[str, Any]] = []
     for size in bench.size_sweep(args.minbytes, args.maxbytes, args.stepfactor):
         doc = bench.run(collectives, forms, dtype=args.dtype, sizes=[size],
-                        samples=args.samples, warmup=args.warmup,
-                        iters=args.iters or iterations_for(size),
-                        min_time=args.min_time)
+                        **sampling(args, size))
         rows += [_compact(row) for row in doc["results"]]
         if rank == 0 and not args.quiet:
             print(f"# {size} B done", flush=True)
