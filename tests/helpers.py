@@ -87,3 +87,17 @@ def assert_loss_and_grads_match(report, want_loss, want, *, rtol, atol):
         for key in want:
             problem = compare_arrays(grads[key], want[key], rtol=rtol, atol=atol)[1]
             assert problem is None, (form, key, problem)
+
+
+def assert_exact_on_a_drawn_case(name, data):
+    """Draw small integers for recipe ``name`` (hypothesis ``data``): sums over
+    at most 8 devices (|sum| <= 64 < 2**8) stay exact in every drawn dtype,
+    bfloat16 included, so every form must equal the oracle bit for bit."""
+    import collectives as cx
+    from collectives.testing import assert_forms_agree
+    from collectives.testing.strategies import recipe_cases
+
+    recipe = cx.RECIPES[name]
+    case = data.draw(recipe_cases(recipe))
+    assert_forms_agree(recipe, *case.args, mesh=case.mesh, axis=case.axis,
+                       rtol=0, atol=0)

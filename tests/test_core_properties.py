@@ -12,8 +12,8 @@ import collectives as cx
 from collectives._registry import core_names
 from collectives.testing import assert_forms_agree
 from collectives.testing.strategies import meshes
-from collectives.testing.strategies import recipe_cases
 from helpers import ROOT
+from helpers import assert_exact_on_a_drawn_case
 
 CORE = core_names()
 
@@ -31,13 +31,7 @@ def test_core_names_are_the_readme_contract_and_registered_first():
 @pytest.mark.parametrize("name", CORE)
 @given(data=st.data())
 def test_forms_match_oracle_exactly(name, data):
-    recipe = cx.RECIPES[name]
-    case = data.draw(recipe_cases(recipe))
-    # The drawn values are small integers, exact in every dtype, and their
-    # sums over at most 8 devices stay exact (|sum| <= 64 < 2**8, even in
-    # bfloat16), so every form must match the oracle bit for bit.
-    assert_forms_agree(recipe, *case.args, mesh=case.mesh, axis=case.axis,
-                       rtol=0, atol=0)
+    assert_exact_on_a_drawn_case(name, data)
 
 
 @pytest.mark.parametrize("name", CORE)

@@ -17,11 +17,10 @@ from collectives import _compat
 from collectives._recipes.ring import RING_OF
 from collectives.hlo import bytes_moved
 from collectives.hlo import collective_stats
-from collectives.testing import assert_forms_agree
 from collectives.testing.strategies import collective_axes
 from collectives.testing.strategies import exact_values
 from collectives.testing.strategies import meshes
-from collectives.testing.strategies import recipe_cases
+from helpers import assert_exact_on_a_drawn_case
 from helpers import load_recipe
 
 RING = ("ring_all_reduce", "ring_all_gather", "ring_reduce_scatter")
@@ -40,12 +39,8 @@ def _examples(ci: int) -> int:
 @settings(max_examples=_examples(4))
 @given(data=st.data())
 def test_forms_match_oracle_exactly(name, data):
-    recipe = cx.RECIPES[name]
-    case = data.draw(recipe_cases(recipe))
-    # Small integers: sums over at most 8 devices (|sum| <= 64) and the
-    # stencil (|y| <= 32) are exact in every drawn dtype, bfloat16 included.
-    assert_forms_agree(recipe, *case.args, mesh=case.mesh, axis=case.axis,
-                       rtol=0, atol=0)
+    # (the halo stencil's |y| <= 32 is exact too)
+    assert_exact_on_a_drawn_case(name, data)
 
 
 def test_every_ring_recipe_names_its_native_collective():
