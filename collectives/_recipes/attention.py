@@ -354,6 +354,7 @@ def _ring_recipe(name: str, summary: str, causal: bool) -> Recipe:
 
     return register(Recipe(
         name=name, summary=summary, family="strategy", source="ring_attention.py",
+        exact=False,  # softmax: exp rounds, and the ring sums in another order
         hlo=_ring_fact,
         body=body, pmap_body=pmap_body,
         program=functools.partial(attention_program, causal=causal),
@@ -381,6 +382,7 @@ def _all_to_all_body(q, k, v, *, axis):
 
 all_to_all_attention_recipe = register(Recipe(
     name="all_to_all_attention", family="strategy", source="all_to_all_attention.py",
+    exact=False,  # softmax: exp rounds on any input
     hlo=_all_to_all_fact,
     summary="sequence-sharded attention: all_to_all to heads, local attention, back",
     body=_all_to_all_body, program=attention_program, oracle=attention_oracle,

@@ -375,6 +375,7 @@ def moe_recipe(*, top_k: int = 1, capacity: int | None = None,
 
     return Recipe(
         name=name, family="strategy", source="moe.py",
+        exact=False,  # the router's softmax: exp rounds on any input
         summary=f"mixture of experts: top-{top_k} router, all_to_all dispatch with "
                 "capacity, expert FFN, all_to_all combine; counts dropped tokens",
         body=body, program=functools.partial(moe_program, **options),
