@@ -367,6 +367,9 @@ def test_every_rank_times_the_same_number_of_calls():
     settings = _bench.sampling(args, 1 << 20)
     assert settings["samples"] == settings["max_samples"] == 3
     assert settings["budget"] == 0 and settings["iters"] == 8
+    # without -r: the sweep's default rounds, still fixed
+    default = _bench.sampling(_bench.parse([]), 1 << 20)
+    assert default["samples"] == default["max_samples"] == 5
     # However wide a rank's intervals, and with a clock that never moves (an
     # adaptive budget would then sample to max_samples): 3 rounds.
     stopping = Stopping(precision=1e-9, budget=settings["budget"],

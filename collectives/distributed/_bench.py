@@ -31,6 +31,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from collectives import bench
+from collectives.bench._command import SWEEP_SAMPLES
 from collectives.distributed import _ranks
 
 ITER_BYTES = 8 << 20
@@ -53,7 +54,8 @@ def sampling(args: argparse.Namespace, size: int) -> dict[str, Any]:
     iterations. Ranks that stopped on their own intervals ran different
     numbers of collectives and deadlocked or crossed (gloo: "Received data
     size doesn't match expected size")."""
-    return dict(samples=args.samples, max_samples=args.samples, budget=0.0,
+    rounds = args.samples or SWEEP_SAMPLES
+    return dict(samples=rounds, max_samples=rounds, budget=0.0,
                 warmup=args.warmup, iters=args.iters or iterations_for(size),
                 min_time=args.min_time)
 
