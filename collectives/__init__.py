@@ -32,6 +32,7 @@ from collectives._recipe import FORMS
 from collectives._recipe import BenchSpec
 from collectives._recipe import DiagramSpec
 from collectives._recipe import Recipe
+from collectives._recipe import UnsupportedDtypeError
 from collectives._recipes.attention import all_to_all_attention
 from collectives._recipes.attention import ring_attention
 from collectives._recipes.batching import vmap_axes
@@ -81,6 +82,7 @@ __all__ = [
     "Recipe",
     "ReplicationError",
     "StrategyRow",
+    "UnsupportedDtypeError",
     "all_to_all_attention",
     "allgather_matmul",
     "bubble_fraction",

@@ -18,6 +18,7 @@ from collectives._arrays import dtype_kind
 from collectives._compare import assert_forms_agree
 from collectives._devices import MESH_NAMES
 from collectives._devices import make_mesh
+from collectives._recipe import UnsupportedDtypeError
 from collectives._registry import RECIPES
 
 MeshConfig = tuple[tuple[int, ...], tuple[str, ...], Any]
@@ -134,7 +135,8 @@ def check(
                         n_terms=recipe.count_terms(axes))
                     ok, detail = True, ""
                     done, error = report.forms, max(report.max_error.values())
-                except ImportError as err:  # an optional dependency, e.g. optax
+                except (ImportError, UnsupportedDtypeError) as err:
+                    # an optional dependency (optax), or a dtype it refuses
                     ok, detail, done, error = True, str(err), (), float("nan")
                     skipped = True
                 except Exception as err:  # reported in the table, not raised
@@ -154,9 +156,6 @@ def check(
 
 
 # -- the command line: shared by ``check`` and ``launch ... -- check`` --------
-
-"""Axis names of the meshes the command line builds from ``--mesh``."""
-
 
 def parse_mesh(text: str) -> tuple[int, ...]:
     """``--mesh 4x2`` -> ``(4, 2)``."""

@@ -28,7 +28,8 @@ class Agreement:
       forms: the names of the forms that ran, reference last if present.
       max_error: per form, the largest absolute difference from the
         reference (or from the first form when there is no reference).
-      rtol, atol: the tolerance used (``atol`` already scaled by the inputs).
+      rtol, atol: the tolerance used (``atol`` already scaled by the inputs;
+        the largest one where it scales per element, see ``Recipe.magnitudes``).
       results: per form, what it returned.
     """
 
@@ -69,7 +70,7 @@ def _scalar(value: Any) -> str:
     return str(np.asarray(value)[()])
 
 
-def compare_arrays(got: Any, want: Any, *, rtol: float, atol: float
+def compare_arrays(got: Any, want: Any, *, rtol: float, atol: Any
                    ) -> tuple[float, str | None]:
     """Max abs difference, and a description of the worst element if too big.
 
@@ -78,7 +79,8 @@ def compare_arrays(got: Any, want: Any, *, rtol: float, atol: float
 
     Args:
       got, want: array-likes of the same shape.
-      rtol, atol: the tolerance; ``0, 0`` compares exactly.
+      rtol, atol: the tolerance; ``0, 0`` compares exactly. ``atol`` may
+        also be an array of ``want``'s shape (a tolerance per element).
 
     Returns:
       ``(max_abs_difference, None)`` when every element passes, else
@@ -108,22 +110,23 @@ def compare_arrays(got: Any, want: Any, *, rtol: float, atol: float
     else:
         with np.errstate(invalid="ignore", over="ignore"):
             diff = np.abs(gw - ww).astype(np.float64)
-        allowed = atol + rtol * np.abs(ww).astype(np.float64)
+        allowed = np.broadcast_to(atol + rtol * np.abs(ww).astype(np.float64),
+                                  diff.shape)
     same = (gw == ww) | (_isnan(gw) & _isnan(ww))
     with np.errstate(invalid="ignore"):
         bad = ~same & ~(diff <= allowed)
     finite = diff[np.isfinite(diff)]
     max_err = float(finite.max()) if finite.size else 0.0
     if bad.any():
-        max_err = max(max_err, float(np.nanmax(np.where(bad, diff, 0.0))))
-        worst = np.unravel_index(
-            int(np.argmax(np.where(bad, np.nan_to_num(diff, nan=np.inf), -1.0))),
-            diff.shape)
+        # a NaN where a number is wanted (or the reverse) is an infinite error
+        wrong = np.where(bad, np.nan_to_num(diff, nan=np.inf, posinf=np.inf), -1.0)
+        max_err = max(max_err, float(wrong.max()))
+        worst = np.unravel_index(int(np.argmax(wrong)), diff.shape)
         index = tuple(int(i) for i in worst)
         return max_err, (
             f"{int(bad.sum())} of {bad.size} elements differ; worst at index "
             f"{index}: got {_scalar(g[index])}, want {_scalar(w[index])} (|diff| "
-            f"{diff[index]:.6g} > allowed {allowed[index]:.3g})")
+            f"{wrong[index]:.6g} > allowed {allowed[index]:.3g})")
     return max_err, None
 
 
@@ -184,11 +187,15 @@ def _bind_forms(recipe_or_forms: Any, mesh: Any, axis: Any
 
 def _describe_tolerance(dtype: np.dtype, rtol: float, atol: float, *,
                         given: tuple[bool, bool], n_terms: int, scale: float,
-                        pairwise: bool) -> str:
+                        pairwise: bool, per_element: bool = False) -> str:
     parts = [describe_tolerance(dtype, rtol, atol)]
     if not all(given):
         parts.append(f"policy tolerance({dtype.name}, n_terms={n_terms})")
-        if not given[1] and atol:
+        if per_element and atol:
+            parts.append("atol scaled per element by the magnitude of its terms (the "
+                         f"recipe's magnitudes; at least the largest |input| {scale:g}"
+                         f"), up to {atol:.3g}")
+        elif not given[1] and atol:
             parts.append(f"atol scaled by the largest |input| {scale:g}")
     if any(given):
         names = [n for n, g in zip(("rtol", "atol"), given, strict=True) if g]
@@ -226,7 +233,8 @@ def assert_forms_agree(
         which bind their own mesh).
       rtol, atol: override the tolerance policy (``atol`` is then absolute);
         by default ``tolerance(dtype, n_terms)`` with ``atol`` scaled by the
-        largest input magnitude.
+        largest input magnitude, or per element by the magnitude of its
+        terms where the recipe declares ``magnitudes``.
       n_terms: rounded operations per output element, for the default
         tolerance; a recipe knows its own, callables default to 1.
 
@@ -275,7 +283,16 @@ def assert_forms_agree(
     scale = _input_scale(args)
     given = (rtol is not None, atol is not None)
     rtol = default_rtol if rtol is None else float(rtol)
-    atol = unit_atol * scale if atol is None else float(atol)
+    terms = None
+    if atol is None and recipe is not None and REFERENCE in results:
+        terms = recipe.term_magnitudes(*args, mesh=mesh, axis=axis)
+    if atol is not None:
+        atol = float(atol)
+    elif terms is None:
+        atol = unit_atol * scale
+    else:  # per element: the magnitude of its terms, at least the inputs'
+        atol = jax.tree_util.tree_map(
+            lambda m: unit_atol * np.maximum(np.asarray(m, np.float64), scale), terms)
     computed = [n for n in order if n != REFERENCE]
     has_reference = REFERENCE in results
     against = REFERENCE if has_reference else computed[0]
@@ -288,7 +305,7 @@ def assert_forms_agree(
             continue
         error, found = _compare_results(name, results[name], against,
                                         results[against], factor * rtol,
-                                        factor * atol)
+                                        atol if factor == 1 else factor * atol)
         max_error[name] = error
         if found:
             wrong.append(name)
@@ -307,13 +324,23 @@ def assert_forms_agree(
                     f"{against} (no reference given)")
         if agree:
             head += f"; {', '.join(agree)} {'agrees' if len(agree) == 1 else 'agree'}"
-        tol = _describe_tolerance(dtype, rtol, atol, given=given, n_terms=n_terms,
-                                  scale=scale, pairwise=not has_reference)
+        tol = _describe_tolerance(dtype, rtol, _largest(atol), given=given,
+                                  n_terms=n_terms, scale=scale,
+                                  pairwise=not has_reference,
+                                  per_element=terms is not None)
         raise AssertionError(
             f"{label}: {head}.\n  " + "\n  ".join(problems)
             + f"\n  tolerance: {tol}\n  inputs: {_describe_args(args)}")
-    return Agreement(forms=tuple(order), max_error=max_error, rtol=rtol, atol=atol,
-                     results=results)
+    return Agreement(forms=tuple(order), max_error=max_error, rtol=rtol,
+                     atol=_largest(atol), results=results)
+
+
+def _largest(atol: Any) -> float:
+    """``atol``, or the largest of a per-element tree of them."""
+    if isinstance(atol, float):
+        return atol
+    return max((float(np.max(a)) for a in jax.tree_util.tree_leaves(atol)
+                if np.size(a)), default=0.0)
 
 
 def _dtype_problems(computed: list[str], results: Mapping[str, Any]) -> list[str]:
@@ -339,7 +366,7 @@ def _output(path: Any) -> str:
 
 
 def _compare_results(name: str, result: Any, other: str, other_result: Any,
-                     rtol: float, atol: float) -> tuple[float, list[str]]:
+                     rtol: float, atol: Any) -> tuple[float, list[str]]:
     """The worst difference between two results and every problem found."""
     tree = jax.tree_util.tree_structure(result)
     other_tree = jax.tree_util.tree_structure(other_result)
@@ -348,10 +375,12 @@ def _compare_results(name: str, result: Any, other: str, other_result: Any,
                               f"{other_tree}"]
     leaves = jax.tree_util.tree_flatten_with_path(result)[0]
     other_leaves = jax.tree_util.tree_flatten_with_path(other_result)[0]
+    atols = ([atol] * len(leaves) if isinstance(atol, float)
+             else jax.tree_util.tree_leaves(atol))
     worst = 0.0
     problems = []
-    for (path, a), (_, b) in zip(leaves, other_leaves, strict=True):
-        err, why = compare_arrays(a, b, rtol=rtol, atol=atol)
+    for (path, a), (_, b), leaf_atol in zip(leaves, other_leaves, atols, strict=True):
+        err, why = compare_arrays(a, b, rtol=rtol, atol=leaf_atol)
         worst = max(worst, err)
         if why:
             reshaped = np.size(a) == np.size(b) and np.shape(a) != np.shape(b)

@@ -39,6 +39,15 @@ FORMS: tuple[str, ...] = ("pmap", "shard_map", "jit")
 """The three forms every recipe runs in, legacy first."""
 
 FAMILIES: tuple[str, ...] = ("core", "pattern", "strategy")
+WIDE_FLOATS = frozenset({"float32", "float64"})
+"""``exact_dtypes`` of the recipes that multiply their inputs."""
+
+
+class UnsupportedDtypeError(TypeError):
+    """A recipe refuses a dtype of a kind it otherwise accepts, because its
+    arithmetic would give a wrong answer in it (e.g. Adam's ``eps`` rounds to
+    0 in float16). :func:`collectives.check` lists such rows as skipped, with
+    the reason."""
 """What a recipe is, in the order the gallery shows them: a core collective
 (its name is a contract), a pattern built from collectives, or a parallelism
 strategy for training."""
@@ -152,6 +161,25 @@ class Recipe:
         :meth:`example_args`) give the oracle's result bit for bit in every
         form; ``False`` where the recipe's own arithmetic rounds (a mean over
         an odd batch, a softmax), so the tolerance policy applies instead.
+      magnitudes: optional, for a recipe whose arithmetic multiplies its
+        inputs: ``magnitudes(*args, axes=...)`` returns, for each output
+        element (the oracle's output structure), the sum of the magnitudes
+        of the terms that make it (the oracle's arithmetic on absolute
+        values, ``|A| @ |B|`` for a product). The tolerance's ``atol`` then
+        scales per element by it (at least by the largest input): the
+        classic bound on the rounding error of a sum of products, which a
+        result that cancels to near zero needs. ``None``: the largest
+        ``|input|`` for every element (a collective adds its inputs).
+      exact_dtypes: the dtypes whose exact-valued inputs keep every
+        intermediate value of the recipe an integer in range and held
+        exactly, the only dtypes drawn exact-valued cases use
+        (:func:`collectives.testing.strategies.recipe_cases`, the
+        conformance suite); ``None``: every dtype the recipe accepts (a
+        collective adds a few small integers, exact even in bfloat16). A
+        recipe that multiplies its inputs (a linear model's gradient, an
+        MLP's four matmuls and squared loss) leaves bfloat16's 8-bit and
+        float16's 11-bit significands, and float16's range, so it names the
+        wide dtypes.
     """
 
     name: str
@@ -173,6 +201,8 @@ class Recipe:
     hlo: HloFact | None = None
     source: str | None = None
     exact: bool = True
+    exact_dtypes: frozenset[str] | None = None
+    magnitudes: Callable[..., Any] | None = None
     diagram: DiagramSpec | None = None
     bench: BenchSpec | None = None
 
@@ -181,6 +211,21 @@ class Recipe:
             raise ValueError(
                 f"{self.name}: family={self.family!r} is not one of "
                 f"{', '.join(FAMILIES)}. Fix: pass one of those.")
+        if self.exact_dtypes is not None:
+            kinds = {dtype_kind(d) for d in self.exact_dtypes}
+            if not self.exact_dtypes or not kinds <= self.dtype_kinds:
+                raise ValueError(
+                    f"{self.name}: exact_dtypes={sorted(self.exact_dtypes)} names no "
+                    f"dtype or one the recipe does not accept (dtype_kinds="
+                    f"{sorted(self.dtype_kinds)}). Fix: name accepted dtypes, or "
+                    "pass None for all of them.")
+
+    def draws_exact(self, dtype: Any) -> bool:
+        """Whether exact-valued inputs of ``dtype`` suit this recipe: it
+        accepts the dtype's kind and ``exact_dtypes`` (if given) names it."""
+        name = np.dtype(dtype).name
+        return (dtype_kind(name) in self.dtype_kinds
+                and (self.exact_dtypes is None or name in self.exact_dtypes))
 
     def expected_hlo(self, form: str, axes: Axes, args: Sequence[Any]
                      ) -> tuple[Expectation, ...]:
@@ -239,6 +284,16 @@ class Recipe:
         axes = self._prepare(args, mesh, axis)
         host = jax.tree_util.tree_map(canonical, args)
         return self.oracle(*host, axes=axes)
+
+    def term_magnitudes(self, *args: Any, mesh: jax.sharding.Mesh | None = None,
+                        axis: AxisArg = None) -> Any:
+        """The ``magnitudes`` fact on ``args`` (host arrays, float64), or
+        ``None`` where the recipe declares none."""
+        if self.magnitudes is None:
+            return None
+        axes = self._prepare(args, mesh, axis)
+        host = jax.tree_util.tree_map(canonical, args)
+        return self.magnitudes(*host, axes=axes)
 
     # -- helpers other modules build on ------------------------------------
 

@@ -22,6 +22,67 @@ from helpers import examples
 NAMES = ("fsdp_mlp", "fsdp_tp_mlp")
 RTOL, ATOL = 1e-5, 1e-5  # float32 through eight chained matmuls of width <= 16
 
+# A case the deep profile drew (mesh 2x4, float32): integers up to 8 through
+# four layers of width 8 reach 10**6, and gradient w1[5, 1] = -24571.5 cancels
+# from such terms, so float32 rounds it by 3.5: more than an atol scaled by
+# the largest input (8) allows, well within one scaled by its terms.
+CANCELLING = {
+    "b1": "0 -1 -1 -6 0 -8 -6 0",
+    "b2": "0 0 8 0 3 0 0 1",
+    "b3": "0 -8 1 6 0 8 -5 0",
+    "b4": "0 0 0 0 0 0 0 -8",
+    "w1": """
+         0  4  5  0  0 -7 -8  7
+         0 -4 -1  5  0  3  2  0
+         0 -6  0  8  0 -4  7  0
+         0  0 -4 -8  0  3 -6  0
+         0 -8 -5 -7  0 -1  6  0
+         0 -5  4  8  0 -3  4 -6
+         0  3 -4 -5  0 -6 -6  0
+         0 -5  0 -1  0  0  0 -5
+    """,
+    "w2": """
+         0  0  0  0  0  0  0  0
+         0  0  0  0  7  2  0 -8
+         0  0  0  0 -2  0  0 -7
+         0  0 -3  0  4  0  0  8
+         0  0  0  0  0  0  0  0
+         0  0 -4  0  3  4  0  0
+         0  0  0  0 -3  0  0  8
+         0  5  0  0  7  5  0  0
+    """,
+    "w3": """
+         0  0  0  0  0  0  0  0
+         0  7  7 -4  0 -7 -4  4
+         0  0 -7  0  0  0 -6  0
+         0  0  0  0  3 -5  6 -6
+        -8 -5  5  8 -6  4  2  0
+         0  8 -8 -5  0 -8  7 -1
+         0  0  0  0  0  0  0  0
+         0  3  2 -5  2  1  3 -3
+    """,
+    "w4": """
+         0  0  0  0  0  0  0  0
+         0  0  0 -4  0  0  0  0
+         0  5 -8  7  2  3  8  5
+        -1  7  2  1 -5  0  4 -7
+        -2  4 -4  5  6 -6  7  7
+         6  2 -4  8 -8 -2 -3 -7
+        -7 -8  8 -7  3 -8  2  4
+         1  0  7 -5  5  8 -1  2
+    """,
+    "x": """
+         7 -1  1  8 -6 -2  7 -1
+         0  0  1 -2  3  4 -5  8
+        -3  4 -2 -3 -8  3 -4 -7
+        -4 -7  6 -2 -5  1  3  0
+         0 -7  0 -4 -2  6 -1 -7
+         0  0  0  0  0  0  0  0
+         0  0  0  0  0  0  0  7
+         0  0  0  0  0 -7  0  0
+    """,
+}
+
 
 
 def _gaussian(args, seed):
@@ -42,6 +103,43 @@ def test_forms_equal_one_device_value_and_grad(name, data, seed):
     report = assert_forms_agree(recipe, *args, mesh=case.mesh, axis=case.axis)
     want_loss, want = jax.jit(jax.value_and_grad(cx.mlp_loss))(*args)
     assert_loss_and_grads_match(report, want_loss, want, rtol=RTOL, atol=ATOL)
+
+
+def _cancelling_case():
+    def parse(text):
+        rows = [[float(v) for v in row.split()] for row in text.strip().splitlines()]
+        return np.array(rows if len(rows) > 1 else rows[0], np.float32)
+
+    values = {name: parse(text) for name, text in CANCELLING.items()}
+    x = values.pop("x")
+    return values, x, np.zeros_like(x)
+
+
+def test_atol_scales_with_the_terms_a_gradient_cancels_from():
+    recipe = cx.RECIPES["fsdp_mlp"]
+    mesh = cx.make_mesh((2, 4), ("i", "j"))
+    args = _cancelling_case()
+    report = assert_forms_agree(recipe, *args, mesh=mesh)
+    got = np.asarray(report.results["jit"][1]["w1"])[5, 1]
+    want = report.results["reference"][1]["w1"][5, 1]
+    assert want == -24571.5 and abs(got - want) > 2.25  # beyond input-scaled atol
+    with pytest.raises(AssertionError, match=r"w1'\]: 1 of 64 elements differ"):
+        assert_forms_agree({"jit": recipe.forms(mesh)["jit"],
+                            "reference": recipe.reference}, *args,
+                           n_terms=recipe.count_terms(recipe.axes(mesh)))
+
+
+@settings(max_examples=examples(10))
+@given(data=st.data())
+def test_the_magnitudes_bound_the_oracle_elementwise(data):
+    # |sum of terms| <= sum of |terms|, element by element, on drawn integers.
+    recipe = cx.RECIPES["fsdp_mlp"]
+    case = data.draw(recipe_cases(recipe, dtypes=("float32",)))
+    want = recipe.reference(*case.args, mesh=case.mesh, axis=case.axis)
+    bound = recipe.term_magnitudes(*case.args, mesh=case.mesh, axis=case.axis)
+    jax.tree_util.tree_map(
+        lambda w, m: np.testing.assert_array_less(np.abs(w), m * (1 + 1e-6) + 1e-9),
+        want, bound)
 
 
 @pytest.mark.parametrize("name,axis", [("fsdp_mlp", None), ("fsdp_mlp", "j"),

@@ -2,6 +2,7 @@
 ``list`` and ``check``, the hypothesis strategies and the conformance suite
 with no other edit."""
 
+import dataclasses
 import re
 import textwrap
 
@@ -104,6 +105,35 @@ def test_a_new_recipe_reaches_the_strategies():
 
     run()
     assert seen
+
+
+def test_exact_dtypes_limit_the_drawn_dtypes_and_are_checked():
+    from hypothesis import given
+    from hypothesis import settings
+
+    from collectives.testing.strategies import recipe_cases
+
+    grads = cx.RECIPES["dp_grads"]
+    assert grads.draws_exact("float32") and not grads.draws_exact("bfloat16")
+    assert not grads.draws_exact("int32")  # not a kind it accepts
+    assert cx.RECIPES["psum"].draws_exact("bfloat16")  # None: every dtype
+    drawn = set()
+
+    def draw(dtypes):
+        @settings(max_examples=20, database=None)
+        @given(case=recipe_cases(grads, max_dim=1, dtypes=dtypes))
+        def run(case):
+            drawn.add(case.dtype)
+        run()
+
+    draw(("float32", "int32", "float16", "bfloat16"))
+    assert drawn == {"float32"}
+    with pytest.raises(ValueError, match=r"dtypes=\('bfloat16',\) holds none.*"
+                                         r"exact_dtypes=\['float32', 'float64'\]"):
+        draw(("bfloat16",))
+    with pytest.raises(ValueError, match=r"exact_dtypes=\['int32'\] names .*"
+                                         "dtype_kinds=\\['float'\\]"):
+        dataclasses.replace(grads, exact_dtypes=frozenset({"int32"}))
 
 
 def test_registering_a_taken_name_is_refused():

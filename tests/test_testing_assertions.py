@@ -131,6 +131,16 @@ def test_structure_dtype_and_stacked_pmap_output_are_reported():
                             "reference": lambda x: {"a": x, "b": x}}, x)
 
 
+@pytest.mark.parametrize("got", [np.nan, np.inf])
+def test_a_nan_or_infinity_where_a_number_is_wanted_is_an_infinite_error(got):
+    # e.g. float16 Adam: eps rounds to 0 and a zero gradient gives 0 / 0
+    x = np.zeros(1, np.float16)
+    forms = {"jit": lambda x: x + np.float16(got), "reference": lambda x: x}
+    with pytest.raises(AssertionError) as info:
+        assert_forms_agree(forms, x)
+    assert f"got {got}, want 0.0 (|diff| inf > allowed" in str(info.value)
+
+
 def test_given_tolerances_are_used_and_said():
     x = np.ones(4, np.float32)
     forms = {"jit": lambda x: x + 1e-3, "reference": lambda x: x}

@@ -105,6 +105,25 @@ def test_the_n_times_gradient_trap_with_an_optimiser():
                                    8 * (np.asarray(want[k]) - params[k]), rtol=1e-4)
 
 
+def test_float16_params_are_refused_where_adam_would_give_nan():
+    # optax.adam's eps rounds to 0 in float16: a zero gradient updates by 0/0.
+    zero = np.zeros((1, 1), np.float16)
+    _, nan = one_device({"w": zero, "b": zero[0]}, zero, zero, optax.adam(LR), 1)
+    assert np.isnan(np.asarray(nan["w"])).all()
+    mesh = cx.make_mesh((8,), ("i",))
+    params, x, y = RECIPE.example_args(mesh, "i", dtype="float16")
+    for form in (*cx.FORMS, "reference"):
+        with pytest.raises(cx.UnsupportedDtypeError,
+                           match=r"params has dtype float16.*eps.*NaN.*Fix: keep "
+                                 r"params .* in float32"):
+            RECIPE.forms(mesh, "i")[form](params, x, y)
+    # check lists the refusal as a skipped row, with the reason.
+    (row,) = cx.check(["dp_adam"], dtypes=("float16",), configs=[((8,), ("i",), None)])
+    assert row.ok and row.skipped and "eps" in row.detail
+    # bfloat16 holds eps (float32's exponent range): accepted.
+    RECIPE.forms(mesh, "i")["jit"](*RECIPE.example_args(mesh, "i", dtype="bfloat16"))
+
+
 def test_oracle_matches_optax_in_float64():
     rng = np.random.default_rng(0)
     x, y = rng.standard_normal((16, 3)), rng.standard_normal((16, 2))

@@ -41,6 +41,7 @@ from jax.sharding import PartitionSpec as P
 from collectives._costs import per_device_bytes
 from collectives._layout import Axes
 from collectives._layout import axis_tuple
+from collectives._recipe import WIDE_FLOATS
 from collectives._recipe import Recipe
 from collectives._recipes.megatron import model_identity_psum_grad
 from collectives._recipes.megatron import model_psum_identity_grad
@@ -48,6 +49,7 @@ from collectives._recipes.mlp import PARAM_NAMES
 from collectives._recipes.mlp import Params
 from collectives._recipes.mlp import data_and_model_axes
 from collectives._recipes.mlp import loss_and_grads_specs
+from collectives._recipes.mlp import mlp_magnitudes
 from collectives._recipes.mlp import mlp_oracle
 from collectives._recipes.mlp import needs_data_and_model_axes
 from collectives._recipes.permute import body_axis_size
@@ -367,7 +369,8 @@ def _recipe(name: str, summary: str, model: bool) -> Recipe:
         arg_names=("params", "x", "y"), count_terms=_terms, dtype_kinds=_FLOAT,
         unsupported_reason=_needs_two_axes if model else lambda axes: None,
         check_vma=not model, family="strategy", hlo=_hlo(model), source="fsdp.py",
-        exact=not model)  # the Megatron pair sums partial products in float16
+        # the MLP's four matmuls and squared loss (see dp_mlp)
+        exact=False, exact_dtypes=WIDE_FLOATS, magnitudes=mlp_magnitudes)
 
 
 fsdp_mlp = register(_recipe(

@@ -34,6 +34,7 @@ from collectives._costs import fixed
 from collectives._layout import Axes
 from collectives._layout import make_spec
 from collectives._numpy import widen
+from collectives._recipe import WIDE_FLOATS
 from collectives._recipe import Recipe
 from collectives._registry import register
 
@@ -159,4 +160,6 @@ dp_grads = register(Recipe(
     out_specs=lambda axes: make_spec(),
     example_shapes=_shapes, arg_names=("params", "x", "y"), count_terms=_n_terms,
     dtype_kinds=frozenset({"float"}), validate=_check_args,
+    # x^T r sums products past bfloat16's and float16's exact integers
+    exact_dtypes=WIDE_FLOATS,
     pmap_body=dp_grads_pmap_body))

@@ -18,6 +18,11 @@ scale exposes it: gradient clipping (``optax.clip_by_global_norm``), SGD,
 ``eps`` when gradients are small, logged gradient norms.
 :func:`adam_step_body` takes ``trap=True`` to show it.
 
+float16 parameters are refused: Adam's ``eps`` (1e-8) is below float16's
+smallest subnormal and rounds to 0, so every zero gradient element becomes
+``0 / 0 = NaN`` in the update. Keep the parameters and the Adam state in
+float32 (bfloat16, with float32's exponent range, holds ``eps``).
+
 optax is an optional dependency (``pip install collectives[train]``): it is
 imported inside the functions that use it, so ``import collectives`` works
 without it; the forms raise :class:`OptionalDependencyError` then, and
@@ -36,7 +41,9 @@ from collectives import _compat
 from collectives._costs import per_device_bytes
 from collectives._layout import Axes
 from collectives._layout import make_spec
+from collectives._recipe import WIDE_FLOATS
 from collectives._recipe import Recipe
+from collectives._recipe import UnsupportedDtypeError
 from collectives._recipes.grads import _check_args
 from collectives._recipes.grads import _shapes
 from collectives._recipes.grads import mse
@@ -151,6 +158,17 @@ def adam_numpy(params, x, y, n_steps: int = N_STEPS, lr: float = LR):
     return np.asarray(losses), {"w": w, "b": b}
 
 
+def _check_dtypes(axes: Axes, args) -> None:
+    _check_args(axes, args)
+    dtypes = {np.dtype(jax.dtypes.result_type(v)).name for v in args[0].values()}
+    if "float16" in dtypes:
+        raise UnsupportedDtypeError(
+            f"dp_adam: argument params has dtype float16: Adam's eps ({EPS:g}) "
+            "rounds to 0 in float16, so a zero gradient element updates by 0 / 0 "
+            "= NaN. Fix: keep params (and so the Adam state) in float32, or "
+            "bfloat16, and cast inside the model for mixed precision.")
+
+
 def _oracle(params, x, y, *, axes: Axes):
     del axes
     losses, trained = adam_numpy(params, x, y)
@@ -186,6 +204,7 @@ dp_adam = register(Recipe(
     in_specs=lambda axes: (make_spec(), make_spec(axes.entry), make_spec(axes.entry)),
     out_specs=lambda axes: (make_spec(), make_spec()),
     example_shapes=_shapes, arg_names=("params", "x", "y"), count_terms=_n_terms,
-    dtype_kinds=frozenset({"float"}), validate=_check_args, family="strategy",
+    dtype_kinds=frozenset({"float"}), validate=_check_dtypes, family="strategy",
     exact=False,  # Adam divides by a square root: rounds on any input
+    exact_dtypes=WIDE_FLOATS,  # float16 is refused
     hlo=_hlo, source="optax_training.py"))

@@ -32,7 +32,6 @@ from jax.sharding import Mesh
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from collectives._arrays import dtype_kind
 from collectives._arrays import is_shape
 from collectives._recipe import Recipe
 from collectives.testing._layouts import MESH_NAMES
@@ -174,15 +173,21 @@ def recipe_cases(draw: st.DrawFn, recipe: Recipe, *,
 
     Args:
       recipe: the recipe to feed.
-      dtypes: dtypes to draw from; those the recipe rejects are skipped.
+      dtypes: dtypes to draw from; those the recipe rejects, or whose
+        exact values it would take out of range (``Recipe.exact_dtypes``),
+        are skipped.
       max_devices: the most devices a mesh may use.
       max_dim: the largest free size per dimension (before the recipe
         multiplies by mesh axis sizes).
       ndim: how many free sizes to draw (the recipe decides the rank).
     """
-    usable = [d for d in dtypes if dtype_kind(d) in recipe.dtype_kinds]
+    usable = [d for d in dtypes if recipe.draws_exact(d)]
     if not usable:
-        raise ValueError(f"recipe {recipe.name!r} accepts none of dtypes {dtypes}.")
+        raise ValueError(
+            f"recipe {recipe.name!r}: dtypes={tuple(dtypes)} holds none it accepts "
+            f"with exact values (dtype_kinds={sorted(recipe.dtype_kinds)}, "
+            f"exact_dtypes={recipe.exact_dtypes and sorted(recipe.exact_dtypes)}). "
+            "Fix: pass one of those.")
     limit = jax.device_count() if max_devices is None else max_devices
     candidates = [
         (mesh, axis)
