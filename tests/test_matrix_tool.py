@@ -96,3 +96,29 @@ def test_the_matrix_refuses_fewer_than_one_job(matrix, capsys):
         matrix.main(["--jobs", "0", "--releases", next(iter(matrix.read_releases()))])
     assert "--jobs 0: needs 1 or more" in capsys.readouterr().err
 
+
+
+@pytest.mark.parametrize("uv", [None, "/opt/uv"])
+def test_venvs_install_the_release_and_the_test_extra_with_pip_or_uv(
+        matrix, monkeypatch, tmp_path, uv):
+    ran = []
+
+    def fake_run(cmd, **kwargs):
+        ran.append([str(part) for part in cmd])
+        return 0, "/usr/bin/python3.11\n", "", 0.1
+
+    monkeypatch.setattr(matrix, "_run", fake_run)
+    venv = tmp_path / "jax-0.8.0"
+    result = matrix.make_venv("0.8.0", "3.11", venv, fresh=True, log=print,
+                              package="w.whl", uv=uv)
+    assert result["ok"]
+    install = ran[-1]
+    assert install[-3:] == ["jax==0.8.0", "jaxlib==0.8.0", "w.whl[test]"]
+    if uv is None:
+        assert ran[0] == ["python3.11", "-m", "venv", str(venv)]
+        assert install[:4] == [f"{venv}/bin/python", "-m", "pip", "install"]
+    else:  # the interpreter's own path, never a downloaded one
+        assert ran[1][:2] == ["/opt/uv", "venv"] and "--no-python-downloads" in ran[1]
+        assert ran[1][-3:] == ["-p", "/usr/bin/python3.11", str(venv)]
+        assert install[:3] == ["/opt/uv", "pip", "install"]
+        assert install[install.index("--python") + 1] == f"{venv}/bin/python"
