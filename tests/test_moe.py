@@ -68,6 +68,26 @@ def test_small_capacity_drops_later_tokens_first():
 
 
 @pytest.mark.parametrize("top_k", [1, 2])
+def test_a_zero_logit_and_a_negative_zero_tie_to_the_lower_expert(top_k):
+    # A zero token times a negative router weight is -0.0; lax.top_k orders
+    # it below 0.0, while the two are equal and ties go to the lower index.
+    mesh = cx.make_mesh((2, 4), ("i", "j"))
+    router = np.zeros((1, 8), np.float32)
+    router[0, 0] = -1.0
+    x = np.zeros((16, 1), np.float32)
+    x[15] = 1.0
+    args = (router, np.zeros((8, 1, 2), np.float32), np.zeros((8, 2, 1), np.float32), x)
+    recipe = moe_recipe(top_k=top_k, capacity=1)
+    _, want = recipe.reference(*args, mesh=mesh, axis=("i", "j"))
+    # each device's second zero token loses its experts (0, then 1) to the
+    # first; on the last device token 15 routes to 1 (and 2) instead
+    assert int(want) == {1: 7, 2: 15}[top_k]
+    for form in cx.FORMS:
+        _, got = recipe.forms(mesh, ("i", "j"))[form](*args)
+        assert int(got) == int(want), form
+
+
+@pytest.mark.parametrize("top_k", [1, 2])
 def test_large_capacity_drops_nothing_and_equals_dense_routing(top_k):
     mesh = cx.make_mesh((8,), "i")
     router, w_in, w_out, x = _args(8, 4, e=2, seed=5)

@@ -88,6 +88,9 @@ def _check_top_k(top_k) -> None:
 def _route(router_w, x, top_k: int):
     """``gate, expert``: ``[t, top_k]`` each, for tokens ``x`` ``[t, D]``."""
     logits = x @ router_w
+    # lax.top_k orders -0.0 below 0.0 (a zero token times a negative weight
+    # is -0.0); they are equal, and ties go to the lower index
+    logits = jnp.where(logits == 0, jnp.zeros_like(logits), logits)
     _, expert = lax.top_k(logits, top_k)  # ties: the lower index
     probs = jax.nn.softmax(logits.astype(jnp.promote_types(x.dtype, jnp.float32)))
     gate = jnp.take_along_axis(probs, expert, axis=-1).astype(x.dtype)
