@@ -121,4 +121,5 @@ def test_venvs_install_the_release_and_the_test_extra_with_pip_or_uv(
         assert ran[1][:2] == ["/opt/uv", "venv"] and "--no-python-downloads" in ran[1]
         assert ran[1][-3:] == ["-p", "/usr/bin/python3.11", str(venv)]
         assert install[:3] == ["/opt/uv", "pip", "install"]
+        assert "--compile-bytecode" in install  # else every import recompiles
         assert install[install.index("--python") + 1] == f"{venv}/bin/python"

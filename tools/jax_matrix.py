@@ -203,7 +203,8 @@ def make_venv(release: str, python: str, venv: Path, *, fresh: bool, log,
                                  timeout=120)
         make = [uv, "venv", "-q", "--no-python-downloads", "-p", out.strip(),
                 str(venv)]
-        install = [uv, "pip", "install", "-q", "--python", str(py)]
+        install = [uv, "pip", "install", "-q", "--compile-bytecode", "--python",
+                   str(py)]
     else:
         code, err = 0, ""
         make = [f"python{python}", "-m", "venv", str(venv)]
