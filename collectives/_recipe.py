@@ -39,6 +39,10 @@ FORMS: tuple[str, ...] = ("pmap", "shard_map", "jit")
 """The three forms every recipe runs in, legacy first."""
 
 FAMILIES: tuple[str, ...] = ("core", "pattern", "strategy")
+"""What a recipe is, in the order the gallery shows them: a core collective
+(its name is a contract), a pattern built from collectives, or a parallelism
+strategy for training."""
+
 WIDE_FLOATS = frozenset({"float32", "float64"})
 """``exact_dtypes`` of the recipes that multiply their inputs."""
 
@@ -48,10 +52,6 @@ class UnsupportedDtypeError(TypeError):
     arithmetic would give a wrong answer in it (e.g. Adam's ``eps`` rounds to
     0 in float16). :func:`collectives.check` lists such rows as skipped, with
     the reason."""
-"""What a recipe is, in the order the gallery shows them: a core collective
-(its name is a contract), a pattern built from collectives, or a parallelism
-strategy for training."""
-
 
 
 @dataclasses.dataclass(frozen=True)
