@@ -281,9 +281,7 @@ class Recipe:
     def reference(self, *args: Any, mesh: jax.sharding.Mesh | None = None,
                   axis: AxisArg = None) -> Any:
         """The NumPy oracle on the host: what every form must return."""
-        axes = self._prepare(args, mesh, axis)
-        host = jax.tree_util.tree_map(canonical, args)
-        return self.oracle(*host, axes=axes)
+        return self._on_host(self.oracle, args, mesh, axis)
 
     def term_magnitudes(self, *args: Any, mesh: jax.sharding.Mesh | None = None,
                         axis: AxisArg = None) -> Any:
@@ -291,9 +289,13 @@ class Recipe:
         ``None`` where the recipe declares none."""
         if self.magnitudes is None:
             return None
+        return self._on_host(self.magnitudes, args, mesh, axis)
+
+    def _on_host(self, fn: Callable[..., Any], args: Sequence[Any],
+                 mesh: jax.sharding.Mesh | None, axis: AxisArg) -> Any:
+        """``fn`` (the oracle or a fact like it) on validated host copies."""
         axes = self._prepare(args, mesh, axis)
-        host = jax.tree_util.tree_map(canonical, args)
-        return self.magnitudes(*host, axes=axes)
+        return fn(*jax.tree_util.tree_map(canonical, args), axes=axes)
 
     # -- helpers other modules build on ------------------------------------
 

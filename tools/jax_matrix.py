@@ -187,7 +187,7 @@ def make_venv(release: str, python: str, venv: Path, *, fresh: bool, log,
               package: str = ".", uv: str | None = None) -> dict:
     """A venv with ``jax==release`` and this package's test extra (``package``:
     the source tree, or a wheel of it), installed by pip or, given its path,
-    by ``uv`` (the same packages, several times faster)."""
+    by ``uv`` (the same packages, with about 60 % of pip's CPU time)."""
     py = venv / "bin" / "python"
     if venv.exists() and not fresh:
         code, out, _, _ = _run([str(py), "-c", "import jax; print(jax.__version__)"],
@@ -432,7 +432,8 @@ def main(argv=None) -> int:
                              "lines print when it ends")
     parser.add_argument("--uv", metavar="PATH",
                         help="install the venvs with this uv executable instead "
-                             "of pip (the same packages, several times faster)")
+                             "of pip (the same packages, with about 60 %% of "
+                             "pip's CPU time)")
     parser.add_argument("--skip", nargs="+", default=[], metavar="V",
                         help="leave these releases out (CI: those its full test "
                              "runs already cover)")
