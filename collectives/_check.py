@@ -15,9 +15,10 @@ import jax
 import numpy as np
 
 from collectives._arrays import dtype_kind
-from collectives._compare import assert_forms_agree
+from collectives._compare import forms_agree
 from collectives._devices import MESH_NAMES
 from collectives._devices import make_mesh
+from collectives._recipe import Recipe
 from collectives._recipe import UnsupportedDtypeError
 from collectives._registry import RECIPES
 
@@ -39,8 +40,9 @@ class CheckResult:
       ok: whether every form agreed with the oracle.
       detail: the failure message, empty when ``ok``.
       seconds: wall time, compilation included.
-      skipped: the recipe needs an optional package that is not installed
-        (``detail`` says which and how to install it); not a failure.
+      skipped: not a failure: the recipe needs an optional package that is
+        not installed, refuses the dtype, or (with ``exact``) does not keep
+        small integers of the dtype exact; ``detail`` says which and the fix.
     """
 
     recipe: str
@@ -86,7 +88,10 @@ def check(
       configs: ``(mesh_shape, mesh_names, axis)`` triples; default
         :func:`standard_configs`.
       seed: seed for the random inputs.
-      exact: integer-valued inputs, so every form must match bit for bit.
+      exact: small-integer inputs. Every recipe declared exact
+        (:attr:`Recipe.exact`) must then match the oracle bit for bit in the
+        dtypes it keeps exact (:meth:`Recipe.draws_exact`); the others, whose
+        own arithmetic rounds (a mean, a softmax), keep the tolerance policy.
       forms: ``forms(recipe, mesh, axis)`` gives the callables to compare
         (default: ``recipe.forms(mesh, axis)``); the multi-process launcher
         passes forms that feed each process its own part of the data.
@@ -106,8 +111,6 @@ def check(
       >>> [(r.recipe, r.mesh, r.ok) for r in rows]
       [('psum', '8', True)]
     """
-    # Local import: the assertions live with the test toolkit.
-
     chosen = list(RECIPES) if names is None else list(names)
     for name in chosen:
         if name not in RECIPES:
@@ -128,15 +131,20 @@ def check(
                 start = time.perf_counter()
                 report, skipped = None, False
                 try:
+                    if exact and not recipe.draws_exact(dtype):
+                        raise UnsupportedDtypeError(_inexact_dtype(recipe, dtype))
                     args = recipe.example_args(mesh, axis, dtype=dtype, seed=seed,
                                                exact=exact)
-                    report = assert_forms_agree(
-                        forms_for(recipe, mesh, axis), *args,
-                        n_terms=recipe.count_terms(axes))
+                    bitwise = exact and recipe.exact
+                    tol = {"rtol": 0, "atol": 0} if bitwise else {}
+                    report = forms_agree(
+                        forms_for(recipe, mesh, axis), args, recipe=recipe,
+                        mesh=mesh, axis=axis, **tol)
                     ok, detail = True, ""
                     done, error = report.forms, max(report.max_error.values())
                 except (ImportError, UnsupportedDtypeError) as err:
                     # an optional dependency (optax), or a dtype it refuses
+                    # (for any input, or for small integers)
                     ok, detail, done, error = True, str(err), (), float("nan")
                     skipped = True
                 except Exception as err:  # reported in the table, not raised
@@ -153,6 +161,14 @@ def check(
                 if progress is not None:
                     progress(row)
     return rows
+
+
+def _inexact_dtype(recipe: Recipe, dtype: Any) -> str:
+    """Why ``check(exact=True)`` skips ``dtype`` for ``recipe``."""
+    wide = ", ".join(sorted(recipe.exact_dtypes or ()))
+    return (f"{recipe.name}: small integers in {dtype} leave the range its "
+            f"products stay exact in (exact_dtypes: {wide}). Fix: check {dtype} "
+            f"without --exact, or exact inputs in {wide}.")
 
 
 # -- the command line: shared by ``check`` and ``launch ... -- check`` --------
@@ -187,7 +203,8 @@ def add_check_arguments(parser: argparse.ArgumentParser) -> None:
                         help="input dtypes (default: float32)")
     add_mesh_arguments(parser)
     parser.add_argument("--exact", action="store_true",
-                        help="integer-valued inputs: forms must agree bit for bit")
+                        help="small-integer inputs: recipes declared exact must match "
+                             "the oracle bit for bit")
     parser.add_argument("--seed", type=int, default=0,
                         help="seed of the inputs (default: %(default)s)")
 

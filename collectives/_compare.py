@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from collections.abc import Mapping
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -157,12 +158,12 @@ def _result_dtype(results: Mapping[str, Any]) -> np.dtype:
 
 
 def _bind_forms(recipe_or_forms: Any, mesh: Any, axis: Any
-                ) -> tuple[dict[str, Callable[..., Any]], str, Recipe | None]:
-    """The forms to run, a label for messages, and the recipe if there is one."""
+                ) -> tuple[dict[str, Callable[..., Any]], Recipe | None]:
+    """The forms to run, and the recipe if there is one."""
     if isinstance(recipe_or_forms, Recipe):
         recipe = recipe_or_forms
         forms = dict(recipe.forms(mesh=mesh, axis=axis))
-        return forms, f"recipe {recipe.name!r}", recipe
+        return forms, recipe
     if not isinstance(recipe_or_forms, Mapping):
         raise TypeError(
             "recipe_or_forms: expected a collectives.Recipe or a mapping of form "
@@ -182,7 +183,7 @@ def _bind_forms(recipe_or_forms: Any, mesh: Any, axis: Any
             "assert_forms_agree: mesh= and axis= configure a Recipe's forms; your "
             "own callables must bind their mesh themselves. Fix: drop mesh=/axis=, "
             "or pass e.g. functools.partial(f, mesh=mesh).")
-    return forms, "forms", None
+    return forms, None
 
 
 def _describe_tolerance(dtype: np.dtype, rtol: float, atol: float, *,
@@ -192,9 +193,9 @@ def _describe_tolerance(dtype: np.dtype, rtol: float, atol: float, *,
     if not all(given):
         parts.append(f"policy tolerance({dtype.name}, n_terms={n_terms})")
         if per_element and atol:
-            parts.append("atol scaled per element by the magnitude of its terms (the "
-                         f"recipe's magnitudes; at least the largest |input| {scale:g}"
-                         f"), up to {atol:.3g}")
+            parts.append("atol scaled per element by the root-sum-square of its "
+                         "terms (the recipe's magnitudes; at least the largest "
+                         f"|input| {scale:g}), up to {atol:.3g}")
         elif not given[1] and atol:
             parts.append(f"atol scaled by the largest |input| {scale:g}")
     if any(given):
@@ -233,8 +234,8 @@ def assert_forms_agree(
         which bind their own mesh).
       rtol, atol: override the tolerance policy (``atol`` is then absolute);
         by default ``tolerance(dtype, n_terms)`` with ``atol`` scaled by the
-        largest input magnitude, or per element by the magnitude of its
-        terms where the recipe declares ``magnitudes``.
+        largest input magnitude, or per element by the root-sum-square of
+        its terms where the recipe declares ``magnitudes``.
       n_terms: rounded operations per output element, for the default
         tolerance; a recipe knows its own, callables default to 1.
 
@@ -265,7 +266,20 @@ def assert_forms_agree(
       AssertionError: forms: jit disagrees with the reference.
         jit vs reference, output: 2 of 2 elements differ; worst at index (1,): ...
     """
-    forms, label, recipe = _bind_forms(recipe_or_forms, mesh, axis)
+    forms, recipe = _bind_forms(recipe_or_forms, mesh, axis)
+    return forms_agree(forms, args, recipe=recipe, mesh=mesh, axis=axis,
+                       rtol=rtol, atol=atol, n_terms=n_terms)
+
+
+def forms_agree(forms: Mapping[str, Callable[..., Any]], args: Sequence[Any], *,
+                recipe: Recipe | None,
+                mesh: jax.sharding.Mesh | None = None, axis: AxisArg = None,
+                rtol: float | None = None, atol: float | None = None,
+                n_terms: int | None = None) -> Agreement:
+    """:func:`assert_forms_agree` on bound ``forms``: those of ``recipe``
+    itself, or others computing it (the multi-process launcher's), compared
+    under the recipe's tolerance facts."""
+    label = "forms" if recipe is None else f"recipe {recipe.name!r}"
     if recipe is not None and n_terms is None:
         n_terms = recipe.count_terms(recipe.axes(mesh, axis))
     n_terms = 1 if n_terms is None else n_terms
@@ -291,7 +305,7 @@ def assert_forms_agree(
         atol = float(atol)
     elif terms is None:
         atol = unit_atol * scale
-    else:  # per element: the magnitude of its terms, at least the inputs'
+    else:  # per element: the size of its terms, at least the inputs'
         atol = jax.tree_util.tree_map(
             lambda m: unit_atol * np.maximum(np.asarray(m, np.float64), scale), terms)
     computed = [n for n in order if n != REFERENCE]

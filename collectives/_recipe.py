@@ -163,13 +163,14 @@ class Recipe:
         an odd batch, a softmax), so the tolerance policy applies instead.
       magnitudes: optional, for a recipe whose arithmetic multiplies its
         inputs: ``magnitudes(*args, axes=...)`` returns, for each output
-        element (the oracle's output structure), the sum of the magnitudes
-        of the terms that make it (the oracle's arithmetic on absolute
-        values, ``|A| @ |B|`` for a product). The tolerance's ``atol`` then
-        scales per element by it (at least by the largest input): the
-        classic bound on the rounding error of a sum of products, which a
-        result that cancels to near zero needs. ``None``: the largest
-        ``|input|`` for every element (a collective adds its inputs).
+        element (the oracle's output structure), the root-sum-square of
+        the terms that make it (the oracle's arithmetic on squared values,
+        ``sqrt(A**2 @ B**2)`` for a product). The tolerance's ``atol`` then
+        scales per element by it (at least by the largest input): rounding
+        errors of terms with mixed signs add like a random walk, so a
+        result that cancels to near zero keeps an error of that size.
+        ``None``: the largest ``|input|`` for every element (a collective
+        adds its inputs).
       exact_dtypes: the dtypes whose exact-valued inputs keep every
         intermediate value of the recipe an integer in range and held
         exactly, the only dtypes drawn exact-valued cases use

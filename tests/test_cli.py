@@ -1,5 +1,8 @@
 """``python -m collectives``: list, show, run, check."""
 
+import jax
+import jax.numpy as jnp
+
 import collectives as cx
 from helpers import run_python
 
@@ -35,6 +38,44 @@ def test_check_unknown_recipe_fails_clearly():
     result = run_python("-m", "collectives", "check", "nope", check=False)
     assert result.returncode != 0
     assert "no recipe named 'nope'" in result.stderr
+
+
+def _one_ulp_off_in_jit(recipe, mesh, axis):
+    forms = dict(recipe.forms(mesh, axis))
+    jit = forms["jit"]
+    forms["jit"] = lambda *args: jax.tree_util.tree_map(
+        lambda out: jnp.nextafter(out, jnp.inf), jit(*args))
+    return forms
+
+
+def test_exact_check_holds_exact_recipes_to_the_bit():
+    # One ulp off in one form: the tolerance policy allows it, --exact does
+    # not for a recipe declared exact, and still does for one whose own
+    # arithmetic rounds (dp_mlp: exact=False).
+    one = [((8,), ("i",), None)]
+    rows = {(name, exact): row
+            for name in ("psum", "dp_mlp") for exact in (False, True)
+            for row in cx.check([name], configs=one, exact=exact,
+                                forms=_one_ulp_off_in_jit)}
+    assert rows["psum", False].ok and rows["dp_mlp", False].ok
+    assert rows["dp_mlp", True].ok
+    strict = rows["psum", True]
+    assert not strict.ok
+    assert "jit disagrees with the reference" in strict.detail
+    assert "shard_map" not in strict.detail.split("disagrees")[0]
+
+
+def test_exact_check_skips_dtypes_a_recipe_does_not_keep_exact():
+    # dp_grads multiplies its inputs: small integers leave float16's exact
+    # range, so --exact skips it with the reason (and the fix), not a failure.
+    (row,) = cx.check(["dp_grads"], dtypes=("float16",),
+                      configs=[((8,), ("i",), None)], exact=True)
+    assert row.ok and row.skipped
+    assert "exact_dtypes: float32, float64" in row.detail
+    assert "check float16 without --exact" in row.detail
+    (row,) = cx.check(["dp_grads"], dtypes=("float16",),
+                      configs=[((8,), ("i",), None)])
+    assert row.ok and not row.skipped
 
 
 def test_show_prints_the_source():

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 import collectives as cx
 from collectives._recipes.fsdp import N_LAYERS
+from collectives._recipes.mlp import mlp_term_norms
 from collectives.hlo import collective_stats
 from collectives.testing import assert_forms_agree
 from collectives.testing.strategies import recipe_cases
@@ -25,7 +26,8 @@ RTOL, ATOL = 1e-5, 1e-5  # float32 through eight chained matmuls of width <= 16
 # A case the deep profile drew (mesh 2x4, float32): integers up to 8 through
 # four layers of width 8 reach 10**6, and gradient w1[5, 1] = -24571.5 cancels
 # from such terms, so float32 rounds it by 3.5: more than an atol scaled by
-# the largest input (8) allows, well within one scaled by its terms.
+# the largest input (8) allows, well within one scaled by the root-sum-square
+# of its terms.
 CANCELLING = {
     "b1": "0 -1 -1 -6 0 -8 -6 0",
     "b2": "0 0 8 0 3 0 0 1",
@@ -131,15 +133,71 @@ def test_atol_scales_with_the_terms_a_gradient_cancels_from():
 
 @settings(max_examples=examples(10))
 @given(data=st.data())
-def test_the_magnitudes_bound_the_oracle_elementwise(data):
-    # |sum of terms| <= sum of |terms|, element by element, on drawn integers.
+def test_the_term_norms_bound_the_oracle_and_each_other(data):
+    # |sum of terms| <= sum of |terms| >= root-sum-square of the terms (the
+    # magnitudes), element by element, on drawn integers.
     recipe = cx.RECIPES["fsdp_mlp"]
     case = data.draw(recipe_cases(recipe, dtypes=("float32",)))
     want = recipe.reference(*case.args, mesh=case.mesh, axis=case.axis)
-    bound = recipe.term_magnitudes(*case.args, mesh=case.mesh, axis=case.axis)
-    jax.tree_util.tree_map(
-        lambda w, m: np.testing.assert_array_less(np.abs(w), m * (1 + 1e-6) + 1e-9),
-        want, bound)
+    magnitudes = recipe.term_magnitudes(*case.args, mesh=case.mesh, axis=case.axis)
+    sums = mlp_term_norms(*case.args, power=1)
+
+    def below(small, big):
+        np.testing.assert_array_less(np.abs(small), big * (1 + 1e-6) + 1e-9)
+
+    jax.tree_util.tree_map(below, want, sums)
+    jax.tree_util.tree_map(below, magnitudes, sums)
+
+
+def test_one_path_through_the_network_is_one_term():
+    # With one nonzero path from x to the output, every loss and gradient
+    # element is a single term: its |value|, the sum of |terms| and their
+    # root-sum-square agree (the constants 2 and 1/batch squared, then rooted).
+    recipe = cx.RECIPES["fsdp_mlp"]
+    mesh = cx.make_mesh((8,), ("i",))
+    params, x, y = jax.tree_util.tree_map(np.zeros_like, recipe.example_args(mesh))
+    x[1, 2] = 3.0
+    for layer, (row, col, weight) in enumerate(
+            [(2, 0, 2.0), (0, 5, 0.5), (5, 1, 4.0), (1, 3, -1.5)], start=1):
+        params[f"w{layer}"][row, col] = weight
+    want = recipe.reference(params, x, y, mesh=mesh)
+    path = 3.0 * 2.0 * 0.5 * 4.0 * -1.5  # the output (and error), batch of 16
+    assert want[1]["w1"][2, 0] == 2 * path / 16 * (path / 2.0)  # != 0: a live path
+    for power in (1, 2):
+        jax.tree_util.tree_map(
+            lambda w, g: np.testing.assert_allclose(g, np.abs(w), rtol=1e-12),
+            want, mlp_term_norms(params, x, y, power=power))
+
+
+def test_a_ten_percent_error_where_a_gradient_cancels_is_caught():
+    # Gaussian data: most gradient elements cancel from far larger terms. A
+    # 10 % error in the median element of each gradient still fails, as the
+    # per-element atol follows the root-sum-square of its terms (with the sum
+    # of |terms|, it passed in 86 % of the elements).
+    recipe = cx.RECIPES["fsdp_mlp"]
+    config = ((2, 4), ("i", "j"), None)
+    mesh = cx.make_mesh(*config[:2])
+    grads = recipe.reference(*recipe.example_args(mesh), mesh=mesh)[1]
+    for name, grad in grads.items():
+        flat = np.abs(grad).ravel()
+        index = np.unravel_index(np.argsort(flat)[flat.size // 2], grad.shape)
+
+        def one_off(recipe, mesh, axis, name=name, index=index):
+            forms = dict(recipe.forms(mesh, axis))
+            jit = forms["jit"]
+
+            def off(*args):
+                loss, got = jit(*args)
+                got = {key: np.array(value) for key, value in got.items()}
+                got[name][index] *= 1.1
+                return loss, got
+            forms["jit"] = off
+            return forms
+
+        (row,) = cx.check(["fsdp_mlp"], configs=[config], forms=one_off)
+        assert not row.ok, name
+        assert "jit disagrees with the reference" in row.detail
+        assert f"['{name}']: 1 of {grad.size} elements differ" in row.detail
 
 
 @pytest.mark.parametrize("name,axis", [("fsdp_mlp", None), ("fsdp_mlp", "j"),
