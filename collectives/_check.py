@@ -21,6 +21,8 @@ from collectives._devices import make_mesh
 from collectives._recipe import Recipe
 from collectives._recipe import UnsupportedDtypeError
 from collectives._registry import RECIPES
+from collectives._tolerance import can_fail
+from collectives._tolerance import tolerance
 
 MeshConfig = tuple[tuple[int, ...], tuple[str, ...], Any]
 FormsFor = Callable[[Any, jax.sharding.Mesh, Any], Mapping[str, Callable[..., Any]]]
@@ -131,11 +133,14 @@ def check(
                 start = time.perf_counter()
                 report, skipped = None, False
                 try:
+                    bitwise = exact and recipe.exact
                     if exact and not recipe.draws_exact(dtype):
                         raise UnsupportedDtypeError(_inexact_dtype(recipe, dtype))
                     args = recipe.example_args(mesh, axis, dtype=dtype, seed=seed,
                                                exact=exact)
-                    bitwise = exact and recipe.exact
+                    recipe._prepare(args, mesh, axis)  # its own refusals first
+                    if not bitwise and not can_fail(dtype, recipe.count_terms(axes)):
+                        raise UnsupportedDtypeError(_cannot_fail(recipe, axes, dtype))
                     tol = {"rtol": 0, "atol": 0} if bitwise else {}
                     report = forms_agree(
                         forms_for(recipe, mesh, axis), args, recipe=recipe,
@@ -169,6 +174,15 @@ def _inexact_dtype(recipe: Recipe, dtype: Any) -> str:
     return (f"{recipe.name}: small integers in {dtype} leave the range its "
             f"products stay exact in (exact_dtypes: {wide}). Fix: check {dtype} "
             f"without --exact, or exact inputs in {wide}.")
+
+
+def _cannot_fail(recipe: Recipe, axes: Any, dtype: Any) -> str:
+    """Why ``check`` skips ``dtype`` for ``recipe`` on ``axes``."""
+    n_terms = recipe.count_terms(axes)
+    rtol, _ = tolerance(dtype, n_terms)
+    return (f"{recipe.name}: the tolerance policy for {n_terms} rounded operations "
+            f"in {dtype} allows rtol={rtol:.3g}, so a result of zeros would pass: "
+            "the comparison cannot fail. Fix: check it in a wider float dtype.")
 
 
 # -- the command line: shared by ``check`` and ``launch ... -- check`` --------

@@ -62,6 +62,21 @@ def tolerance(dtype: Any, n_terms: int = 1) -> tuple[float, float]:
     return rtol, rtol
 
 
+def can_fail(dtype: Any, n_terms: int) -> bool:
+    """Whether a comparison under the policy can fail at all.
+
+    With ``rtol >= 1`` (bfloat16's eps is 2**-7, so 64 rounded operations
+    reach it) a result of zeros passes every element: ``check`` skips such
+    rows and the strategies draw no such case.
+
+    Examples:
+      >>> from collectives.testing import can_fail
+      >>> can_fail("bfloat16", 16), can_fail("bfloat16", 64), can_fail("float32", 64)
+      (True, False, True)
+    """
+    return tolerance(dtype, n_terms)[0] < 1
+
+
 def describe_tolerance(dtype: Any, rtol: float, atol: float) -> str:
     """A short phrase for messages: ``exact (int32)`` or the two numbers."""
     if rtol == 0 and atol == 0:

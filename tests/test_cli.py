@@ -1,10 +1,13 @@
 """``python -m collectives``: list, show, run, check."""
 
-import jax
 import jax.numpy as jnp
 
 import collectives as cx
+from helpers import jit_form_replaced
 from helpers import run_python
+
+ONE_ULP_UP = jit_form_replaced(lambda out: jnp.nextafter(out, jnp.inf))
+ZEROS = jit_form_replaced(jnp.zeros_like)
 
 
 def test_list_names_every_recipe_with_a_summary():
@@ -40,14 +43,6 @@ def test_check_unknown_recipe_fails_clearly():
     assert "no recipe named 'nope'" in result.stderr
 
 
-def _one_ulp_off_in_jit(recipe, mesh, axis):
-    forms = dict(recipe.forms(mesh, axis))
-    jit = forms["jit"]
-    forms["jit"] = lambda *args: jax.tree_util.tree_map(
-        lambda out: jnp.nextafter(out, jnp.inf), jit(*args))
-    return forms
-
-
 def test_exact_check_holds_exact_recipes_to_the_bit():
     # One ulp off in one form: the tolerance policy allows it, --exact does
     # not for a recipe declared exact, and still does for one whose own
@@ -56,7 +51,7 @@ def test_exact_check_holds_exact_recipes_to_the_bit():
     rows = {(name, exact): row
             for name in ("psum", "dp_mlp") for exact in (False, True)
             for row in cx.check([name], configs=one, exact=exact,
-                                forms=_one_ulp_off_in_jit)}
+                                forms=ONE_ULP_UP)}
     assert rows["psum", False].ok and rows["dp_mlp", False].ok
     assert rows["dp_mlp", True].ok
     strict = rows["psum", True]
@@ -76,6 +71,19 @@ def test_exact_check_skips_dtypes_a_recipe_does_not_keep_exact():
     (row,) = cx.check(["dp_grads"], dtypes=("float16",),
                       configs=[((8,), ("i",), None)])
     assert row.ok and not row.skipped
+
+
+def test_check_skips_a_comparison_that_cannot_fail():
+    # ring_attention counts 128 rounded operations on 8 devices: in bfloat16
+    # the policy's rtol is 2, and a form returning zeros would pass. check
+    # says so instead of reporting agreement; in float32 zeros are caught.
+    one = [((8,), ("i",), None)]
+    (row,) = cx.check(["ring_attention"], dtypes=("bfloat16",), configs=one,
+                      forms=ZEROS)
+    assert row.ok and row.skipped
+    assert "allows rtol=2" in row.detail and "cannot fail" in row.detail
+    (row,) = cx.check(["ring_attention"], configs=one, forms=ZEROS)
+    assert not row.ok and "jit disagrees with the reference" in row.detail
 
 
 def test_show_prints_the_source():

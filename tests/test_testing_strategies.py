@@ -152,3 +152,34 @@ def test_a_spec_the_drawn_mesh_lacks_names_the_fix():
 
     with pytest.raises(ValueError, match=r"names=\.\.\. that include 'data'"):
         check()
+
+
+def test_recipe_cases_draw_only_comparisons_that_can_fail():
+    # ring_attention counts 32 rounded operations per ring step: bfloat16 is
+    # drawn only on meshes whose count keeps the policy's rtol below 1; with
+    # moe_layer (64 on every mesh) none does, and the strategy says so.
+    from hypothesis import settings
+
+    from collectives.testing import can_fail
+    from collectives.testing.strategies import recipe_cases
+
+    recipe = cx.RECIPES["ring_attention"]
+    drawn = []
+
+    @settings(max_examples=30, database=None)
+    @given(case=recipe_cases(recipe, dtypes=("bfloat16",), max_dim=1))
+    def run(case):
+        drawn.append(recipe.count_terms(recipe.axes(case.mesh, case.axis)))
+        assert can_fail(case.dtype, drawn[-1])
+
+    run()
+    assert drawn and max(drawn) < 64
+
+    @settings(max_examples=1, database=None)
+    @given(case=recipe_cases(cx.RECIPES["moe_layer"], dtypes=("bfloat16",)))
+    def moe(case):
+        pass
+
+    with pytest.raises(ValueError, match=r"moe_layer.* with a tolerance that can "
+                                         r"fail\. Fix: a wider float dtype"):
+        moe()

@@ -51,6 +51,7 @@ from collectives._recipes.mlp import data_and_model_axes
 from collectives._recipes.mlp import loss_and_grads_specs
 from collectives._recipes.mlp import mlp_magnitudes
 from collectives._recipes.mlp import mlp_oracle
+from collectives._recipes.mlp import mlp_terms
 from collectives._recipes.mlp import needs_data_and_model_axes
 from collectives._recipes.permute import body_axis_size
 from collectives._registry import register
@@ -281,14 +282,6 @@ def _program(model: bool):
     return program
 
 
-def _terms(axes: Axes) -> int:
-    # A gradient element chains up to four matmuls backward, each a sum over
-    # a layer width (n * t in the example shapes), then a sum over the batch
-    # (a few rows per device): twice that many roundings, to be safe.
-    widths = axes.size * 4
-    return 2 * (4 * widths + 4 * axes.size) + 64
-
-
 def _block_bytes(params, n: int, t: int) -> dict[str, int]:
     """Bytes of each parameter's block on one device (FSDP over ``n``, and the
     Megatron pair's parameters also over ``t``)."""
@@ -366,7 +359,7 @@ def _recipe(name: str, summary: str, model: bool) -> Recipe:
         name=name, summary=summary, body=_body(model, False),
         pmap_body=_body(model, True), program=_program(model), oracle=mlp_oracle,
         in_specs=in_specs, out_specs=out_specs, example_shapes=_shapes(model),
-        arg_names=("params", "x", "y"), count_terms=_terms, dtype_kinds=_FLOAT,
+        arg_names=("params", "x", "y"), count_terms=mlp_terms, dtype_kinds=_FLOAT,
         unsupported_reason=_needs_two_axes if model else lambda axes: None,
         check_vma=not model, family="strategy", hlo=_hlo(model), source="fsdp.py",
         # the MLP's four matmuls and squared loss (see dp_mlp)

@@ -6,7 +6,8 @@
   and under which tolerance.
 * :func:`assert_replicated` and :func:`assert_sharded_as` check where a
   ``jax.Array`` lives, reading every device's buffer.
-* :func:`tolerance` is the one tolerance policy.
+* :func:`tolerance` is the one tolerance policy; :func:`can_fail` says
+  whether a comparison under it can fail at all.
 * ``collectives.testing.strategies`` has hypothesis strategies that draw
   only valid meshes, specs, shapes and arrays (needs ``hypothesis``).
 * ``collectives.testing.plugin`` is the pytest plugin (``--cpu-devices``,
@@ -19,6 +20,7 @@ Importing this module needs only jax and numpy.
 from collectives._compare import Agreement
 from collectives._compare import assert_forms_agree
 from collectives._compare import compare_arrays
+from collectives._tolerance import can_fail
 from collectives._tolerance import tolerance
 from collectives.testing._placement import assert_replicated
 from collectives.testing._placement import assert_sharded_as
@@ -29,6 +31,7 @@ __all__ = [
     "assert_forms_agree",
     "assert_replicated",
     "assert_sharded_as",
+    "can_fail",
     "compare_arrays",
     "register_profiles",
     "tolerance",

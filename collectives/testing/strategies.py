@@ -34,6 +34,7 @@ from jax.sharding import PartitionSpec as P
 
 from collectives._arrays import is_shape
 from collectives._recipe import Recipe
+from collectives._tolerance import can_fail
 from collectives.testing._layouts import MESH_NAMES
 from collectives.testing._layouts import MESH_SHAPES
 from collectives.testing._layouts import MESH_SHAPES_3D
@@ -175,7 +176,10 @@ def recipe_cases(draw: st.DrawFn, recipe: Recipe, *,
       recipe: the recipe to feed.
       dtypes: dtypes to draw from; those the recipe rejects, or whose
         exact values it would take out of range (``Recipe.exact_dtypes``),
-        are skipped.
+        are skipped, and so, for a recipe whose own arithmetic rounds
+        (``Recipe.exact`` false), are those in which a comparison under the
+        tolerance policy cannot fail on the drawn mesh
+        (:func:`~collectives.testing.can_fail`).
       max_devices: the most devices a mesh may use.
       max_dim: the largest free size per dimension (before the recipe
         multiplies by mesh axis sizes).
@@ -190,16 +194,20 @@ def recipe_cases(draw: st.DrawFn, recipe: Recipe, *,
             "Fix: pass one of those.")
     limit = jax.device_count() if max_devices is None else max_devices
     candidates = [
-        (mesh, axis)
+        (mesh, axis, dtype)
         for shape in MESH_SHAPES if int(np.prod(shape)) <= limit
         for mesh in [_mesh(shape)]
         for axis in _axis_options(mesh)
-        if recipe.unsupported_reason(recipe.axes(mesh, axis)) is None]
+        for axes in [recipe.axes(mesh, axis)]
+        if recipe.unsupported_reason(axes) is None
+        for dtype in usable
+        if recipe.exact or can_fail(dtype, recipe.count_terms(axes))]
     if not candidates:
-        raise ValueError(f"recipe {recipe.name!r} runs on none of the meshes "
-                         f"{MESH_SHAPES} within {limit} devices.")
-    mesh, axis = draw(st.sampled_from(candidates))
-    dtype = draw(st.sampled_from(usable))
+        raise ValueError(
+            f"recipe {recipe.name!r} runs on none of the meshes {MESH_SHAPES} "
+            f"within {limit} devices in dtypes={tuple(usable)} with a tolerance "
+            "that can fail. Fix: a wider float dtype, or more devices.")
+    mesh, axis, dtype = draw(st.sampled_from(candidates))
     count = draw(st.sampled_from(list(ndim)))
     dims = tuple(draw(st.integers(1, max_dim)) for _ in range(max(count, 1)))
     axes = recipe.axes(mesh, axis)
