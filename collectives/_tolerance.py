@@ -65,9 +65,9 @@ def tolerance(dtype: Any, n_terms: int = 1) -> tuple[float, float]:
 def can_fail(dtype: Any, n_terms: int) -> bool:
     """Whether a comparison under the policy can fail at all.
 
-    With ``rtol >= 1`` (bfloat16's eps is 2**-7, so 64 rounded operations
-    reach it) a result of zeros passes every element: ``check`` skips such
-    rows and the strategies draw no such case.
+    With ``rtol >= 1`` (bfloat16's eps is ``2 ** -7``, so 64 rounded
+    operations reach it) a result of zeros passes every element: ``check``
+    skips such rows and the strategies draw no such case.
 
     Examples:
       >>> from collectives.testing import can_fail
