@@ -139,12 +139,14 @@ def check(
                     args = recipe.example_args(mesh, axis, dtype=dtype, seed=seed,
                                                exact=exact)
                     recipe._prepare(args, mesh, axis)  # its own refusals first
-                    if not bitwise and not can_fail(dtype, recipe.count_terms(axes)):
-                        raise UnsupportedDtypeError(_cannot_fail(recipe, axes, dtype))
+                    n_terms = recipe.count_terms(axes)
+                    if not bitwise and not can_fail(dtype, n_terms):
+                        raise UnsupportedDtypeError(
+                            _cannot_fail(recipe, n_terms, dtype))
                     tol = {"rtol": 0, "atol": 0} if bitwise else {}
                     report = forms_agree(
                         forms_for(recipe, mesh, axis), args, recipe=recipe,
-                        mesh=mesh, axis=axis, **tol)
+                        mesh=mesh, axis=axis, n_terms=n_terms, **tol)
                     ok, detail = True, ""
                     done, error = report.forms, max(report.max_error.values())
                 except (ImportError, UnsupportedDtypeError) as err:
@@ -176,9 +178,8 @@ def _inexact_dtype(recipe: Recipe, dtype: Any) -> str:
             f"without --exact, or exact inputs in {wide}.")
 
 
-def _cannot_fail(recipe: Recipe, axes: Any, dtype: Any) -> str:
-    """Why ``check`` skips ``dtype`` for ``recipe`` on ``axes``."""
-    n_terms = recipe.count_terms(axes)
+def _cannot_fail(recipe: Recipe, n_terms: int, dtype: Any) -> str:
+    """Why ``check`` skips ``dtype`` for ``recipe`` where it counts ``n_terms``."""
     rtol, _ = tolerance(dtype, n_terms)
     return (f"{recipe.name}: the tolerance policy for {n_terms} rounded operations "
             f"in {dtype} allows rtol={rtol:.3g}, so a result of zeros would pass: "

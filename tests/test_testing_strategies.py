@@ -155,7 +155,7 @@ def test_a_spec_the_drawn_mesh_lacks_names_the_fix():
 
 
 def test_recipe_cases_draw_only_comparisons_that_can_fail():
-    # ring_attention counts 32 rounded operations per ring step: bfloat16 is
+    # ring_attention counts 32 to 128 rounded operations, by mesh: bfloat16 is
     # drawn only on meshes whose count keeps the policy's rtol below 1; with
     # moe_layer (64 on every mesh) none does, and the strategy says so.
     from hypothesis import settings
