@@ -16,13 +16,41 @@ Examples:
   True
 """
 
-from collectives import _recipes  # noqa: F401  (registers every recipe, in order)
+from collectives import _facts  # noqa: F401  (registers every recipe, in order)
 from collectives._check import CheckResult
 from collectives._check import check
 from collectives._devices import make_mesh
 from collectives._devices import use_cpu_devices
 from collectives._diagram import Diagram
 from collectives._diagram import diagram
+from collectives._facts.attention import all_to_all_attention
+from collectives._facts.attention import ring_attention
+from collectives._facts.batching import vmap_axes
+from collectives._facts.batching import vmap_form
+from collectives._facts.fsdp import fsdp_specs
+from collectives._facts.fsdp import fsdp_value_and_grad
+from collectives._facts.fsdp import gather_layer
+from collectives._facts.grads import tree_pmean
+from collectives._facts.halo import halo_exchange
+from collectives._facts.matmul import allgather_matmul
+from collectives._facts.matmul import matmul_reduce_scatter
+from collectives._facts.mlp import dp_tp_mlp_value_and_grad
+from collectives._facts.mlp import init_mlp
+from collectives._facts.mlp import mlp_loss
+from collectives._facts.mlp import mlp_specs
+from collectives._facts.moe import moe_layer
+from collectives._facts.moe import moe_layer_dropless
+from collectives._facts.montecarlo import chain_keys
+from collectives._facts.montecarlo import device_key
+from collectives._facts.permute import check_permutation
+from collectives._facts.permute import permute
+from collectives._facts.permute import ring_shift
+from collectives._facts.pipeline import bubble_fraction
+from collectives._facts.pipeline import pipeline_reference
+from collectives._facts.pipeline import pipeline_value_and_grad
+from collectives._facts.ring import ring_all_gather
+from collectives._facts.ring import ring_all_reduce
+from collectives._facts.ring import ring_reduce_scatter
 from collectives._layout import Axes
 from collectives._layout import ReplicationError
 from collectives._memory import compiled_memory
@@ -33,34 +61,6 @@ from collectives._recipe import BenchSpec
 from collectives._recipe import DiagramSpec
 from collectives._recipe import Recipe
 from collectives._recipe import UnsupportedDtypeError
-from collectives._recipes.attention import all_to_all_attention
-from collectives._recipes.attention import ring_attention
-from collectives._recipes.batching import vmap_axes
-from collectives._recipes.batching import vmap_form
-from collectives._recipes.fsdp import fsdp_specs
-from collectives._recipes.fsdp import fsdp_value_and_grad
-from collectives._recipes.fsdp import gather_layer
-from collectives._recipes.grads import tree_pmean
-from collectives._recipes.halo import halo_exchange
-from collectives._recipes.matmul import allgather_matmul
-from collectives._recipes.matmul import matmul_reduce_scatter
-from collectives._recipes.mlp import dp_tp_mlp_value_and_grad
-from collectives._recipes.mlp import init_mlp
-from collectives._recipes.mlp import mlp_loss
-from collectives._recipes.mlp import mlp_specs
-from collectives._recipes.moe import moe_layer
-from collectives._recipes.moe import moe_layer_dropless
-from collectives._recipes.montecarlo import chain_keys
-from collectives._recipes.montecarlo import device_key
-from collectives._recipes.permute import check_permutation
-from collectives._recipes.permute import permute
-from collectives._recipes.permute import ring_shift
-from collectives._recipes.pipeline import bubble_fraction
-from collectives._recipes.pipeline import pipeline_reference
-from collectives._recipes.pipeline import pipeline_value_and_grad
-from collectives._recipes.ring import ring_all_gather
-from collectives._recipes.ring import ring_all_reduce
-from collectives._recipes.ring import ring_reduce_scatter
 from collectives._registry import RECIPES
 from collectives._strategies import StrategyRow
 from collectives._strategies import strategy_table

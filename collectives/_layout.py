@@ -9,6 +9,7 @@ that outputs declared replicated really hold one value on every device.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable
 from collections.abc import Sequence
@@ -325,3 +326,13 @@ def grid_shape(axes: Axes, dims: Sequence[int], lead: int = 1) -> tuple[int, ...
 def axis_tuple(axis: str | Sequence[str]) -> tuple[str, ...]:
     """A collective's ``axis_name`` argument as a tuple of names."""
     return (axis,) if isinstance(axis, str) else tuple(axis)
+
+
+def by_axis_size(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """A recipe file's ``fn(*arrays, n)`` as a recipe's ``program`` or
+    ``oracle``, ``fn(*arrays, axes=...)``: ``n`` is how many devices the
+    collective axes span (``axes.size``)."""
+    @functools.wraps(fn)
+    def on_axes(*arrays: Any, axes: Axes) -> Any:
+        return fn(*arrays, axes.size)
+    return on_axes

@@ -9,7 +9,7 @@ from collectives._recipe import Recipe
 
 
 class _Registry(Mapping[str, Recipe]):
-    """A read-only mapping in registration order: ``collectives._recipes``
+    """A read-only mapping in registration order: ``collectives._facts``
     imports its modules core collectives first, in contract order."""
 
     def __init__(self) -> None:

@@ -18,10 +18,10 @@ import math
 import numpy as np
 
 from collectives._devices import make_mesh
+from collectives._facts.mlp import init_mlp
 from collectives._layout import spec_axes
 from collectives._memory import compiled_memory
 from collectives._memory import device_bytes
-from collectives._recipes.mlp import init_mlp
 from collectives._registry import RECIPES
 from collectives.hlo import collective_stats
 

@@ -12,6 +12,10 @@ Which form when:
     say how inputs and outputs are laid out; XLA inserts the all-reduce.
   * pmap: the legacy form, shown as the "before" of a migration.
 
+The per-device bodies, the global programs and the NumPy oracles below are
+the ones ``collectives.RECIPES["psum"]`` (and ``"pmean"``, ``"pmax"``,
+``"pmin"``) run: ``axis`` may be one mesh axis name or a tuple of them.
+
 Registered as: ``collectives.RECIPES["psum"]``,
 ``collectives.RECIPES["pmean"]``, ``collectives.RECIPES["pmax"]``,
 ``collectives.RECIPES["pmin"]``.
@@ -23,19 +27,43 @@ Run: ``python recipes/reductions.py``
 import os
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax import lax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 N_DEVICES = 8
+AXIS = "i"
 
 
 def make_mesh(n_devices):
     # Auto axes on every JAX version: jax.make_mesh gives Explicit axes from
     # JAX 0.9 on, and shard_map then insists inputs already match in_specs.
-    return jax.make_mesh((n_devices,), ("i",),
+    return jax.make_mesh((n_devices,), (AXIS,),
                          axis_types=(jax.sharding.AxisType.Auto,))
+
+
+# [start:body]
+# x: [k, m] on each device -> [k, m], the same on every device of `axis`
+def psum_body(x, axis=AXIS):
+    return lax.psum(x, axis)
+
+
+def pmean_body(x, axis=AXIS):
+    return lax.pmean(x, axis)
+
+
+def pmax_body(x, axis=AXIS):
+    return lax.pmax(x, axis)
+
+
+def pmin_body(x, axis=AXIS):
+    return lax.pmin(x, axis)
+# [end:body]
+
+
+BODIES = (psum_body, pmean_body, pmax_body, pmin_body)
 
 
 # [start:pmap]
@@ -45,10 +73,9 @@ def reductions_pmap(x, n_devices):
 
     def per_device(block):
         # block: [k, m] on each device
-        return (lax.psum(block, "i"), lax.pmean(block, "i"),
-                lax.pmax(block, "i"), lax.pmin(block, "i"))
+        return tuple(body(block) for body in BODIES)
 
-    outs = jax.pmap(per_device, axis_name="i")(stacked)  # each [n, k, m]
+    outs = jax.pmap(per_device, axis_name=AXIS)(stacked)  # each [n, k, m]
     # Every device holds the same result. pmap(out_axes=None) would return
     # copy 0 without checking that; check it here instead.
     for out in outs:
@@ -62,37 +89,80 @@ def reductions_pmap(x, n_devices):
 def reductions_shard_map(x, mesh):
     def per_device(block):
         # block: [k, m] on each device -> four [k, m] results, equal everywhere
-        return (lax.psum(block, "i"), lax.pmean(block, "i"),
-                lax.pmax(block, "i"), lax.pmin(block, "i"))
+        return tuple(body(block) for body in BODIES)
 
     # in_specs P("i"): rows split over devices. out_specs P(): replicated,
     # which shard_map checks statically (the results are invariant over "i").
-    f = jax.shard_map(per_device, mesh=mesh, in_specs=P("i"), out_specs=P())
+    f = jax.shard_map(per_device, mesh=mesh, in_specs=P(AXIS), out_specs=P())
     return jax.jit(f)(x)
 # [end:shard_map]
 
 
 # [start:jit]
+def blocks(x, n):
+    # x: [n*k, m] global -> [n, k, m]: the block each of n devices holds
+    return x.reshape(n, x.shape[0] // n, *x.shape[1:])
+
+
+def psum_program(x, n):
+    return blocks(x, n).sum(0, dtype=x.dtype)
+
+
+def pmean_program(x, n):
+    # lax.pmean is psum, then divide: integers sum as integers first
+    return blocks(x, n).sum(0, dtype=x.dtype) / n
+
+
+def pmax_program(x, n):
+    return blocks(x, n).max(0)
+
+
+def pmin_program(x, n):
+    return blocks(x, n).min(0)
+
+
 def reductions_jit(x, mesh):
-    n = mesh.shape["i"]
-    replicated = NamedSharding(mesh, P())
+    n = mesh.shape[AXIS]
 
     def global_program(x):
-        # x: [n*k, m], rows sharded; view it as one [k, m] block per device
-        blocks = x.reshape(n, -1, *x.shape[1:])
-        total = blocks.sum(0, dtype=x.dtype)
-        return total, total / n, blocks.max(0), blocks.min(0)
+        # x: [n*k, m], rows sharded; jit turns each reduction over the n
+        # blocks into an all-reduce
+        return tuple(program(x, n) for program in
+                     (psum_program, pmean_program, pmax_program, pmin_program))
 
-    f = jax.jit(global_program, in_shardings=NamedSharding(mesh, P("i")),
-                out_shardings=replicated)
+    f = jax.jit(global_program, in_shardings=NamedSharding(mesh, P(AXIS)),
+                out_shardings=NamedSharding(mesh, P()))
     return f(x)
 # [end:jit]
 
 
 # [start:numpy]
-def reductions_numpy(x, n_devices):
-    blocks = x.astype(np.float64).reshape(n_devices, -1, *x.shape[1:])
-    return blocks.sum(0), blocks.mean(0), blocks.max(0), blocks.min(0)
+def wide(x):
+    # x in the widest dtype of its kind, so NumPy rounds once, at the end
+    x = np.asarray(x)
+    for kind, dtype in ((jnp.complexfloating, np.complex128),
+                        (jnp.floating, np.float64), (jnp.integer, np.int64)):
+        if jnp.issubdtype(x.dtype, kind):
+            return x.astype(dtype)
+    return x
+
+
+def psum_numpy(x, n):
+    # integers wrap around as they do on the devices
+    return blocks(wide(x), n).sum(0).astype(x.dtype)
+
+
+def pmean_numpy(x, n):
+    # a mean of integers is a float: float32 (float64 with jax_enable_x64)
+    return blocks(wide(x), n).mean(0).astype(jnp.result_type(x.dtype, float))
+
+
+def pmax_numpy(x, n):
+    return np.max(blocks(np.asarray(x), n), axis=0)
+
+
+def pmin_numpy(x, n):
+    return np.min(blocks(np.asarray(x), n), axis=0)
 # [end:numpy]
 
 
@@ -105,7 +175,8 @@ def main():
     rng = np.random.default_rng(0)
     # Small integers are exact in float32, so every form must match exactly.
     x = rng.integers(-8, 9, size=(N_DEVICES * 2, 3)).astype(np.float32)
-    want = reductions_numpy(x, N_DEVICES)
+    want = tuple(oracle(x, N_DEVICES) for oracle in
+                 (psum_numpy, pmean_numpy, pmax_numpy, pmin_numpy))
     results = {
         "pmap": reductions_pmap(x, N_DEVICES),
         "shard_map": reductions_shard_map(x, mesh),
@@ -118,8 +189,11 @@ def main():
                                           err_msg=f"{op} ({form} form)")
     print(f"x: float32{list(x.shape)} on {N_DEVICES} devices, blocks of "
           f"{x.shape[0] // N_DEVICES} rows")
-    print("psum  ->", np.asarray(results["shard_map"][0]).tolist())
-    print("pmax  ->", np.asarray(results["shard_map"][2]).tolist())
+    print("column sums of x      :", x.sum(0).tolist())
+    print("psum, row sums        :", np.asarray(results["shard_map"][0]).sum(0).tolist(),
+          "(the same numbers: a psum adds every block)")
+    print("pmax, first row       :", np.asarray(results["shard_map"][2])[0].tolist())
+    print("max of rows 0, 2, ..  :", x[::2].max(0).tolist())
     print("ok: pmap, shard_map and jit agree with NumPy for psum, pmean, pmax, pmin")
 
 

@@ -7,7 +7,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 RECIPES_DIR = ROOT / "recipes"
-RECIPE_FILES = sorted(RECIPES_DIR.glob("*.py"))
+RECIPE_FILES = sorted(path for path in RECIPES_DIR.glob("*.py")
+                      if path.name != "__init__.py")
 """Every standalone recipe file; tests/test_recipe_files.py runs each."""
 
 

@@ -14,7 +14,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 
 import collectives as cx
-from collectives._recipes.attention import attention_program
+from collectives._facts.attention import attention_program
 from collectives.hlo import collective_stats
 from collectives.testing import assert_forms_agree
 from collectives.testing.strategies import recipe_cases

@@ -15,7 +15,7 @@ import pytest
 import collectives as cx
 from collectives import bench
 from collectives._cli import main
-from collectives._recipes.ring import RING_OF
+from collectives._facts.ring import RING_OF
 from collectives.bench import _cases
 from collectives.bench import _report
 from collectives.bench._overhead import run_overhead

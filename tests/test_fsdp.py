@@ -12,8 +12,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 
 import collectives as cx
-from collectives._recipes.fsdp import N_LAYERS
-from collectives._recipes.mlp import mlp_term_norms
+from collectives._facts.fsdp import N_LAYERS
+from collectives._facts.mlp import mlp_term_norms
 from collectives.hlo import collective_stats
 from collectives.testing import assert_forms_agree
 from collectives.testing import tolerance

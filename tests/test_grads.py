@@ -13,7 +13,7 @@ from jax import lax
 
 import collectives as cx
 from collectives import _compat
-from collectives._recipes import grads as _grads
+from collectives._facts import grads as _grads
 from collectives.hlo import collective_stats
 from collectives.testing import assert_forms_agree
 from collectives.testing import assert_replicated

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from jax import lax
 
 import collectives as cx
-from collectives._recipes.mlp import mlp_value_and_grad_numpy
+from collectives._facts.mlp import mlp_value_and_grad_numpy
 from collectives.hlo import collective_stats
 from collectives.testing import assert_forms_agree
 from collectives.testing import compare_arrays

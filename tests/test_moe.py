@@ -13,8 +13,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 
 import collectives as cx
-from collectives._recipes.moe import moe_program
-from collectives._recipes.moe import moe_recipe
+from collectives._facts.moe import moe_program
+from collectives._facts.moe import moe_recipe
 from collectives.hlo import collective_stats
 from collectives.testing import assert_forms_agree
 

@@ -12,8 +12,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 
 import collectives as cx
-from collectives._recipes import montecarlo as mc
-from collectives._recipes import threefry as _threefry
+from collectives._facts import montecarlo as mc
+from collectives._facts import threefry as _threefry
 from collectives.hlo import collective_stats
 from collectives.testing import assert_forms_agree
 from collectives.testing.strategies import collective_axes

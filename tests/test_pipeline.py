@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from jax.sharding import PartitionSpec as P
 
 import collectives as cx
-from collectives._recipes.pipeline import permute_count
-from collectives._recipes.pipeline import stage_layer
+from collectives._facts.pipeline import permute_count
+from collectives._facts.pipeline import stage_layer
 from collectives.hlo import collective_stats
 from collectives.testing import assert_forms_agree
 from collectives.testing import compare_arrays

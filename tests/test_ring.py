@@ -14,7 +14,7 @@ from jax import lax
 
 import collectives as cx
 from collectives import _compat
-from collectives._recipes.ring import RING_OF
+from collectives._facts.ring import RING_OF
 from collectives.hlo import bytes_moved
 from collectives.hlo import collective_stats
 from collectives.testing.strategies import collective_axes

@@ -13,11 +13,11 @@ from jax import lax
 
 import collectives as cx
 from collectives._compat import pvary
-from collectives._recipes.grads import mse
-from collectives._recipes.training import LR
-from collectives._recipes.training import N_STEPS
-from collectives._recipes.training import adam_numpy
-from collectives._recipes.training import adam_step_body
+from collectives._facts.grads import mse
+from collectives._facts.training import LR
+from collectives._facts.training import N_STEPS
+from collectives._facts.training import adam_numpy
+from collectives._facts.training import adam_step_body
 from collectives.testing import assert_forms_agree
 from collectives.testing import compare_arrays
 from collectives.testing import tolerance

@@ -21,9 +21,9 @@ from jax.sharding import PartitionSpec as P
 
 from collectives import _layout
 from collectives._arrays import dtype_kind
+from collectives._facts.ring import RING_OF
 from collectives._layout import Axes
 from collectives._recipe import Recipe
-from collectives._recipes.ring import RING_OF
 from collectives._registry import RECIPES
 from collectives._tolerance import tolerance
 from collectives.bench._memory import memory_per_device

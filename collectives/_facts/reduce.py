@@ -1,5 +1,8 @@
 """All-reduce recipes: ``psum``, ``pmean``, ``pmax``, ``pmin``.
 
+The bodies, global programs and NumPy oracles are ``recipes/reductions.py``'s;
+this module adds the facts the library needs about them.
+
 Layout (every reduction): ``x`` has dim 0 sharded over the collective axes
 and dim 1 over the remaining mesh axes. Each device holds a block
 ``x_block: [k, m, ...]``; the result ``[k, m, ...]`` is the reduction of the
@@ -8,20 +11,18 @@ blocks across the collective axes, replicated over them.
 
 from __future__ import annotations
 
-import numpy as np
 from jax import lax
 
 from collectives._costs import one_collective
 from collectives._layout import Axes
+from collectives._layout import by_axis_size
 from collectives._layout import grid_shape
 from collectives._layout import make_spec
-from collectives._numpy import blocks
-from collectives._numpy import mean_dtype
-from collectives._numpy import widen
 from collectives._recipe import BenchSpec
 from collectives._recipe import DiagramSpec
 from collectives._recipe import Recipe
 from collectives._registry import register
+from collectives.recipes import reductions as file
 
 
 def _in_specs(axes: Axes):
@@ -40,63 +41,6 @@ def _terms(axes: Axes) -> int:
     return axes.size
 
 
-# -- psum ------------------------------------------------------------------
-
-def psum_body(x, *, axis):
-    # x: [k, m] on each device -> [k, m], the same on every device of `axis`
-    return lax.psum(x, axis)
-
-
-def psum_program(x, *, axes: Axes):
-    # x: [n*k, m] global -> [k, m]; jit turns the sum over shards into an all-reduce
-    return blocks(x, axes.size).sum(0, dtype=x.dtype)
-
-
-def psum_oracle(x, *, axes: Axes):
-    return blocks(widen(x), axes.size).sum(0).astype(x.dtype)
-
-
-# -- pmean -----------------------------------------------------------------
-
-def pmean_body(x, *, axis):
-    return lax.pmean(x, axis)
-
-
-def pmean_program(x, *, axes: Axes):
-    # lax.pmean is psum then divide, so integers sum as integers first
-    return blocks(x, axes.size).sum(0, dtype=x.dtype) / axes.size
-
-
-def pmean_oracle(x, *, axes: Axes):
-    return blocks(widen(x), axes.size).mean(0).astype(mean_dtype(x.dtype))
-
-
-# -- pmax / pmin -----------------------------------------------------------
-
-def pmax_body(x, *, axis):
-    return lax.pmax(x, axis)
-
-
-def pmax_program(x, *, axes: Axes):
-    return blocks(x, axes.size).max(0)
-
-
-def pmax_oracle(x, *, axes: Axes):
-    return np.max(blocks(x, axes.size), axis=0)
-
-
-def pmin_body(x, *, axis):
-    return lax.pmin(x, axis)
-
-
-def pmin_program(x, *, axes: Axes):
-    return blocks(x, axes.size).min(0)
-
-
-def pmin_oracle(x, *, axes: Axes):
-    return np.min(blocks(x, axes.size), axis=0)
-
-
 _SUMMABLE = frozenset({"float", "int", "complex"})
 _ORDERED = frozenset({"float", "int"})
 
@@ -107,7 +51,8 @@ psum = register(Recipe(
     diagram=DiagramSpec(relation="combine"),
     hlo=one_collective("all-reduce"),
     summary="sum of every device's block, on every device",
-    body=psum_body, program=psum_program, oracle=psum_oracle,
+    body=file.psum_body, program=by_axis_size(file.psum_program),
+    oracle=by_axis_size(file.psum_numpy),
     in_specs=_in_specs, out_specs=_out_specs, example_shapes=_shapes,
     count_terms=_terms, dtype_kinds=_SUMMABLE))
 
@@ -117,7 +62,8 @@ pmean = register(Recipe(
     diagram=DiagramSpec(relation="combine"),
     hlo=one_collective("all-reduce"),
     summary="mean of every device's block, on every device",
-    body=pmean_body, program=pmean_program, oracle=pmean_oracle,
+    body=file.pmean_body, program=by_axis_size(file.pmean_program),
+    oracle=by_axis_size(file.pmean_numpy),
     in_specs=_in_specs, out_specs=_out_specs, example_shapes=_shapes,
     count_terms=lambda axes: axes.size + 1, dtype_kinds=_SUMMABLE))
 
@@ -127,7 +73,8 @@ pmax = register(Recipe(
     diagram=DiagramSpec(),
     hlo=one_collective("all-reduce"),
     summary="elementwise max over devices, on every device",
-    body=pmax_body, program=pmax_program, oracle=pmax_oracle,
+    body=file.pmax_body, program=by_axis_size(file.pmax_program),
+    oracle=by_axis_size(file.pmax_numpy),
     in_specs=_in_specs, out_specs=_out_specs, example_shapes=_shapes,
     dtype_kinds=_ORDERED))
 
@@ -137,6 +84,7 @@ pmin = register(Recipe(
     diagram=DiagramSpec(),
     hlo=one_collective("all-reduce"),
     summary="elementwise min over devices, on every device",
-    body=pmin_body, program=pmin_program, oracle=pmin_oracle,
+    body=file.pmin_body, program=by_axis_size(file.pmin_program),
+    oracle=by_axis_size(file.pmin_numpy),
     in_specs=_in_specs, out_specs=_out_specs, example_shapes=_shapes,
     dtype_kinds=_ORDERED))

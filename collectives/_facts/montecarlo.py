@@ -24,10 +24,10 @@ import numpy as np
 from jax import lax
 
 from collectives._costs import fixed
+from collectives._facts import threefry as _threefry
 from collectives._layout import Axes
 from collectives._layout import make_spec
 from collectives._recipe import Recipe
-from collectives._recipes import threefry as _threefry
 from collectives._registry import register
 
 SEED = 0

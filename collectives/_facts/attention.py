@@ -41,13 +41,13 @@ from jax import lax
 from collectives import _compat
 from collectives._costs import block_bytes
 from collectives._costs import per_device_bytes
+from collectives._facts.permute import body_axis_size
+from collectives._facts.permute import ring_shift
+from collectives._facts.ring import Shift
+from collectives._facts.ring import stepwise_shift
 from collectives._layout import Axes
 from collectives._layout import make_spec
 from collectives._recipe import Recipe
-from collectives._recipes.permute import body_axis_size
-from collectives._recipes.permute import ring_shift
-from collectives._recipes.ring import Shift
-from collectives._recipes.ring import stepwise_shift
 from collectives._registry import register
 from collectives.hlo import Expectation
 

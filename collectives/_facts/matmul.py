@@ -33,14 +33,14 @@ from jax import lax
 from jax.sharding import PartitionSpec as P
 
 from collectives._costs import reshards_minor_axis
+from collectives._facts.permute import body_axis_size
+from collectives._facts.permute import ring_shift
+from collectives._facts.ring import Shift
+from collectives._facts.ring import stepwise_shift
 from collectives._layout import Axes
 from collectives._layout import axis_tuple
 from collectives._numpy import widen
 from collectives._recipe import Recipe
-from collectives._recipes.permute import body_axis_size
-from collectives._recipes.permute import ring_shift
-from collectives._recipes.ring import Shift
-from collectives._recipes.ring import stepwise_shift
 from collectives._registry import register
 from collectives.hlo import Expectation
 

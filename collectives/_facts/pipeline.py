@@ -31,9 +31,9 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from collectives._costs import per_device_bytes
+from collectives._facts.permute import body_axis_size
 from collectives._layout import Axes
 from collectives._recipe import Recipe
-from collectives._recipes.permute import body_axis_size
 from collectives._registry import register
 from collectives.hlo import Expectation
 
@@ -293,7 +293,7 @@ def permute_count(stages: int, microbatches: int, form: str = "shard_map") -> in
     ``3T - 1``. Measured with XLA:CPU.
 
     Examples:
-      >>> from collectives._recipes.pipeline import permute_count
+      >>> from collectives._facts.pipeline import permute_count
       >>> permute_count(4, 4), permute_count(4, 4, "jit")
       (13, 20)
     """

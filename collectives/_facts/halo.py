@@ -19,16 +19,16 @@ import numpy as np
 from jax import lax
 
 from collectives._costs import fixed
+from collectives._facts.permute import body_axis_size
+from collectives._facts.permute import permute
+from collectives._facts.permute import ring_shift
+from collectives._facts.ring import Shift
+from collectives._facts.ring import stepwise_shift
 from collectives._layout import Axes
 from collectives._layout import grid_shape
 from collectives._layout import make_spec
 from collectives._numpy import widen
 from collectives._recipe import Recipe
-from collectives._recipes.permute import body_axis_size
-from collectives._recipes.permute import permute
-from collectives._recipes.permute import ring_shift
-from collectives._recipes.ring import Shift
-from collectives._recipes.ring import stepwise_shift
 from collectives._registry import register
 
 

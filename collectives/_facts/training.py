@@ -39,14 +39,14 @@ from jax import lax
 
 from collectives import _compat
 from collectives._costs import per_device_bytes
+from collectives._facts.grads import _check_args
+from collectives._facts.grads import _shapes
+from collectives._facts.grads import mse
 from collectives._layout import Axes
 from collectives._layout import make_spec
 from collectives._recipe import WIDE_FLOATS
 from collectives._recipe import Recipe
 from collectives._recipe import UnsupportedDtypeError
-from collectives._recipes.grads import _check_args
-from collectives._recipes.grads import _shapes
-from collectives._recipes.grads import mse
 from collectives._registry import register
 from collectives.hlo import Expectation
 

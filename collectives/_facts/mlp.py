@@ -41,11 +41,11 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from collectives._costs import per_device_bytes
+from collectives._facts.permute import body_axis_size
 from collectives._layout import Axes
 from collectives._layout import axis_tuple
 from collectives._recipe import WIDE_FLOATS
 from collectives._recipe import Recipe
-from collectives._recipes.permute import body_axis_size
 from collectives._registry import register
 from collectives.hlo import Expectation
 

@@ -31,14 +31,14 @@ from typing import Any
 import jax.numpy as jnp
 from jax import lax
 
+from collectives._facts import gather as _gather
+from collectives._facts import reduce as _reduce
+from collectives._facts.permute import body_axis_size
+from collectives._facts.permute import ring_shift
 from collectives._layout import Axes
 from collectives._layout import axis_tuple
 from collectives._recipe import HloFact
 from collectives._recipe import Recipe
-from collectives._recipes import gather as _gather
-from collectives._recipes import reduce as _reduce
-from collectives._recipes.permute import body_axis_size
-from collectives._recipes.permute import ring_shift
 from collectives._registry import register
 from collectives.hlo import Expectation
 

@@ -39,21 +39,21 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from collectives._costs import per_device_bytes
+from collectives._facts.megatron import model_identity_psum_grad
+from collectives._facts.megatron import model_psum_identity_grad
+from collectives._facts.mlp import PARAM_NAMES
+from collectives._facts.mlp import Params
+from collectives._facts.mlp import data_and_model_axes
+from collectives._facts.mlp import loss_and_grads_specs
+from collectives._facts.mlp import mlp_magnitudes
+from collectives._facts.mlp import mlp_oracle
+from collectives._facts.mlp import mlp_terms
+from collectives._facts.mlp import needs_data_and_model_axes
+from collectives._facts.permute import body_axis_size
 from collectives._layout import Axes
 from collectives._layout import axis_tuple
 from collectives._recipe import WIDE_FLOATS
 from collectives._recipe import Recipe
-from collectives._recipes.megatron import model_identity_psum_grad
-from collectives._recipes.megatron import model_psum_identity_grad
-from collectives._recipes.mlp import PARAM_NAMES
-from collectives._recipes.mlp import Params
-from collectives._recipes.mlp import data_and_model_axes
-from collectives._recipes.mlp import loss_and_grads_specs
-from collectives._recipes.mlp import mlp_magnitudes
-from collectives._recipes.mlp import mlp_oracle
-from collectives._recipes.mlp import mlp_terms
-from collectives._recipes.mlp import needs_data_and_model_axes
-from collectives._recipes.permute import body_axis_size
 from collectives._registry import register
 from collectives.hlo import Expectation
 
