@@ -6,6 +6,7 @@ import argparse
 import inspect
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from collectives._check import add_check_arguments
 from collectives._check import add_run_arguments
@@ -80,7 +81,9 @@ def cmd_show(args: argparse.Namespace) -> int:
     for label, fn in (("per-shard body (pmap and shard_map forms)", recipe.body),
                       ("global program (jit form)", recipe.program),
                       ("NumPy oracle", recipe.oracle)):
-        print(f"# -- {label} --")
+        fn = inspect.unwrap(fn)
+        where = Path(inspect.getsourcefile(fn) or "?")
+        print(f"# -- {label}: {fn.__name__} in {where.parent.name}/{where.name} --")
         print(inspect.getsource(fn))
     return 0
 

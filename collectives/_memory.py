@@ -68,6 +68,9 @@ def compiled_memory(fn: Callable[..., Any], *args: Any) -> dict[str, int | None]
       fn: a jitted callable (``jax.jit``, or a recipe's ``compiled(form, axes)``).
       *args: its arguments, placed as the program expects them.
 
+    Raises:
+      TypeError: ``fn`` cannot be lowered (not a jitted callable).
+
     Returns:
       ``{"arguments": ..., "outputs": ..., "temporaries": ..., "aliased":
       ...}`` in bytes per device (the per-partition figures of an SPMD
@@ -83,8 +86,16 @@ def compiled_memory(fn: Callable[..., Any], *args: Any) -> dict[str, int | None]
       >>> cx.compiled_memory(jax.jit(lambda x: 2 * x), x)["arguments"]  # 1/8 of 128
       16
     """
-    compiled = fn.lower(*args).compile()
-    stats = compiled.memory_analysis()
+    lower = getattr(fn, "lower", None)
+    if lower is None:
+        raise TypeError(
+            f"fn: expected a jax.jit or jax.pmap callable (with .lower), got "
+            f"{type(fn).__name__}. Fix: wrap it, compiled_memory(jax.jit(fn), ...).")
+    compiled = lower(*args).compile()
+    try:
+        stats = compiled.memory_analysis()
+    except (NotImplementedError, RuntimeError):  # backends without the analysis
+        stats = None
     if stats is not None:
         return {"arguments": int(stats.argument_size_in_bytes),
                 "outputs": int(stats.output_size_in_bytes),

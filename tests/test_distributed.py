@@ -381,3 +381,19 @@ def test_the_worker_refuses_to_run_outside_a_launch_or_cluster():
     assert result.returncode == 2
     assert "no cluster found" in result.stderr
     assert "python -m collectives launch" in result.stderr
+
+
+def test_launch_and_worker_share_one_definition_of_their_timeouts():
+    import inspect
+
+    from collectives.distributed._worker import WorkerOptions
+
+    parser = _cli.build_parser()
+    launch = parser.parse_args(["launch", "--", "check"])
+    worker = parser.parse_args(["worker", "--", "check"])
+    signature = inspect.signature(distributed.launch).parameters
+    for name in ("startup_timeout", "heartbeat_timeout", "collective_timeout",
+                 "timeout"):
+        want = getattr(WorkerOptions(), name)
+        assert getattr(launch, name) == getattr(worker, name) == want, name
+        assert signature[name].default == want, name

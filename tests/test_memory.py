@@ -10,6 +10,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import collectives as cx
+from collectives import bench
 
 
 def _placed_with_adam(name, mesh):
@@ -66,3 +67,14 @@ def test_strategy_table_measurements_equal_their_formulas():
     assert rows["PP"].params * 8 == rows["PP"].params_total
     assert rows["FSDP"].arguments < rows["DP"].arguments / 4
     assert set(rows["PP"].collectives) == {"collective-permute", "all-reduce"}
+
+
+def test_the_bench_reads_memory_through_compiled_memory():
+    fn = jax.jit(lambda x: 2 * x)
+    x = np.ones(256, np.float32)
+    memory = cx.compiled_memory(fn, x)
+    assert bench.memory_per_device(fn, x) == {
+        "argument_bytes": memory["arguments"], "output_bytes": memory["outputs"],
+        "temp_bytes": memory["temporaries"], "alias_bytes": memory["aliased"]}
+    with pytest.raises(TypeError, match=r"fn: expected a jax.jit .*Fix: wrap it"):
+        cx.compiled_memory(lambda x: x, x)

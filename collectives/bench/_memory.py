@@ -3,7 +3,8 @@
 XLA reports, for one device's share of a compiled program, the bytes of its
 arguments, its outputs and the temporaries it allocates (buffers live only
 inside the program), and how many output bytes alias (reuse) argument bytes.
-Backends that do not provide the analysis give ``None``.
+Backends that do not provide the analysis give ``None``. The reading is
+:func:`collectives.compiled_memory`'s, under the bench schema's key names.
 """
 
 from __future__ import annotations
@@ -11,14 +12,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from collectives._memory import compiled_memory
+
 MEMORY_FIELDS: tuple[str, ...] = (
     "argument_bytes", "output_bytes", "temp_bytes", "alias_bytes")
 """The keys of :func:`memory_per_device`'s result."""
 
-_XLA_NAMES = {"argument_bytes": "argument_size_in_bytes",
-              "output_bytes": "output_size_in_bytes",
-              "temp_bytes": "temp_size_in_bytes",
-              "alias_bytes": "alias_size_in_bytes"}
+_COMPILED_NAMES = {"argument_bytes": "arguments", "output_bytes": "outputs",
+                   "temp_bytes": "temporaries", "alias_bytes": "aliased"}
 
 
 def memory_per_device(fn: Callable[..., Any], *args: Any) -> dict[str, int] | None:
@@ -43,16 +44,7 @@ def memory_per_device(fn: Callable[..., Any], *args: Any) -> dict[str, int] | No
       >>> mem is None or (mem["argument_bytes"], mem["output_bytes"])
       (1024, 1024)
     """
-    lower = getattr(fn, "lower", None)
-    if lower is None:
-        raise TypeError(
-            f"fn: expected a jax.jit or jax.pmap callable (with .lower), got "
-            f"{type(fn).__name__}. Fix: wrap it, memory_per_device(jax.jit(fn), ...).")
-    compiled = lower(*args).compile()
-    try:
-        stats = compiled.memory_analysis()
-    except (NotImplementedError, RuntimeError):  # backends without the analysis
+    memory = compiled_memory(fn, *args)
+    if memory["temporaries"] is None:
         return None
-    if stats is None:
-        return None
-    return {key: int(getattr(stats, name, 0) or 0) for key, name in _XLA_NAMES.items()}
+    return {key: memory[name] for key, name in _COMPILED_NAMES.items()}

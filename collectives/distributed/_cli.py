@@ -22,20 +22,33 @@ def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
                              "%(default)s)")
     parser.add_argument("--port", type=int,
                         help="coordinator port on 127.0.0.1 (default: a free one)")
-    parser.add_argument("--timeout", type=float, default=900.0, metavar="S",
-                        help="stop everything after S seconds (default: "
-                             "%(default)g)")
-    parser.add_argument("--startup-timeout", type=float, default=60.0, metavar="S",
-                        help="seconds for all processes to connect (default: "
-                             "%(default)g)")
-    parser.add_argument("--collective-timeout", type=int, default=120, metavar="S",
-                        help="seconds a collective waits for its peers (default: "
-                             "%(default)s)")
+    add_timeout_arguments(parser, "stop every process")
     parser.add_argument("--echo", choices=("first", "all", "none"), default="first",
                         help="whose output to show live (default: %(default)s)")
     parser.add_argument("target", nargs=argparse.REMAINDER,
                         help="after --: check [NAMES] [--dtype ...] [--exact], "
                              "run NAME, bench [...], or python SCRIPT.py [ARGS]")
+
+
+def add_timeout_arguments(parser: argparse.ArgumentParser, stop: str) -> None:
+    """The bounds on every wait, one definition for ``launch`` and ``worker``;
+    ``stop`` says what ``--timeout`` ends. The defaults are
+    :class:`WorkerOptions`'s (and :func:`collectives.distributed.launch`'s)."""
+    defaults = _worker.WorkerOptions()
+    parser.add_argument("--startup-timeout", type=int,
+                        default=defaults.startup_timeout, metavar="S",
+                        help="seconds for every process to join (default: "
+                             "%(default)s)")
+    parser.add_argument("--heartbeat-timeout", type=int,
+                        default=defaults.heartbeat_timeout, metavar="S",
+                        help="seconds without a heartbeat before a process "
+                             "counts as dead (default: %(default)s)")
+    parser.add_argument("--collective-timeout", type=int,
+                        default=defaults.collective_timeout, metavar="S",
+                        help="seconds a CPU collective waits for its peers "
+                             "(default: %(default)s)")
+    parser.add_argument("--timeout", type=float, default=defaults.timeout, metavar="S",
+                        help=f"{stop} after S seconds (default: %(default)g)")
 
 
 def _stop_on_sigterm(signum: int, frame: object) -> None:
@@ -50,6 +63,7 @@ def run_launch_command(args: argparse.Namespace) -> int:
             args.target, num_processes=args.num_processes,
             devices_per_process=args.devices_per_process, port=args.port,
             timeout=args.timeout, startup_timeout=args.startup_timeout,
+            heartbeat_timeout=args.heartbeat_timeout,
             collective_timeout=args.collective_timeout, echo=args.echo)
     except (ValueError, LaunchError) as err:
         print(f"error: {err}", file=sys.stderr)
@@ -76,16 +90,7 @@ def add_worker_command(sub: Any) -> None:
                         "leave out on GPU and TPU hosts)")
     p.add_argument("--log-dir", metavar="DIR",
                    help="also write each rank's output to DIR/rank-<i>.log")
-    p.add_argument("--startup-timeout", type=int, default=60, metavar="S",
-                   help="seconds for every rank to join (default: %(default)s)")
-    p.add_argument("--heartbeat-timeout", type=int, default=30, metavar="S",
-                   help="seconds without a heartbeat before a rank counts as "
-                        "dead (default: %(default)s)")
-    p.add_argument("--collective-timeout", type=int, default=120, metavar="S",
-                   help="seconds a CPU collective waits for its peers, with "
-                        "--cpu-devices (default: %(default)s)")
-    p.add_argument("--timeout", type=float, default=3600.0, metavar="S",
-                   help="stop this rank after S seconds (default: %(default)g)")
+    add_timeout_arguments(p, "stop this rank")
     p.add_argument("--coordinator", metavar="HOST:PORT",
                    help="rank 0's address, when no cluster is detected (with "
                         "--num-processes and --process-id)")

@@ -213,7 +213,7 @@ class WorkerOptions:
     startup_timeout: int = 60
     heartbeat_timeout: int = 30
     collective_timeout: int = 120
-    timeout: float = 3600.0
+    timeout: float = 900.0
     coordinator: str | None = None
     num_processes: int | None = None
     process_id: int | None = None
