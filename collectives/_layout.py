@@ -336,3 +336,14 @@ def by_axis_size(fn: Callable[..., Any]) -> Callable[..., Any]:
     def on_axes(*arrays: Any, axes: Axes) -> Any:
         return fn(*arrays, axes.size)
     return on_axes
+
+
+def on_axes(fn: Callable[..., Any], **params: Callable[[Axes], Any]
+            ) -> Callable[..., Any]:
+    """A recipe file's ``fn(*arrays, **params)`` as a recipe's ``program`` or
+    ``oracle``, ``fn(*arrays, axes=...)``: each parameter is computed from
+    the axes, e.g. ``on_axes(fn, n=lambda axes: axes.size)``."""
+    @functools.wraps(fn)
+    def on_axes_(*arrays: Any, axes: Axes) -> Any:
+        return fn(*arrays, **{name: get(axes) for name, get in params.items()})
+    return on_axes_

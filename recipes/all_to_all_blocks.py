@@ -17,6 +17,11 @@ Which form when: shard_map inside a per-device program (MoE dispatch and
 combine); jit when the global transpose is what you mean (XLA emits the same
 one all-to-all); pmap as the legacy form.
 
+The per-device body, the global program and the NumPy oracle below are the
+ones ``collectives.RECIPES["all_to_all_blocks"]`` runs: ``axis`` may be one
+mesh axis name or a tuple of them (devices counted row-major over them), and
+dims after the first ride along.
+
 Registered as: ``collectives.RECIPES["all_to_all_blocks"]``.
 Devices: 8 (simulated on CPU by ``main()``).
 JAX versions checked: 0.8.0, 0.10.2, 0.12.0.
@@ -33,53 +38,61 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 N_DEVICES = 8
+AXIS = "i"
 
 
 def make_mesh(n_devices):
     # Auto axes on every JAX version (jax.make_mesh defaults to Explicit from 0.9).
-    return jax.make_mesh((n_devices,), ("i",),
+    return jax.make_mesh((n_devices,), (AXIS,),
                          axis_types=(jax.sharding.AxisType.Auto,))
 
 
-def exchange(block):
-    # block: [n*c, ...] -> [n*c, ...]; chunk d of the result is device d's chunk `me`
-    return lax.all_to_all(block, "i", split_axis=0, concat_axis=0, tiled=True)
+# [start:body]
+def all_to_all_blocks_body(x, axis=AXIS):
+    # x: [n*c, ...] on each device -> [n*c, ...]; chunk d of the result is
+    # device d's chunk `me` (this device's index along `axis`)
+    return lax.all_to_all(x, axis, split_axis=0, concat_axis=0, tiled=True)
+# [end:body]
 
 
 # [start:pmap]
 def all_to_all_blocks_pmap(x, n_devices):
     stacked = x.reshape(n_devices, -1, *x.shape[1:])  # [n, n*c, ...]
-    out = jax.pmap(exchange, axis_name="i")(stacked)
+    out = jax.pmap(all_to_all_blocks_body, axis_name=AXIS)(stacked)
     return np.asarray(out).reshape(x.shape)
 # [end:pmap]
 
 
 # [start:shard_map]
 def all_to_all_blocks_shard_map(x, mesh):
-    f = jax.jit(jax.shard_map(exchange, mesh=mesh, in_specs=P("i"),
-                              out_specs=P("i")))
+    f = jax.jit(jax.shard_map(all_to_all_blocks_body, mesh=mesh, in_specs=P(AXIS),
+                              out_specs=P(AXIS)))
     return f(x)
 # [end:shard_map]
 
 
 # [start:jit]
+def all_to_all_blocks_program(x, n):
+    # x: [n*n*c, ...] sharded by dim 0, seen as [source, chunk, c, ...]: swap
+    # source and chunk. The layout stays, so jit moves chunk j of every block
+    # to device j: one all-to-all.
+    chunks = x.reshape(n, n, x.shape[0] // (n * n), *x.shape[1:])
+    return jnp.swapaxes(chunks, 0, 1).reshape(x.shape)
+
+
 def all_to_all_blocks_jit(x, mesh):
-    n = mesh.shape["i"]
-
-    def swap_chunks(x):
-        # [n*n*c, ...] as [source, chunk, c, ...]: swap source and chunk
-        chunks = x.reshape(n, n, -1, *x.shape[1:])
-        return jnp.swapaxes(chunks, 0, 1).reshape(x.shape)
-
-    sharding = NamedSharding(mesh, P("i"))
-    return jax.jit(swap_chunks, in_shardings=sharding, out_shardings=sharding)(x)
+    n = mesh.shape[AXIS]
+    sharding = NamedSharding(mesh, P(AXIS))
+    return jax.jit(lambda x: all_to_all_blocks_program(x, n),
+                   in_shardings=sharding, out_shardings=sharding)(x)
 # [end:jit]
 
 
 # [start:numpy]
-def all_to_all_blocks_numpy(x, n_devices):
-    chunks = x.reshape(n_devices, n_devices, -1, *x.shape[1:])
-    return np.swapaxes(chunks, 0, 1).reshape(x.shape)
+def all_to_all_blocks_numpy(x, n):
+    x = np.asarray(x)
+    chunks = x.reshape(n, n, x.shape[0] // (n * n), *x.shape[1:])
+    return np.swapaxes(chunks, 0, 1).reshape(x.shape).copy()
 # [end:numpy]
 
 
@@ -103,6 +116,7 @@ def main():
     np.testing.assert_array_equal(np.asarray(twice), x)
     print("device 1 before:", x[2 * n:4 * n].tolist())
     print("device 1 after: ", want[2 * n:4 * n].tolist())
+    print("  (chunk 1 of every device d, in device order: 100*d + 2, 100*d + 3)")
     print("ok: pmap, shard_map and jit agree with NumPy; the exchange applied "
           "twice restores the input")
 

@@ -11,6 +11,10 @@ from the row index, ``row // rows_per_device``.
 
 Checks that ``psum(axis_index) == n(n-1)/2``.
 
+The per-device body, the global program and the NumPy oracle below are the
+ones ``collectives.RECIPES["axis_index"]`` runs: ``axis`` may be one mesh
+axis name or a tuple of them (the row-major index over them).
+
 Registered as: ``collectives.RECIPES["axis_index"]``.
 Devices: 8 (simulated on CPU by ``main()``), as a 4x2 mesh too.
 JAX versions checked: 0.8.0, 0.10.2, 0.12.0.
@@ -27,6 +31,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 N_DEVICES = 8
+AXIS = "i"
 
 
 def make_mesh(shape, names):
@@ -35,10 +40,17 @@ def make_mesh(shape, names):
                          axis_types=(jax.sharding.AxisType.Auto,) * len(shape))
 
 
+# [start:body]
+def axis_index_body(x, axis=AXIS):
+    # x: [k, m] on each device -> x + this device's index along `axis`
+    return x + lax.axis_index(axis).astype(x.dtype)
+# [end:body]
+
+
 # [start:pmap]
 def add_index_pmap(x, n_devices):
     stacked = x.reshape(n_devices, -1, *x.shape[1:])  # [n, k, m]
-    f = jax.pmap(lambda b: b + lax.axis_index("i"), axis_name="i")
+    f = jax.pmap(axis_index_body, axis_name=AXIS)
     return np.asarray(f(stacked)).reshape(x.shape)
 # [end:pmap]
 
@@ -46,8 +58,8 @@ def add_index_pmap(x, n_devices):
 # [start:shard_map]
 def add_index_shard_map(x, mesh):
     # block: [k, m] -> block + this device's index
-    f = jax.shard_map(lambda b: b + lax.axis_index("i"), mesh=mesh,
-                      in_specs=P("i"), out_specs=P("i"))
+    f = jax.shard_map(axis_index_body, mesh=mesh, in_specs=P(AXIS),
+                      out_specs=P(AXIS))
     return jax.jit(f)(x)
 
 
@@ -64,22 +76,23 @@ def linear_index_2d(mesh):
 
 
 # [start:jit]
+def axis_index_program(x, n):
+    # row r lives on device r // k (k rows per device): add that index
+    device_of_row = jnp.arange(x.shape[0]) // (x.shape[0] // n)
+    return x + device_of_row.reshape(-1, *([1] * (x.ndim - 1))).astype(x.dtype)
+
+
 def add_index_jit(x, mesh):
-    n = mesh.shape["i"]
-    rows = NamedSharding(mesh, P("i"))
-
-    def global_program(x):
-        # row r lives on device r // k
-        device_of_row = jnp.arange(x.shape[0]) // (x.shape[0] // n)
-        return x + device_of_row.reshape(-1, *([1] * (x.ndim - 1))).astype(x.dtype)
-
-    return jax.jit(global_program, in_shardings=rows, out_shardings=rows)(x)
+    n = mesh.shape[AXIS]
+    rows = NamedSharding(mesh, P(AXIS))
+    return jax.jit(lambda x: axis_index_program(x, n), in_shardings=rows,
+                   out_shardings=rows)(x)
 # [end:jit]
 
 
 # [start:numpy]
-def add_index_numpy(x, n_devices):
-    device_of_row = np.repeat(np.arange(n_devices), x.shape[0] // n_devices)
+def axis_index_numpy(x, n):
+    device_of_row = np.repeat(np.arange(n), x.shape[0] // n)
     return x + device_of_row.reshape(-1, *([1] * (x.ndim - 1))).astype(x.dtype)
 # [end:numpy]
 
@@ -89,9 +102,9 @@ def main():
     # names a platform.
     jax.config.update("jax_platforms", os.environ.get("JAX_PLATFORMS", "cpu"))
     jax.config.update("jax_num_cpu_devices", N_DEVICES)
-    mesh = make_mesh((N_DEVICES,), ("i",))
+    mesh = make_mesh((N_DEVICES,), (AXIS,))
     x = np.zeros((N_DEVICES * 2, 2), dtype=np.int32)
-    want = add_index_numpy(x, N_DEVICES)
+    want = axis_index_numpy(x, N_DEVICES)
     for form, got in (("pmap", add_index_pmap(x, N_DEVICES)),
                       ("shard_map", add_index_shard_map(x, mesh)),
                       ("jit", add_index_jit(x, mesh))):

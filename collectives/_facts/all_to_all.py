@@ -5,38 +5,29 @@ block into ``n`` column chunks, sends chunk ``j`` to device ``j`` and stacks
 what it receives: the global array is unchanged, but it is now sharded by
 columns instead of rows. ``jit`` emits the same all-to-all for a change of
 ``out_shardings`` from ``P(axis)`` to ``P(None, axis)``.
+
+The bodies, global programs and NumPy oracles are ``recipes/all_to_all.py``'s
+and ``recipes/all_to_all_blocks.py``'s; this module adds the facts the
+library needs about them.
 """
 
 from __future__ import annotations
 
-import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
 from collectives._costs import one_collective
 from collectives._layout import Axes
+from collectives._layout import by_axis_size
 from collectives._layout import grid_shape
 from collectives._layout import make_spec
+from collectives._layout import on_axes
 from collectives._recipe import BenchSpec
 from collectives._recipe import DiagramSpec
 from collectives._recipe import Recipe
 from collectives._registry import register
-
-
-def all_to_all_body(x, *, axis):
-    # x: [k, n*c] on each device (a row block) -> [n*k, c] (a column block)
-    return lax.all_to_all(x, axis, split_axis=1, concat_axis=0, tiled=True)
-
-
-def all_to_all_program(x, *, axes: Axes):
-    # Same values; the column-sharded out_shardings make jit emit an all-to-all.
-    del axes
-    return x
-
-
-def all_to_all_oracle(x, *, axes: Axes):
-    del axes
-    return x.copy()
+from collectives.recipes import all_to_all as file
+from collectives.recipes import all_to_all_blocks as blocks_file
 
 
 def _in_specs(axes: Axes):
@@ -79,7 +70,8 @@ all_to_all = register(Recipe(
     diagram=DiagramSpec(dims=(1, 1)),
     hlo=one_collective("all-to-all"),
     summary="rows-sharded to columns-sharded: each device swaps chunks with all",
-    body=all_to_all_body, program=all_to_all_program, oracle=all_to_all_oracle,
+    body=file.all_to_all_body, program=on_axes(file.all_to_all_program),
+    oracle=on_axes(file.all_to_all_numpy),
     in_specs=_in_specs, out_specs=_out_specs, example_shapes=_shapes,
     validate=_check))
 
@@ -90,26 +82,6 @@ all_to_all = register(Recipe(
 # 0. The form of JAX's shard_map tutorial and of every MoE dispatch. In the
 # global view, [n*n*c, ...] seen as [n (source), n (chunk), c, ...] has its
 # first two axes swapped.
-
-
-def all_to_all_blocks_body(x, *, axis):
-    # x: [n*c, ...] on each device -> [n*c, ...]: chunk d is device d's chunk `me`
-    return lax.all_to_all(x, axis, split_axis=0, concat_axis=0, tiled=True)
-
-
-def _swap_chunks(x, n: int, reshape, swap):
-    head, rest = x.shape[0], x.shape[1:]
-    return reshape(swap(reshape(x, (n, n, head // (n * n), *rest)), 0, 1), x.shape)
-
-
-def all_to_all_blocks_program(x, *, axes: Axes):
-    # x: [n*n*c, ...] sharded by dim 0; the same values must end up on the
-    # same devices, so jit moves chunk j of every block to device j.
-    return _swap_chunks(x, axes.size, jnp.reshape, jnp.swapaxes)
-
-
-def all_to_all_blocks_oracle(x, *, axes: Axes):
-    return _swap_chunks(np.asarray(x), axes.size, np.reshape, np.swapaxes).copy()
 
 
 def _blocks_specs(axes: Axes):
@@ -138,7 +110,8 @@ all_to_all_blocks = register(Recipe(
     diagram=DiagramSpec(dims=(1,)),
     hlo=one_collective("all-to-all"),
     summary="exchange: each device sends chunk j of its block to device j (dim 0)",
-    body=all_to_all_blocks_body, program=all_to_all_blocks_program,
-    oracle=all_to_all_blocks_oracle, in_specs=_blocks_specs,
+    body=blocks_file.all_to_all_blocks_body,
+    program=by_axis_size(blocks_file.all_to_all_blocks_program),
+    oracle=by_axis_size(blocks_file.all_to_all_blocks_numpy), in_specs=_blocks_specs,
     out_specs=lambda axes: make_spec(axes.entry, axes.others_entry),
     example_shapes=_blocks_shapes, validate=_check_blocks))

@@ -5,24 +5,28 @@
 array. ``psum_scatter`` is a psum whose result stays sharded: each device
 keeps only its slice of the sum, moving half the bytes of an all-reduce
 (``all_gather(psum_scatter(x)) == psum(x)``).
+
+The bodies (and their legacy pmap variants), global programs and NumPy
+oracles are ``recipes/all_gather.py``'s and ``recipes/psum_scatter.py``'s;
+this module adds the facts the library needs about them.
 """
 
 from __future__ import annotations
 
 from jax import lax
 
-from collectives import _compat
 from collectives._costs import one_collective
 from collectives._layout import Axes
-from collectives._layout import axis_tuple
+from collectives._layout import by_axis_size
 from collectives._layout import grid_shape
 from collectives._layout import make_spec
-from collectives._numpy import blocks
-from collectives._numpy import widen
+from collectives._layout import on_axes
 from collectives._recipe import BenchSpec
 from collectives._recipe import DiagramSpec
 from collectives._recipe import Recipe
 from collectives._registry import register
+from collectives.recipes import all_gather as gather_file
+from collectives.recipes import psum_scatter as scatter_file
 
 
 def _in_specs(axes: Axes):
@@ -33,86 +37,8 @@ def _shapes(axes: Axes, dims):
     return (grid_shape(axes, dims),)
 
 
-# -- all_gather (tiled) ------------------------------------------------------
-
-def all_gather_body(x, *, axis):
-    # x: [k, m] on each device -> [n*k, m], the same on every device.
-    # The invariant gather types the result as replicated over `axis`, so
-    # out_specs may leave `axis` out (a plain all_gather would fail the
-    # shard_map VMA check there).
-    return _compat.all_gather_invariant(x, axis, tiled=True)
-
-
-def all_gather_pmap_body(x, *, axis):
-    # The legacy form: pmap has no invariant types, so pmap code used the plain
-    # gather. vmap (mapping the second mesh axis) gathers one axis at a time:
-    # the innermost axis first keeps the blocks in row-major device order.
-    for name in reversed(axis_tuple(axis)):
-        x = lax.all_gather(x, name, tiled=True)
-    return x
-
-
-def all_gather_program(x, *, axes: Axes):
-    # The value does not change; the replicated out_shardings make jit gather.
-    del axes
-    return x
-
-
-def all_gather_oracle(x, *, axes: Axes):
-    del axes
-    return x.copy()
-
-
-# -- all_gather_stacked (untiled) -------------------------------------------
-
-def all_gather_stacked_body(x, *, axis):
-    # x: [k, m] on each device -> [n, k, m]: a new leading axis, one row per device
-    return _compat.all_gather_invariant(x, axis, tiled=False)
-
-
-def all_gather_stacked_pmap_body(x, *, axis):
-    # x: [k, m] -> [n_j, k, m] -> [n_i, n_j, k, m] -> [n_i * n_j, k, m]
-    names = axis_tuple(axis)
-    for name in reversed(names):
-        x = lax.all_gather(x, name, tiled=False)
-    return x.reshape(-1, *x.shape[len(names):])
-
-
-def all_gather_stacked_program(x, *, axes: Axes):
-    return blocks(x, axes.size)
-
-
-def all_gather_stacked_oracle(x, *, axes: Axes):
-    return blocks(x, axes.size).copy()
-
-
 def _stacked_out_specs(axes: Axes):
     return make_spec(None, None, axes.others_entry)
-
-
-# -- psum_scatter (tiled) ----------------------------------------------------
-
-def psum_scatter_body(x, *, axis):
-    # x: [n*k, m] on each device -> [k, m]: device d keeps rows d*k:(d+1)*k of
-    # the sum over devices
-    return lax.psum_scatter(x, axis, scatter_dimension=0, tiled=True)
-
-
-def psum_scatter_pmap_body(x, *, axis):
-    # vmap scatters one axis at a time: the outer axis picks a group of
-    # chunks, the inner axis one chunk of it (row-major device order).
-    for name in axis_tuple(axis):
-        x = lax.psum_scatter(x, name, scatter_dimension=0, tiled=True)
-    return x
-
-
-def psum_scatter_program(x, *, axes: Axes):
-    # Sum over shards; out_shardings keep the result sharded (a reduce-scatter).
-    return blocks(x, axes.size).sum(0, dtype=x.dtype)
-
-
-def psum_scatter_oracle(x, *, axes: Axes):
-    return blocks(widen(x), axes.size).sum(0).astype(x.dtype)
 
 
 def _check_scatter(axes: Axes, args) -> None:
@@ -138,9 +64,11 @@ all_gather = register(Recipe(
     diagram=DiagramSpec(),
     hlo=one_collective("all-gather"),
     summary="every device gets the whole array (tiled)",
-    body=all_gather_body, program=all_gather_program, oracle=all_gather_oracle,
+    body=gather_file.all_gather_body,
+    program=on_axes(gather_file.all_gather_program),
+    oracle=on_axes(gather_file.all_gather_numpy),
     in_specs=_in_specs, out_specs=lambda axes: make_spec(None, axes.others_entry),
-    example_shapes=_shapes, pmap_body=all_gather_pmap_body))
+    example_shapes=_shapes, pmap_body=gather_file.all_gather_pmap_body))
 
 all_gather_stacked = register(Recipe(
     name="all_gather_stacked", family="core", source="all_gather.py",
@@ -149,10 +77,11 @@ all_gather_stacked = register(Recipe(
     diagram=DiagramSpec(),
     hlo=one_collective("all-gather"),
     summary="every device gets all blocks stacked on a new axis (untiled)",
-    body=all_gather_stacked_body, program=all_gather_stacked_program,
-    oracle=all_gather_stacked_oracle, in_specs=_in_specs,
-    out_specs=_stacked_out_specs, example_shapes=_shapes,
-    pmap_body=all_gather_stacked_pmap_body))
+    body=gather_file.all_gather_stacked_body,
+    program=by_axis_size(gather_file.all_gather_stacked_program),
+    oracle=by_axis_size(gather_file.all_gather_stacked_numpy),
+    in_specs=_in_specs, out_specs=_stacked_out_specs, example_shapes=_shapes,
+    pmap_body=gather_file.all_gather_stacked_pmap_body))
 
 psum_scatter = register(Recipe(
     name="psum_scatter", family="core", source="psum_scatter.py",
@@ -162,9 +91,10 @@ psum_scatter = register(Recipe(
     diagram=DiagramSpec(dims=(1, 1), relation="combine"),
     hlo=one_collective("reduce-scatter", cpu_jit="all-reduce"),
     summary="sum over devices, each device keeps its slice (reduce-scatter)",
-    body=psum_scatter_body, program=psum_scatter_program,
-    oracle=psum_scatter_oracle, in_specs=_in_specs,
+    body=scatter_file.psum_scatter_body,
+    program=by_axis_size(scatter_file.psum_scatter_program),
+    oracle=by_axis_size(scatter_file.psum_scatter_numpy), in_specs=_in_specs,
     out_specs=lambda axes: make_spec(axes.entry, axes.others_entry),
     example_shapes=_scatter_shapes, count_terms=lambda axes: axes.size,
     dtype_kinds=frozenset({"float", "int", "complex"}), validate=_check_scatter,
-    pmap_body=psum_scatter_pmap_body))
+    pmap_body=scatter_file.psum_scatter_pmap_body))

@@ -4,6 +4,11 @@ utilities :func:`permute` and :func:`ring_shift`.
 ``lax.ppermute`` sends each device's block to one other device. Two rules
 users trip on: a device that no pair sends to receives zeros, and a
 permutation may not repeat a source or a destination.
+
+The bodies, global programs, NumPy oracles and the permutation logic of
+:func:`permute` and :func:`ring_shift` are ``recipes/ppermute.py``'s and
+``recipes/axis_index.py``'s; this module adds the argument checks of the
+public utilities and the facts the library needs about the recipes.
 """
 
 from __future__ import annotations
@@ -11,7 +16,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from collections.abc import Sequence
 
-import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
@@ -19,13 +23,15 @@ from collectives import _compat
 from collectives._costs import no_collectives
 from collectives._costs import one_collective
 from collectives._layout import Axes
-from collectives._layout import axis_tuple
+from collectives._layout import by_axis_size
 from collectives._layout import grid_shape
 from collectives._layout import make_spec
 from collectives._recipe import BenchSpec
 from collectives._recipe import DiagramSpec
 from collectives._recipe import Recipe
 from collectives._registry import register
+from collectives.recipes import axis_index as index_file
+from collectives.recipes import ppermute as file
 
 
 def check_permutation(perm: Sequence[tuple[int, int]], n: int) -> list[tuple[int, int]]:
@@ -98,34 +104,6 @@ def check_permutation(perm: Sequence[tuple[int, int]], n: int) -> list[tuple[int
     return pairs
 
 
-def _in_mesh_order(axis, pairs: list[tuple[int, int]]):
-    """Rewrite a permutation over several axes to the mesh's axis order.
-
-    ``lax.ppermute`` over a tuple of axes numbers devices in *mesh* order,
-    whatever the tuple's order (JAX 0.8 to 0.11, silently), or raises for
-    other orders (JAX 0.12, ``_compat.PPERMUTE_CHECKS_AXIS_ORDER``), while
-    ``axis_index`` and ``all_gather`` follow the tuple's order. Renumbering
-    here makes ``permute(x, ("j", "i"), perm)`` mean what
-    ``axis_index(("j", "i"))`` says.
-    """
-    names = axis_tuple(axis)
-    mesh_order = _compat.context_mesh_axis_names()
-    if len(names) < 2 or not set(names) <= set(mesh_order):
-        return axis, pairs
-    ordered = tuple(n for n in mesh_order if n in names)
-    if ordered == names:
-        return axis, pairs
-    sizes = [lax.axis_size(n) for n in names]
-    where = [names.index(n) for n in ordered]
-
-    def renumber(index: int) -> int:
-        digits = np.unravel_index(index, sizes)
-        return int(np.ravel_multi_index([digits[w] for w in where],
-                                        [sizes[w] for w in where]))
-
-    return ordered, [(renumber(s), renumber(d)) for s, d in pairs]
-
-
 def body_axis_size(axis, fn: str) -> int:
     """``lax.axis_size(axis)`` inside a body, or an error naming the axes in
     scope; ``fn`` is the public function to name in the message."""
@@ -168,7 +146,7 @@ def permute(x, axis, perm: Sequence[tuple[int, int]]):
       TypeError: see :func:`check_permutation`.
     """
     pairs = check_permutation(perm, body_axis_size(axis, "permute"))
-    return lax.ppermute(x, *_in_mesh_order(axis, pairs))
+    return file.permute(x, axis, pairs)
 
 
 def ring_shift(x, axis, shift: int = 1):
@@ -202,59 +180,8 @@ def ring_shift(x, axis, shift: int = 1):
     if isinstance(shift, bool) or not isinstance(shift, (int, np.integer)):
         raise TypeError(f"shift: expected an int, got {shift!r}. Fix: pass a "
                         "whole number of places, e.g. 1 or -1.")
-    n = body_axis_size(axis, "ring_shift")
-    pairs = [(s, (s + int(shift)) % n) for s in range(n)]
-    return lax.ppermute(x, *_in_mesh_order(axis, pairs))
-
-
-# -- ppermute_ring ------------------------------------------------------------
-
-def ppermute_ring_body(x, *, axis):
-    # x: [k, m] on each device -> [k, m] from the previous device on the ring
-    return ring_shift(x, axis, 1)
-
-
-def ppermute_ring_pmap_body(x, *, axis):
-    # vmap permutes one axis at a time, so step the ring digit by digit: shift
-    # along the innermost axis, and where that wrapped around (index 0) take
-    # the block one step further along the next axis out.
-    names = axis_tuple(axis)
-    out = ring_shift(x, names[-1], 1)
-    wrapped = lax.axis_index(names[-1]) == 0
-    for name in reversed(names[:-1]):
-        out = jnp.where(wrapped, ring_shift(out, name, 1), out)
-        wrapped = wrapped & (lax.axis_index(name) == 0)
-    return out
-
-
-def ppermute_ring_program(x, *, axes: Axes):
-    # A roll by one block; jit lowers it to a collective-permute.
-    return jnp.roll(x, x.shape[0] // axes.size, axis=0)
-
-
-def ppermute_ring_oracle(x, *, axes: Axes):
-    return np.roll(x, x.shape[0] // axes.size, axis=0)
-
-
-# -- axis_index ---------------------------------------------------------------
-
-def axis_index_body(x, *, axis):
-    # x: [k, m] on each device -> x + this device's index along `axis`
-    return x + lax.axis_index(axis).astype(x.dtype)
-
-
-def _shard_indices(xp, x, n: int):
-    index = xp.repeat(xp.arange(n, dtype=x.dtype), x.shape[0] // n)
-    return index.reshape((-1,) + (1,) * (x.ndim - 1))
-
-
-def axis_index_program(x, *, axes: Axes):
-    # Row r of the global array lives on device r // k: add that index.
-    return x + _shard_indices(jnp, x, axes.size)
-
-
-def axis_index_oracle(x, *, axes: Axes):
-    return (x + _shard_indices(np, x, axes.size)).astype(x.dtype)
+    body_axis_size(axis, "ring_shift")  # a clear error unless `axis` is bound
+    return file.ring_shift(x, axis, int(shift))
 
 
 def _in_specs(axes: Axes):
@@ -277,9 +204,11 @@ ppermute_ring = register(Recipe(
     diagram=DiagramSpec(),
     hlo=one_collective("collective-permute"),
     summary="each device sends its block to the next (+1)",
-    body=ppermute_ring_body, program=ppermute_ring_program,
-    oracle=ppermute_ring_oracle, in_specs=_in_specs, out_specs=_out_specs,
-    example_shapes=_shapes, pmap_body=ppermute_ring_pmap_body))
+    body=file.ppermute_ring_body,
+    program=by_axis_size(file.ppermute_ring_program),
+    oracle=by_axis_size(file.ppermute_ring_numpy), in_specs=_in_specs,
+    out_specs=_out_specs, example_shapes=_shapes,
+    pmap_body=file.ppermute_ring_pmap_body))
 
 axis_index = register(Recipe(
     name="axis_index", family="core", source="axis_index.py",
@@ -287,6 +216,8 @@ axis_index = register(Recipe(
         lambda x, axis, n: x + lax.axis_index(axis).astype(x.dtype)),
     diagram=DiagramSpec(relation="local"),
     hlo=no_collectives, summary="each device adds its index along the axis",
-    body=axis_index_body, program=axis_index_program, oracle=axis_index_oracle,
+    body=index_file.axis_index_body,
+    program=by_axis_size(index_file.axis_index_program),
+    oracle=by_axis_size(index_file.axis_index_numpy),
     in_specs=_in_specs, out_specs=_out_specs, example_shapes=_shapes,
     count_terms=lambda axes: 1, dtype_kinds=frozenset({"float", "int", "complex"})))
