@@ -107,6 +107,25 @@ def test_recipe_rejects_shapes_that_do_not_shard():
         recipe.shard_map(np.ones((6, 2)), np.ones((2, 8)))
 
 
+def test_recipes_reject_blocks_their_bodies_cannot_take():
+    # The recipes run the file's bodies, which do not check; the recipes'
+    # validate facts refuse what the public utilities refuse, in every form.
+    mesh = cx.make_mesh((4,), "i")
+    bidirectional = cx.RECIPES["allgather_matmul_bidirectional"]
+    for form in ("pmap", "shard_map", "jit", "reference"):
+        with pytest.raises(ValueError, match=r"even number of rows, got 3"):
+            getattr(bidirectional, form)(np.ones((12, 2)), np.ones((2, 4)), mesh=mesh)
+    scatter = cx.RECIPES["matmul_reduce_scatter_bidirectional"]
+    with pytest.raises(ValueError, match=r"even number of rows, got 1"):
+        scatter.shard_map(np.ones((4, 4)), np.ones((4, 3)), mesh=mesh)
+    with pytest.raises(ValueError, match="6 rows, which must split into 4"):
+        cx.RECIPES["matmul_reduce_scatter"].shard_map(np.ones((6, 4)), np.ones((4, 3)),
+                                                      mesh=mesh)
+    with pytest.raises(ValueError, match=r"x \(8, 4\) and w \(8, 3\)"):
+        cx.RECIPES["matmul_reduce_scatter_overlapped"].shard_map(
+            np.ones((8, 4)), np.ones((8, 3)), mesh=mesh)
+
+
 # -- HLO ------------------------------------------------------------------------
 
 @pytest.mark.parametrize(("shape", "names", "axis"),

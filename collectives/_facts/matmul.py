@@ -21,31 +21,41 @@ overlaps; the results are what matter here, and they equal ``x @ w`` exactly
 on integer-valued data.
 
 Mesh axes other than the collective ones hold replicas of ``x`` and ``w``.
+
+The six bodies, the global program and the NumPy oracle are
+``recipes/collective_matmul.py``'s; this module adds the facts the library
+needs about them and the validating public :func:`allgather_matmul` and
+:func:`matmul_reduce_scatter`.
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 import jax
-import jax.numpy as jnp
+import numpy as np
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
 from collectives._costs import reshards_minor_axis
 from collectives._facts.permute import body_axis_size
-from collectives._facts.permute import ring_shift
-from collectives._facts.ring import Shift
-from collectives._facts.ring import stepwise_shift
 from collectives._layout import Axes
-from collectives._layout import axis_tuple
-from collectives._numpy import widen
 from collectives._recipe import Recipe
 from collectives._registry import register
 from collectives.hlo import Expectation
+from collectives.recipes import collective_matmul as file
 
 OVERLAPS = (None, "unidirectional", "bidirectional")
 """The ``overlap`` choices: the plain collective, or a ring one or both ways."""
+
+_ALLGATHER = dict(zip(OVERLAPS, (file.allgather_matmul,
+                                 file.allgather_matmul_overlapped,
+                                 file.allgather_matmul_bidirectional), strict=True))
+_SCATTER = dict(zip(OVERLAPS, (file.matmul_reduce_scatter,
+                               file.matmul_reduce_scatter_overlapped,
+                               file.matmul_reduce_scatter_bidirectional), strict=True))
 
 
 def _check_overlap(overlap) -> None:
@@ -56,11 +66,14 @@ def _check_overlap(overlap) -> None:
             "ring versions.")
 
 
-def _check_operands(x, w, what: str) -> None:
-    if x.ndim != 2 or w.ndim != 2 or x.shape[1] != w.shape[0]:
+def _check_operands(x, w, what: str, *, blocks: bool = True) -> None:
+    x_shape, w_shape = np.shape(x), np.shape(w)
+    if len(x_shape) != 2 or len(w_shape) != 2 or x_shape[1] != w_shape[0]:
+        m, k, c = ("m", "k", "c") if blocks else ("M", "K", "N")
         raise ValueError(
-            f"{what}: expected blocks x: [m, k] and w: [k, c] with matching k, got "
-            f"x {x.shape} and w {w.shape}. Fix: pass 2-D blocks whose inner "
+            f"{what}: expected {'blocks ' if blocks else ''}x: [{m}, {k}] and "
+            f"w: [{k}, {c}] with matching {k}, got x {x_shape} and w {w_shape}. "
+            f"Fix: pass 2-D {'blocks' if blocks else 'arrays'} whose inner "
             "dimensions agree.")
 
 
@@ -73,37 +86,16 @@ def _halves(rows: int, what: str, arg: str) -> int:
     return rows // 2
 
 
+def _output_rows(x, n: int) -> int:
+    if x.shape[0] % n:
+        raise ValueError(
+            f"matmul_reduce_scatter: x has {x.shape[0]} rows, which must split into "
+            f"{n} equal chunks (one per device along the axis). Fix: make dim 0 a "
+            f"multiple of {n}.")
+    return x.shape[0] // n
+
+
 # -- all-gather matmul -----------------------------------------------------
-
-def _allgather_matmul_ring(x, w, axis, shift: Shift, bidirectional: bool):
-    n = lax.axis_size(axis)
-    me = lax.axis_index(axis)
-    m = x.shape[0]
-    # out: [n*m, c]; the rows of device j's x block land in rows j*m:(j+1)*m
-    out = jnp.zeros((n * m, w.shape[1]), jnp.result_type(x, w))
-
-    def put(out, rows, row):
-        return lax.dynamic_update_slice_in_dim(out, rows @ w, row, axis=0)
-
-    if not bidirectional:
-        block = x
-        for step in range(n):
-            # start sending the block on before multiplying it (overlap)
-            incoming = shift(block, axis, 1) if step < n - 1 else None
-            out = put(out, block, ((me - step) % n) * m)  # block of device me-step
-            block = incoming
-        return out
-    half = _halves(m, "allgather_matmul", "x")
-    up, down = x[:half], x[half:]  # up travels +1, down travels -1
-    for step in range(n):
-        if step < n - 1:
-            next_up, next_down = shift(up, axis, 1), shift(down, axis, -1)
-        out = put(out, up, ((me - step) % n) * m)
-        out = put(out, down, ((me + step) % n) * m + half)
-        if step < n - 1:
-            up, down = next_up, next_down
-    return out
-
 
 def allgather_matmul(x, w, axis, *, overlap: str | None = None):
     """``all_gather(x) @ w`` for a column-sharded ``w``; call inside a body.
@@ -142,57 +134,17 @@ def allgather_matmul(x, w, axis, *, overlap: str | None = None):
     _check_overlap(overlap)
     _check_operands(x, w, "allgather_matmul")
     body_axis_size(axis, "allgather_matmul")
-    if overlap is None:
-        return lax.all_gather(x, axis, tiled=True) @ w
-    return _allgather_matmul_ring(x, w, axis, ring_shift, overlap == "bidirectional")
+    if overlap == "bidirectional":
+        _halves(x.shape[0], "allgather_matmul", "x")
+    return _ALLGATHER[overlap](x, w, axis)
 
 
 def allgather_matmul_pmap(x, w, axis, *, overlap: str | None = None):
     """:func:`allgather_matmul` for the legacy pmap form (one axis per collective)."""
-    if overlap is None:
-        for name in reversed(axis_tuple(axis)):
-            x = lax.all_gather(x, name, tiled=True)
-        return x @ w
-    return _allgather_matmul_ring(x, w, axis, stepwise_shift,
-                                  overlap == "bidirectional")
+    return _ALLGATHER[overlap](x, w, axis, stepwise=True)
 
 
 # -- matmul reduce-scatter -------------------------------------------------
-
-def _output_rows(x, n: int) -> int:
-    if x.shape[0] % n:
-        raise ValueError(
-            f"matmul_reduce_scatter: x has {x.shape[0]} rows, which must split into "
-            f"{n} equal chunks (one per device along the axis). Fix: make dim 0 a "
-            f"multiple of {n}.")
-    return x.shape[0] // n
-
-
-def _matmul_reduce_scatter_ring(x, w, axis, shift: Shift, bidirectional: bool):
-    n = lax.axis_size(axis)
-    me = lax.axis_index(axis)
-    m = _output_rows(x, n)
-
-    def partial(row, size):
-        # this device's share of output rows row:row+size: [size, N]
-        return lax.dynamic_slice_in_dim(x, row, size, axis=0) @ w
-
-    if not bidirectional:
-        # The partial sum of chunk j starts on device j + 1 and collects a
-        # term on every device as it travels forward; it ends on device j.
-        acc = partial(((me - 1) % n) * m, m)
-        for step in range(1, n):
-            acc = shift(acc, axis, 1) + partial(((me - 1 - step) % n) * m, m)
-        return acc
-    half = _halves(m, "matmul_reduce_scatter", "the output")
-    # First halves of the chunks travel +1, second halves -1.
-    up = partial(((me - 1) % n) * m, half)
-    down = partial(((me + 1) % n) * m + half, half)
-    for step in range(1, n):
-        up = shift(up, axis, 1) + partial(((me - 1 - step) % n) * m, half)
-        down = shift(down, axis, -1) + partial(((me + 1 + step) % n) * m + half, half)
-    return jnp.concatenate([up, down], axis=0)
-
 
 def matmul_reduce_scatter(x, w, axis, *, overlap: str | None = None):
     """``psum_scatter(x @ w)`` over rows, for a split contraction; call inside a body.
@@ -232,23 +184,15 @@ def matmul_reduce_scatter(x, w, axis, *, overlap: str | None = None):
     _check_overlap(overlap)
     _check_operands(x, w, "matmul_reduce_scatter")
     body_axis_size(axis, "matmul_reduce_scatter")
-    if overlap is None:
-        _output_rows(x, lax.axis_size(axis))
-        return lax.psum_scatter(x @ w, axis, scatter_dimension=0, tiled=True)
-    return _matmul_reduce_scatter_ring(x, w, axis, ring_shift,
-                                       overlap == "bidirectional")
+    m = _output_rows(x, lax.axis_size(axis))
+    if overlap == "bidirectional":
+        _halves(m, "matmul_reduce_scatter", "the output")
+    return _SCATTER[overlap](x, w, axis)
 
 
 def matmul_reduce_scatter_pmap(x, w, axis, *, overlap: str | None = None):
     """:func:`matmul_reduce_scatter` for the legacy pmap form."""
-    if overlap is None:
-        out = x @ w
-        for name in axis_tuple(axis):
-            out = lax.psum_scatter(out, name, scatter_dimension=0, tiled=True)
-        return out
-    return _matmul_reduce_scatter_ring(x, w, axis, stepwise_shift,
-                                       overlap == "bidirectional")
-
+    return _SCATTER[overlap](x, w, axis, stepwise=True)
 
 
 # -- recipes ---------------------------------------------------------------
@@ -284,15 +228,34 @@ def _scatter_shapes(even: bool):
     return shapes
 
 
-def matmul_program(x, w, *, axes: Axes):
-    # x: [M, K] @ w: [K, N]; the shardings make jit gather or scatter
-    del axes
-    return x @ w
+def _validate(name: str, scatter: bool, overlap: str | None):
+    """Global ``x: [M, K]`` and ``w: [K, N]``: the checks the public utilities
+    make on the blocks, that the specs cannot: matching ``K``, ``M`` split
+    into one chunk of output rows per device (reduce-scatter: ``x``'s rows
+    are not sharded), and even blocks for the bidirectional versions."""
+
+    def validate(axes: Axes, args) -> None:
+        x, w = args
+        _check_operands(x, w, name, blocks=False)
+        rows = np.shape(x)[0]
+        if scatter and rows % axes.size:
+            raise ValueError(
+                f"{name}: x has {rows} rows, which must split into {axes.size} "
+                f"equal chunks (one per device along the axis). Fix: make dim 0 "
+                f"a multiple of {axes.size}.")
+        if overlap == "bidirectional":
+            _halves(rows // axes.size, name, "the output" if scatter else "x")
+
+    return validate
 
 
-def matmul_oracle(x, w, *, axes: Axes):
-    del axes
-    return (widen(x) @ widen(w)).astype(jnp.result_type(x.dtype, w.dtype))
+def _on_global(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The file's ``fn(x, w)`` as a recipe's ``program`` or ``oracle``."""
+    @functools.wraps(fn)
+    def on_axes(x, w, *, axes: Axes):
+        del axes
+        return fn(x, w)
+    return on_axes
 
 
 _KINDS = frozenset({"float", "int", "complex"})
@@ -320,38 +283,30 @@ def _matmul_fact(kind: str, overlap: str | None):
 
 
 def _allgather_recipe(name: str, summary: str, overlap: str | None) -> Recipe:
-    def body(x, w, *, axis):
-        # x: [m, K] rows, w: [K, c] columns on each device -> [n*m, c]
-        return allgather_matmul(x, w, axis, overlap=overlap)
-
-    def pmap_body(x, w, *, axis):
-        return allgather_matmul_pmap(x, w, axis, overlap=overlap)
-
+    body = _ALLGATHER[overlap]
     return register(Recipe(
-        name=name, summary=summary, body=body, pmap_body=pmap_body,
+        name=name, summary=summary, body=body,
+        pmap_body=functools.partial(body, stepwise=True),
         source="collective_matmul.py", hlo=_matmul_fact("all-gather", overlap),
-        program=matmul_program, oracle=matmul_oracle, in_specs=_allgather_specs,
-        out_specs=lambda axes: P(None, axes.entry),
+        program=_on_global(file.matmul_program), oracle=_on_global(file.matmul_numpy),
+        in_specs=_allgather_specs, out_specs=lambda axes: P(None, axes.entry),
         example_shapes=_allgather_shapes(even=overlap == "bidirectional"),
+        validate=_validate(name, False, overlap),
         arg_names=("x", "w"), dtype_kinds=_KINDS,
         # each element sums K <= 3 products in the example shapes
         count_terms=lambda axes: 4))
 
 
 def _scatter_recipe(name: str, summary: str, overlap: str | None) -> Recipe:
-    def body(x, w, *, axis):
-        # x: [M, k] columns, w: [k, N] rows on each device -> [M/n, N]
-        return matmul_reduce_scatter(x, w, axis, overlap=overlap)
-
-    def pmap_body(x, w, *, axis):
-        return matmul_reduce_scatter_pmap(x, w, axis, overlap=overlap)
-
+    body = _SCATTER[overlap]
     return register(Recipe(
-        name=name, summary=summary, body=body, pmap_body=pmap_body,
+        name=name, summary=summary, body=body,
+        pmap_body=functools.partial(body, stepwise=True),
         source="collective_matmul.py", hlo=_matmul_fact("reduce-scatter", overlap),
-        program=matmul_program, oracle=matmul_oracle, in_specs=_scatter_specs,
-        out_specs=lambda axes: P(axes.entry),
+        program=_on_global(file.matmul_program), oracle=_on_global(file.matmul_numpy),
+        in_specs=_scatter_specs, out_specs=lambda axes: P(axes.entry),
         example_shapes=_scatter_shapes(even=overlap == "bidirectional"),
+        validate=_validate(name, True, overlap),
         arg_names=("x", "w"), dtype_kinds=_KINDS,
         # n partial sums of k <= 3 products each
         count_terms=lambda axes: 4 * axes.size))

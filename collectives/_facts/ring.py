@@ -2,9 +2,11 @@
 
 A ring moves data only between neighbours: ``n - 1`` steps, each a
 ``ppermute`` by one place, carry every block (or every partial sum) around
-an axis of ``n`` devices. This module builds the classic ring collectives
-from :func:`~collectives.ring_shift` and checks them against the native
-ones, with the same inputs and layouts:
+an axis of ``n`` devices. The algorithms, the global programs and the NumPy
+oracles are ``recipes/ring_algorithms.py``'s; this module adds the facts the
+library needs about them and the public, validating body utilities. The
+rings are checked against the native collectives, with the same inputs and
+layouts:
 
 * :func:`ring_reduce_scatter` mirrors ``lax.psum_scatter(x, axis,
   tiled=True)`` (recipe ``psum_scatter``): ``n - 1`` permutes;
@@ -14,8 +16,7 @@ ones, with the same inputs and layouts:
   reduce-scatter phase then an all-gather phase, ``2 (n - 1)`` permutes, each
   carrying ``1/n`` of the data (bandwidth-optimal).
 
-:func:`stepwise_shift` is the ring shift that the legacy pmap form can batch;
-the halo exchange (``_halo.py``) builds on the same shifts.
+:func:`stepwise_shift` is the ring shift that the legacy pmap form can batch.
 
 The ring results of all-gather and all-reduce hold the same value on every
 device, but a ``ppermute`` result is typed *varying*: a shard_map that
@@ -25,27 +26,28 @@ returns them with a replicated ``out_specs`` needs ``check_vma=False``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any
 
 import jax.numpy as jnp
-from jax import lax
 
 from collectives._facts import gather as _gather
 from collectives._facts import reduce as _reduce
 from collectives._facts.permute import body_axis_size
-from collectives._facts.permute import ring_shift
 from collectives._layout import Axes
-from collectives._layout import axis_tuple
+from collectives._layout import by_axis_size
 from collectives._recipe import HloFact
 from collectives._recipe import Recipe
 from collectives._registry import register
 from collectives.hlo import Expectation
+from collectives.recipes import ring_algorithms as file
 
 RING_OF = {"psum": "ring_all_reduce", "all_gather": "ring_all_gather",
            "psum_scatter": "ring_reduce_scatter"}
 """The ring-from-ppermute recipe that mirrors each native collective recipe:
-same arguments, layouts, global program and oracle."""
+same arguments and layouts; its global program and oracle compute what the
+native recipe's do."""
 
 Shift = Callable[[Any, Any, int], Any]
 """``shift(x, axis, k)``: the ring shift a ring algorithm is built on."""
@@ -56,85 +58,19 @@ def stepwise_shift(x, axis, shift: int):
 
     Same result as ``ring_shift(x, axis, shift)``, but every ``ppermute`` runs
     over a single axis, which is all ``vmap`` can batch: the legacy pmap form
-    maps mesh axes after the first with ``vmap``. Shift along the last
-    (minor) axis; where that wrapped around, take the block one more step
-    along the next axis out.
+    maps mesh axes after the first with ``vmap``. (The file's
+    ``stepwise_shift``, with ``shift`` checked first.)
     """
     if shift not in (1, -1):
         raise ValueError(f"shift: stepwise_shift moves one place, got {shift!r}.")
-    names = axis_tuple(axis)
-    out = ring_shift(x, names[-1], shift)
-
-    def at_edge(name):
-        # the device that received a block wrapped around `name`'s ring
-        return lax.axis_index(name) == (0 if shift == 1 else lax.axis_size(name) - 1)
-
-    wrapped = at_edge(names[-1])
-    for name in reversed(names[:-1]):
-        out = jnp.where(wrapped, ring_shift(out, name, shift), out)
-        wrapped = wrapped & at_edge(name)
-    return out
-
-
-def _chunk(x, index, size: int):
-    """Rows ``index * size : (index + 1) * size`` of ``x`` (``index`` traced)."""
-    return lax.dynamic_slice_in_dim(x, index * size, size, axis=0)
-
-
-def _split_rows(x, n: int, what: str) -> int:
-    if x.ndim == 0 or x.shape[0] % n:
-        raise ValueError(
-            f"{what}: x has shape {x.shape}; its dim 0 must split into {n} equal "
-            f"chunks, one per device along the axis. Fix: pad dim 0 to a multiple "
-            f"of {n}.")
-    return x.shape[0] // n
-
-
-def _reduce_scatter(x, axis, shift: Shift):
-    n = lax.axis_size(axis)
-    size = _split_rows(x, n, "ring_reduce_scatter")
-    me = lax.axis_index(axis)
-    # Chunk j starts on device j + 1 and travels n - 1 steps forward, picking
-    # up each device's chunk j on the way; it ends, complete, on device j.
-    acc = _chunk(x, (me - 1) % n, size)  # acc: [size, ...] partial sum
-    for step in range(1, n):
-        acc = shift(acc, axis, 1)  # from device me - 1: its partial of chunk me-1-step
-        acc = acc + _chunk(x, (me - 1 - step) % n, size)
-    return acc
-
-
-def _all_gather(x, axis, shift: Shift):
-    n = lax.axis_size(axis)
-    me = lax.axis_index(axis)
-    rows = x.shape[0]
-    # out: [n * rows, ...]; block j goes to rows j * rows : (j + 1) * rows
-    out = jnp.zeros((n * rows, *x.shape[1:]), x.dtype)
-    out = lax.dynamic_update_slice_in_dim(out, x, me * rows, axis=0)
-    block = x
-    for step in range(1, n):
-        block = shift(block, axis, 1)  # now the block of device me - step
-        out = lax.dynamic_update_slice_in_dim(out, block, ((me - step) % n) * rows,
-                                              axis=0)
-    return out
-
-
-def _all_reduce(x, axis, shift: Shift):
-    n = lax.axis_size(axis)
-    flat = x.reshape(-1)
-    pad = (-flat.shape[0]) % n
-    if pad:
-        flat = jnp.concatenate([flat, jnp.zeros((pad,), x.dtype)])
-    # flat: [n * c]; phase 1 leaves chunk `me` of the sum here: [c]
-    chunk = _reduce_scatter(flat, axis, shift)
-    # phase 2 passes the finished chunks around: [n * c] on every device
-    total = _all_gather(chunk, axis, shift)
-    return total[:x.size].reshape(x.shape)
+    return file.stepwise_shift(x, axis, shift)
 
 
 def _check_block(x, axis, what: str, *, summed: bool = False,
-                 rows: bool = True) -> None:
-    """``axis`` is bound; a sum takes no bool; blocks of rows are not scalars."""
-    body_axis_size(axis, what)
+                 rows: bool = True, split: bool = False) -> None:
+    """``axis`` is bound; a sum takes no bool; blocks of rows are not scalars;
+    a reduce-scatter's rows split into one chunk per device."""
+    n = body_axis_size(axis, what)
     if summed and jnp.issubdtype(x.dtype, jnp.bool_):
         raise TypeError(
             f"{what}: x has dtype bool, which a sum over devices does not take "
@@ -143,6 +79,11 @@ def _check_block(x, axis, what: str, *, summed: bool = False,
         raise ValueError(
             f"{what}: x is a scalar; the ring moves blocks of rows. Fix: pass an "
             "array with at least one dimension, e.g. x[None].")
+    if split and (x.ndim == 0 or x.shape[0] % n):
+        raise ValueError(
+            f"{what}: x has shape {x.shape}; its dim 0 must split into {n} equal "
+            f"chunks, one per device along the axis. Fix: pad dim 0 to a multiple "
+            f"of {n}.")
 
 
 def ring_reduce_scatter(x, axis):
@@ -176,8 +117,8 @@ def ring_reduce_scatter(x, axis):
       >>> np.asarray(jax.jit(f)(x)).ravel().tolist()  # 4 devices * [0, 1, 2, 3]
       [0, 4, 8, 12]
     """
-    _check_block(x, axis, "ring_reduce_scatter", summed=True)
-    return _reduce_scatter(x, axis, ring_shift)
+    _check_block(x, axis, "ring_reduce_scatter", summed=True, split=True)
+    return file.ring_reduce_scatter(x, axis)
 
 
 def ring_all_gather(x, axis):
@@ -205,7 +146,7 @@ def ring_all_gather(x, axis):
       [0, 1, 2, 3]
     """
     _check_block(x, axis, "ring_all_gather")
-    return _all_gather(x, axis, ring_shift)
+    return file.ring_all_gather(x, axis)
 
 
 def ring_all_reduce(x, axis):
@@ -235,45 +176,26 @@ def ring_all_reduce(x, axis):
       [[84, 92, 100]]
     """
     _check_block(x, axis, "ring_all_reduce", summed=True, rows=False)
-    return _all_reduce(x, axis, ring_shift)
+    return file.ring_all_reduce(x, axis)
 
 
 # -- recipes ---------------------------------------------------------------
-# The ring recipes take the inputs, layouts, global programs and oracles of
-# the native recipes they mirror, so the two time and check side by side.
-# Their pmap bodies shift one mesh axis at a time (vmap maps all but the
-# first), via stepwise_shift.
+# The ring recipes take the inputs and layouts of the native recipes they
+# mirror, so the two time and check side by side. Their pmap bodies shift one
+# mesh axis at a time (vmap maps all but the first), via the file's
+# stepwise_shift.
 
 
-def ring_all_reduce_body(x, *, axis):
-    # x: [k, m] on each device -> [k, m], the sum, on every device
-    return ring_all_reduce(x, axis)
-
-
-def ring_all_gather_body(x, *, axis):
-    # x: [k, m] on each device -> [n*k, m] on every device
-    return ring_all_gather(x, axis)
-
-
-def ring_reduce_scatter_body(x, *, axis):
-    # x: [n*c, m] on each device -> [c, m]: chunk `me` of the sum
-    return ring_reduce_scatter(x, axis)
-
-
-def _pmap_body(ring: Callable[..., Any]) -> Callable[..., Any]:
-    def body(x, *, axis):
-        return ring(x, axis, stepwise_shift)
-    return body
-
-
-def _mirror(native: Recipe, name: str, summary: str, body: Callable[..., Any],
-            ring: Callable[..., Any]) -> Recipe:
-    """``native`` with its body replaced by a ring of ppermutes: the same specs,
-    program, oracle, shapes and checks, so the two compare directly. The ring's
+def _mirror(native: Recipe, name: str, summary: str, ring: Callable[..., Any],
+            program: Callable[..., Any], oracle: Callable[..., Any]) -> Recipe:
+    """``native`` with the file's ring as its body (and its program and oracle):
+    the same specs, shapes and checks, so the two compare directly. The ring's
     results are varying by type (they come from ppermute), hence no VMA check;
     the tests prove them equal on every device."""
     return register(dataclasses.replace(
-        native, name=name, summary=summary, body=body, pmap_body=_pmap_body(ring),
+        native, name=name, summary=summary, body=ring,
+        pmap_body=functools.partial(ring, shift=file.stepwise_shift),
+        program=by_axis_size(program), oracle=by_axis_size(oracle),
         check_vma=False, family="pattern", source="ring_algorithms.py", diagram=None,
         hlo=_ring_fact(native)))
 
@@ -299,14 +221,14 @@ def _ring_fact(native: Recipe) -> HloFact:
 ring_all_reduce_recipe = _mirror(
     _reduce.psum, "ring_all_reduce",
     "psum as ring reduce-scatter + all-gather, 2(n-1) ppermutes (mirrors psum)",
-    ring_all_reduce_body, _all_reduce)
+    file.ring_all_reduce, file.all_reduce_program, file.all_reduce_numpy)
 
 ring_all_gather_recipe = _mirror(
     _gather.all_gather, "ring_all_gather",
     "all_gather from n-1 ring ppermutes (mirrors all_gather)",
-    ring_all_gather_body, _all_gather)
+    file.ring_all_gather, file.all_gather_program, file.all_gather_numpy)
 
 ring_reduce_scatter_recipe = _mirror(
     _gather.psum_scatter, "ring_reduce_scatter",
     "psum_scatter from n-1 ring ppermutes (mirrors psum_scatter)",
-    ring_reduce_scatter_body, _reduce_scatter)
+    file.ring_reduce_scatter, file.reduce_scatter_program, file.reduce_scatter_numpy)
