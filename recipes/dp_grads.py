@@ -20,6 +20,10 @@ Exactness: with integer-valued data and a batch size times output width that
 is a power of two, every scaling is a power of two and every sum an exact
 integer, so all forms equal the NumPy closed form bit for bit.
 
+The per-device bodies, the global program and the NumPy oracle below are the
+ones ``collectives.RECIPES["dp_grads"]`` runs: ``axis`` may be one mesh axis
+name or a tuple of them (the batch split over several axes).
+
 Registered as: ``collectives.RECIPES["dp_grads"]``.
 Devices: 8 (simulated on CPU by ``main()``).
 JAX versions checked: 0.8.0, 0.10.2, 0.12.0.
@@ -36,20 +40,21 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 N_DEVICES = 8
+AXIS = "i"
 
 
 def make_mesh(n_devices):
     # Auto axes on every JAX version (jax.make_mesh defaults to Explicit from 0.9).
-    return jax.make_mesh((n_devices,), ("i",),
+    return jax.make_mesh((n_devices,), (AXIS,),
                          axis_types=(jax.sharding.AxisType.Auto,))
 
 
-def pvary(tree, axis_name):
-    # Mark replicated (invariant) values as varying over axis_name.
+def pvary(tree, axis):
+    # Mark replicated (invariant) values as varying over axis.
     if hasattr(lax, "pcast"):  # JAX >= 0.8.2
-        return jax.tree_util.tree_map(
-            lambda p: lax.pcast(p, axis_name, to="varying"), tree)
-    return jax.tree_util.tree_map(lambda p: lax.pvary(p, axis_name), tree)
+        return jax.tree_util.tree_map(lambda p: lax.pcast(p, axis, to="varying"),
+                                      tree)
+    return jax.tree_util.tree_map(lambda p: lax.pvary(p, axis), tree)
 
 
 def mse(params, x, y):
@@ -58,20 +63,31 @@ def mse(params, x, y):
     return jnp.mean(residual ** 2)
 
 
-def tree_pmean(tree, axis_name):
-    return jax.tree_util.tree_map(lambda g: lax.pmean(g, axis_name), tree)
+def tree_pmean(tree, axis):
+    return jax.tree_util.tree_map(lambda g: lax.pmean(g, axis), tree)
+
+
+# [start:body]
+# params: replicated; x: [k, d], y: [k, o] on each device
+# -> {"w": [d, o], "b": [o]}, the full-batch gradient on every device
+def dp_grads_body(params, x, y, axis=AXIS):
+    # shard_map: params are invariant over axis. Marked varying, jax.grad is
+    # this device's gradient (no hidden psum); pmean averages them.
+    return tree_pmean(jax.grad(mse)(pvary(params, axis), x, y), axis)
+
+
+def dp_grads_pmap_body(params, x, y, axis=AXIS):
+    # pmap has no varying/invariant types: jax.grad is per device
+    return tree_pmean(jax.grad(mse)(params, x, y), axis)
+# [end:body]
 
 
 # [start:pmap]
 def dp_grads_pmap(params, x, y, n_devices):
     xs = x.reshape(n_devices, -1, x.shape[1])  # [n, b/n, d]
     ys = y.reshape(n_devices, -1, y.shape[1])  # [n, b/n, o]
-
-    def per_device(params, xb, yb):
-        # pmap has no varying/invariant types: jax.grad is per device
-        return tree_pmean(jax.grad(mse)(params, xb, yb), "i")
-
-    grads = jax.pmap(per_device, axis_name="i", in_axes=(None, 0, 0))(params, xs, ys)
+    grads = jax.pmap(dp_grads_pmap_body, axis_name=AXIS, in_axes=(None, 0, 0))(
+        params, xs, ys)
     for g in jax.tree_util.tree_leaves(grads):  # the same on every device
         copies = np.asarray(g)
         assert (copies == copies[0]).all(), "device copies differ"
@@ -81,12 +97,8 @@ def dp_grads_pmap(params, x, y, n_devices):
 
 # [start:shard_map]
 def dp_grads_shard_map(params, x, y, mesh):
-    def per_device(params, xb, yb):
-        # params invariant; xb: [b/n, d], yb: [b/n, o]. Varying params make
-        # jax.grad local; pmean then averages the per-device gradients.
-        return tree_pmean(jax.grad(mse)(pvary(params, "i"), xb, yb), "i")
-
-    f = jax.shard_map(per_device, mesh=mesh, in_specs=(P(), P("i"), P("i")),
+    # params P(): replicated; x, y P(AXIS): rows split over devices
+    f = jax.shard_map(dp_grads_body, mesh=mesh, in_specs=(P(), P(AXIS), P(AXIS)),
                       out_specs=P())
     return jax.jit(f)(params, x, y)
 
@@ -95,17 +107,23 @@ def dp_grads_of_shard_map(params, x, y, mesh):
     # The other fix: the loss is the pmean of per-device losses, and jax.grad
     # differentiates through shard_map (the transpose of the implicit
     # invariant-to-varying cast sums the per-device gradients).
-    loss = jax.shard_map(lambda p, xb, yb: lax.pmean(mse(p, xb, yb), "i"),
-                         mesh=mesh, in_specs=(P(), P("i"), P("i")), out_specs=P())
+    loss = jax.shard_map(lambda p, xb, yb: lax.pmean(mse(p, xb, yb), AXIS),
+                         mesh=mesh, in_specs=(P(), P(AXIS), P(AXIS)), out_specs=P())
     return jax.jit(jax.grad(loss))(params, x, y)
 # [end:shard_map]
 
 
 # [start:jit]
+def dp_grads_program(params, x, y):
+    # The global program: jax.grad of the full-batch loss. With x and y
+    # sharded, jit computes per-device partial gradients and all-reduces them.
+    return jax.grad(mse)(params, x, y)
+
+
 def dp_grads_jit(params, x, y, mesh):
-    rows = NamedSharding(mesh, P("i"))
+    rows = NamedSharding(mesh, P(AXIS))
     replicated = NamedSharding(mesh, P())
-    f = jax.jit(jax.grad(mse), in_shardings=(replicated, rows, rows),
+    f = jax.jit(dp_grads_program, in_shardings=(replicated, rows, rows),
                 out_shardings=replicated)
     return f(params, x, y)
 # [end:jit]
@@ -113,11 +131,13 @@ def dp_grads_jit(params, x, y, mesh):
 
 # [start:numpy]
 def dp_grads_numpy(params, x, y):
-    # d/dw mean(r**2) = 2 x^T r / r.size, d/db = 2 sum_rows(r) / r.size
+    # d/dw mean(r**2) = 2 x^T r / r.size, d/db = 2 sum_rows(r) / r.size, in
+    # float64, rounded once to the parameters' dtype at the end
     w, b, x, y = (np.asarray(a, np.float64) for a in (params["w"], params["b"], x, y))
     residual = x @ w + b - y
     scale = 2.0 / residual.size
-    return {"w": scale * x.T @ residual, "b": scale * residual.sum(0)}
+    return {"w": (scale * x.T @ residual).astype(params["w"].dtype),
+            "b": (scale * residual.sum(0)).astype(params["b"].dtype)}
 # [end:numpy]
 
 
@@ -151,6 +171,9 @@ def main():
           f"b {params['b'].shape}")
     print("dw =", want["w"].tolist())
     print("db =", want["b"].tolist())
+    residual = x @ params["w"] + params["b"] - y  # [batch, o], exact integers
+    print("by hand, db = 2 * (column sums of x @ w + b - y) / (batch * o) =",
+          (2 * residual.sum(0) / residual.size).tolist())
     print("ok: pmap, both shard_map forms and jit equal the NumPy gradient exactly")
 
 

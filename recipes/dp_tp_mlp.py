@@ -27,6 +27,10 @@ Which form when:
     second device axis: the model axis can only be ``vmap``ped on each device,
     which computes the same numbers but does not spread the model.
 
+The per-device body, the global program and the NumPy oracle below are the
+ones ``collectives.RECIPES["dp_tp_mlp"]`` and ``["dp_mlp"]`` run: the data
+axis may be one mesh axis name or a tuple of them.
+
 Registered as: ``collectives.RECIPES["dp_tp_mlp"]``,
 ``collectives.RECIPES["dp_mlp"]``.
 Devices: 8 (simulated on CPU by ``main()``).
@@ -47,6 +51,8 @@ from jax.sharding import PartitionSpec as P
 N_DEVICES = 8
 TUTORIAL_SIZES, TUTORIAL_BATCH = (784, 8192, 8192, 8192, 10), 8192  # lr 1e-5
 SIZES, BATCH, LR, STEPS = (16, 64, 64, 64, 4), 64, 0.03, 10
+DATA, MODEL = "data", "model"
+PARAM_NAMES = ("w1", "b1", "w2", "b2", "w3", "b3", "w4", "b4")
 
 
 def make_mesh(shape, names):
@@ -55,22 +61,24 @@ def make_mesh(shape, names):
                          axis_types=(jax.sharding.AxisType.Auto,) * len(shape))
 
 
-def init_params(sizes, seed=0):
+def init_params(sizes, seed=0, dtype=np.float32):
+    # weights [fan_in, fan_out] scaled by 1/sqrt(fan_in), biases [fan_out]
     rng = np.random.default_rng(seed)
     params = {}
     for layer in range(1, len(sizes)):
         fan_in, fan_out = sizes[layer - 1], sizes[layer]
         params[f"w{layer}"] = (rng.standard_normal((fan_in, fan_out))
-                               / np.sqrt(fan_in)).astype(np.float32)
-        params[f"b{layer}"] = (0.1 * rng.standard_normal(fan_out)).astype(np.float32)
+                               / np.sqrt(fan_in)).astype(dtype)
+        params[f"b{layer}"] = (0.1 * rng.standard_normal(fan_out)).astype(dtype)
     return params
 
 
-def param_specs(model_axis):
-    # model_axis None: everything replicated (data parallel)
-    specs = {name: P() for name in ("w1", "b1", "w2", "b2", "w3", "b3", "w4", "b4")}
+def param_specs(model_axis=None):
+    # model_axis None: everything replicated (data parallel); else the
+    # Megatron pair: W2, b2 split by columns, W3 by rows over model_axis
+    specs = {name: P() for name in PARAM_NAMES}
     if model_axis is not None:
-        specs.update(w2=P(None, model_axis), b2=P(model_axis), w3=P(model_axis, None))
+        specs.update(w2=P(None, model_axis), b2=P(model_axis), w3=P(model_axis))
     return specs
 
 
@@ -78,10 +86,13 @@ def sgd(params, grads, lr):
     return jax.tree_util.tree_map(lambda w, g: w - lr * g, params, grads)
 
 
-# [start:shard_map]
-def value_and_grad_per_device(p, x, y, data_axis, model_axis, batch):
+# [start:body]
+def value_and_grad_per_device(p, x, y, data_axis=DATA, model_axis=None):
     # x: [b, d_in], y: [b, d_out] on each device; w2 [h1, h2/t], b2 [h2/t] and
-    # w3 [h2/t, h3] are this device's blocks over the model axis
+    # w3 [h2/t, h3] are this device's blocks over model_axis (t devices; None:
+    # no model axis, every parameter whole). data_axis: a name or a tuple.
+    batch = x.shape[0] * lax.axis_size(data_axis)  # rows on all devices
+
     def over_model(a):
         return a if model_axis is None else lax.psum(a, model_axis)
 
@@ -101,40 +112,58 @@ def value_and_grad_per_device(p, x, y, data_axis, model_axis, batch):
     grads = {"w1": x.T @ d_z1, "b1": d_z1.sum(0), "w2": a1.T @ d_z2,
              "b2": d_z2.sum(0), "w3": a2.T @ d_z3, "b3": d_z3.sum(0),
              "w4": a3.T @ d_out, "b4": d_out.sum(0)}
-    return loss, lax.psum(grads, data_axis)  # add up the batch over "data"
+    # loss: a scalar; grads shaped like p (blocks where p holds blocks), both
+    # the same on every device of data_axis: add up the batch over it
+    return loss, lax.psum(grads, data_axis)
+# [end:body]
 
 
+# [start:shard_map]
 def value_and_grad_shard_map(mesh, model_axis):
     specs = param_specs(model_axis)
-    body = functools.partial(value_and_grad_per_device, data_axis="data",
-                             model_axis=model_axis, batch=BATCH)
-    return jax.shard_map(body, mesh=mesh, in_specs=(specs, P("data"), P("data")),
+    body = functools.partial(value_and_grad_per_device, data_axis=DATA,
+                             model_axis=model_axis)
+    return jax.shard_map(body, mesh=mesh, in_specs=(specs, P(DATA), P(DATA)),
                          out_specs=(P(), specs))
 # [end:shard_map]
 
 
 # [start:jit]
+def forward(p, x, constrain=lambda a, kind: a):
+    # the global model; constrain(a, kind) may pin a layout on the hidden
+    # activations: "rows" (batch split) or "columns" (also W2's columns)
+    a1 = constrain(jax.nn.relu(x @ p["w1"] + p["b1"][None]), "rows")
+    z2 = constrain(a1 @ p["w2"] + p["b2"][None], "columns")
+    z3 = constrain(jax.nn.relu(z2) @ p["w3"] + p["b3"][None], "rows")
+    return jax.nn.relu(z3) @ p["w4"] + p["b4"][None]
+
+
+def mlp_loss(p, x, y, constrain=lambda a, kind: a):
+    # mean over the batch of sum((predict(x) - y) ** 2, -1)
+    return jnp.sum((forward(p, x, constrain) - y) ** 2) / x.shape[0]
+
+
+def value_and_grad_program(params, x, y, mesh, data_axis=DATA, model_axis=None):
+    # jax.value_and_grad of the global loss; the constraints pin the Megatron
+    # layout of the hidden activations (XLA would find it from the
+    # parameters anyway) and XLA inserts the same three all-reduces
+    layouts = {"rows": P(data_axis), "columns": P(data_axis, model_axis)}
+
+    def constrain(a, kind):
+        return lax.with_sharding_constraint(a, NamedSharding(mesh, layouts[kind]))
+
+    return jax.value_and_grad(mlp_loss)(params, x, y, constrain)
+
+
 def value_and_grad_jit(mesh, model_axis):
-    specs = param_specs(model_axis)
-
-    def constrain(a, *spec):
-        return lax.with_sharding_constraint(a, NamedSharding(mesh, P(*spec)))
-
-    def loss(p, x, y):
-        # the global model; the constraints pin the Megatron layout of the
-        # hidden activations (XLA would find it from the parameters anyway)
-        a1 = jax.nn.relu(x @ p["w1"] + p["b1"][None])
-        z2 = constrain(a1 @ p["w2"] + p["b2"][None], "data", model_axis)
-        a3 = jax.nn.relu(constrain(jax.nn.relu(z2) @ p["w3"] + p["b3"][None],
-                                   "data", None))
-        return jnp.sum((a3 @ p["w4"] + p["b4"][None] - y) ** 2) / x.shape[0]
-
     def place(spec):
         return NamedSharding(mesh, spec)
 
-    shardings = jax.tree_util.tree_map(place, specs)
-    return jax.jit(jax.value_and_grad(loss),
-                   in_shardings=(shardings, place(P("data")), place(P("data"))),
+    shardings = jax.tree_util.tree_map(place, param_specs(model_axis))
+    program = functools.partial(value_and_grad_program, mesh=mesh, data_axis=DATA,
+                                model_axis=model_axis)
+    return jax.jit(program,
+                   in_shardings=(shardings, place(P(DATA)), place(P(DATA))),
                    out_shardings=(place(P()), shardings))
 # [end:jit]
 
@@ -149,11 +178,10 @@ def first_copy(a):
 
 def value_and_grad_pmap(params, x, y, n_data, model=1):
     xs, ys = (a.reshape(n_data, -1, a.shape[-1]) for a in (x, y))  # [n, b, ...]
-    body = functools.partial(value_and_grad_per_device, data_axis="data",
-                             model_axis="model" if model > 1 else None,
-                             batch=x.shape[0])
+    body = functools.partial(value_and_grad_per_device, data_axis=DATA,
+                             model_axis=MODEL if model > 1 else None)
     if model == 1:
-        loss, grads = jax.pmap(body, axis_name="data", in_axes=(None, 0, 0))(
+        loss, grads = jax.pmap(body, axis_name=DATA, in_axes=(None, 0, 0))(
             params, xs, ys)
         return first_copy(loss), jax.tree_util.tree_map(first_copy, grads)
     # The model blocks of w2, b2 and w3 stacked on a leading axis, vmapped.
@@ -161,8 +189,8 @@ def value_and_grad_pmap(params, x, y, n_data, model=1):
               "b2": np.stack(np.split(params["b2"], model)),
               "w3": np.stack(np.split(params["w3"], model))}
     in_axes = {name: 0 if name in blocks else None for name in params}
-    inner = jax.vmap(body, in_axes=(in_axes, None, None), axis_name="model")
-    loss, grads = jax.pmap(inner, axis_name="data", in_axes=(None, 0, 0))(
+    inner = jax.vmap(body, in_axes=(in_axes, None, None), axis_name=MODEL)
+    loss, grads = jax.pmap(inner, axis_name=DATA, in_axes=(None, 0, 0))(
         {**params, **blocks}, xs, ys)  # every leaf: [n_data, model, ...]
     grads = jax.tree_util.tree_map(first_copy, grads)  # -> [model, ...]
     joined = {"w2": np.concatenate(grads["w2"], axis=1),
@@ -173,9 +201,8 @@ def value_and_grad_pmap(params, x, y, n_data, model=1):
 
 
 # [start:numpy]
-def value_and_grad_numpy(params, x, y):
-    p = {k: v.astype(np.float64) for k, v in params.items()}
-    x, y = x.astype(np.float64), y.astype(np.float64)
+def forward_backward(p, x, y):
+    # The forward and backward pass by hand, in plain array arithmetic
     z1 = x @ p["w1"] + p["b1"]
     a1 = np.maximum(z1, 0)
     z2 = a1 @ p["w2"] + p["b2"]
@@ -190,7 +217,17 @@ def value_and_grad_numpy(params, x, y):
     grads = {"w1": x.T @ d_z1, "b1": d_z1.sum(0), "w2": a1.T @ d_z2,
              "b2": d_z2.sum(0), "w3": a2.T @ d_z3, "b3": d_z3.sum(0),
              "w4": a3.T @ d_out, "b4": d_out.sum(0)}
-    return np.sum(err ** 2) / x.shape[0], grads
+    return (err ** 2).sum() / x.shape[0], grads
+
+
+def value_and_grad_numpy(params, x, y):
+    # float64 throughout, rounded once at the end to the inputs' dtype
+    dtype = np.result_type(*(np.asarray(a).dtype for a in (x, y, *params.values())))
+    wide = {k: np.asarray(v, np.float64) for k, v in params.items()}
+    loss, grads = forward_backward(wide, np.asarray(x, np.float64),
+                                   np.asarray(y, np.float64))
+    return (np.asarray(loss).astype(dtype),
+            {k: g.astype(dtype) for k, g in grads.items()})
 # [end:numpy]
 
 
@@ -213,12 +250,12 @@ def main():
     params = init_params(SIZES)
     want = value_and_grad_numpy(params, x, y)
 
-    dp_mesh = make_mesh((N_DEVICES,), ("data",))
-    tp_mesh = make_mesh((N_DEVICES // 2, 2), ("data", "model"))
+    dp_mesh = make_mesh((N_DEVICES,), (DATA,))
+    tp_mesh = make_mesh((N_DEVICES // 2, 2), (DATA, MODEL))
     forms = {"dp jit": value_and_grad_jit(dp_mesh, None),
              "dp shard_map": jax.jit(value_and_grad_shard_map(dp_mesh, None)),
-             "dp+tp jit": value_and_grad_jit(tp_mesh, "model"),
-             "dp+tp shard_map": jax.jit(value_and_grad_shard_map(tp_mesh, "model"))}
+             "dp+tp jit": value_and_grad_jit(tp_mesh, MODEL),
+             "dp+tp shard_map": jax.jit(value_and_grad_shard_map(tp_mesh, MODEL))}
     for what, f in forms.items():
         assert_close(f(params, x, y), want, what)
     assert_close(value_and_grad_pmap(params, x, y, N_DEVICES), want, "dp pmap")
@@ -226,7 +263,8 @@ def main():
                  "dp+tp pmap(vmap)")
 
     # Train with SGD in the DP+TP layout, jit and shard_map, against NumPy.
-    numpy_params, numpy_losses = params, []
+    numpy_params = {k: v.astype(np.float64) for k, v in params.items()}
+    numpy_losses = []
     for _ in range(STEPS):
         loss, grads = value_and_grad_numpy(numpy_params, x, y)
         numpy_losses.append(loss)
@@ -245,9 +283,16 @@ def main():
             loss, p = step(p, x, y)
             losses.append(float(loss))
         np.testing.assert_allclose(losses, numpy_losses, rtol=1e-5, err_msg=what)
-        assert p["w2"].sharding.spec == P(None, "model"), p["w2"].sharding
+        assert p["w2"].sharding.spec == P(None, MODEL), p["w2"].sharding
     print(f"MLP {list(SIZES)} (tutorial: {list(TUTORIAL_SIZES)}), batch {BATCH}, "
           f"{N_DEVICES} devices")
+    loss, grads = forms["dp+tp shard_map"](params, x, y)
+    err = np.asarray(jax.jit(forward)(params, x), np.float64) - y  # [batch, d_out]
+    print(f"loss {float(loss):.4f}; by hand, the mean over rows of "
+          f"sum((predict - y) ** 2): {np.mean(np.sum(err ** 2, -1)):.4f}")
+    print("d loss / d b4:", [round(float(v), 4) for v in grads["b4"]])
+    print("by hand, 2 * (column means of predict - y):",
+          [round(float(v), 4) for v in 2 * err.mean(0)])
     print(f"loss over {STEPS} SGD steps (lr {LR}):",
           " ".join(f"{v:.3f}" for v in numpy_losses))
     print("ok: loss and gradients agree with NumPy in jit, shard_map and pmap form "

@@ -3,20 +3,36 @@
 What it shows: the relu MLP of JAX's distributed-arrays tutorial trained with
 ``optax.adam``, every parameter split on dim 0 over the "data" axis along
 with the batch. Each device stores 1/8 of the parameters and 1/8 of the Adam
-moments. Per layer, the weight blocks are all-gathered just before use and
-dropped after; ``jax.checkpoint`` with a policy that saves only the layer's
+moments. Per layer, the weight and bias blocks are flattened into one buffer
+and all-gathered (one collective per layer) just before use, and dropped
+after; ``jax.checkpoint`` with a policy that saves only the layer's
 pre-activation makes the backward pass gather them again instead of keeping
-them. The transpose of an all-gather is a reduce-scatter (``psum_scatter``):
-each device receives the summed gradient of its own block and updates only
-that block (Adam is elementwise, so a block's update needs nothing else).
+them (layer 1 excepted: no gradient flows into x). The transpose of an
+all-gather is a reduce-scatter (``psum_scatter``): each device receives the
+summed gradient of its own block and updates only that block (Adam is
+elementwise, so a block's update needs nothing else).
+
+FSDP x TP: on a mesh with a "model" axis too, the Megatron pair of
+``dp_tp_mlp.py`` (W2 split by columns, W3 by rows over "model") with each
+block also split over "data" on its other dimension (``w2: P(data, model)``,
+``b2: P((model, data))``, ``w3: P(model, data)``). Its two sums over "model"
+are Megatron's f and g, ``custom_vjp`` functions that fix the backward sum
+by hand, so the same body is right under shard_map with ``check_vma=False``
+and under pmap, where the model axis is ``vmap``ped.
 
 Which form when:
   * shard_map: the per-device program: gathers, remat and scatters in view.
   * jit: the global model with the parameters (and so the Adam state) placed
-    ``P("data")``; a ``with_sharding_constraint`` to replicated on each weight
-    asks XLA to gather it where it is used.
+    ``P("data")``; a ``with_sharding_constraint`` on each weight to its
+    layout as used (replicated, or the Megatron pair's model blocks) asks
+    XLA to gather it where it is used.
   * pmap (legacy): the per-device body over stacked blocks; the blocks stay
     stacked between steps.
+
+The per-device body, the global program and the NumPy oracle of the loss and
+gradients below are the ones ``collectives.RECIPES["fsdp_mlp"]`` and
+``["fsdp_tp_mlp"]`` run: the data axis may be one mesh axis name or a tuple
+of them. They need only jax; optax is for the training loops.
 
 Requires: optax.
 Registered as: ``collectives.RECIPES["fsdp_mlp"]``,
@@ -32,22 +48,33 @@ import os
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from jax import lax
 from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+try:
+    import optax  # the training loops (train_*) only
+except ImportError:  # the loss and gradients need only jax
+    optax = None
+
 N_DEVICES = 8
 SIZES, BATCH, LR, STEPS = (16, 64, 64, 64, 8), 64, 0.003, 10
-OPTIMIZER = optax.adam(LR)
-POLICY = jax.checkpoint_policies.save_only_these_names("z")
+DATA, MODEL = "data", "model"
+N_LAYERS = 4
+PARAM_NAMES = tuple(f"{kind}{k}" for k in range(1, N_LAYERS + 1) for kind in "wb")
+SAVED = "fsdp_preactivation"  # the checkpoint_name of z = a @ w + b
+# Save only each layer's pre-activation (for relu's mask), so the backward
+# pass gathers the weights again. (save_anything_except_these_names on the
+# gathered weights is not enough: the values they are computed from, one
+# reshape earlier, would be saved instead.)
+POLICY = jax.checkpoint_policies.save_only_these_names(SAVED)
 
 
-def make_mesh(n_devices):
+def make_mesh(shape, names):
     # Auto axes on every JAX version (jax.make_mesh defaults to Explicit from 0.9).
-    return jax.make_mesh((n_devices,), ("data",),
-                         axis_types=(jax.sharding.AxisType.Auto,))
+    return jax.make_mesh(shape, names,
+                         axis_types=(jax.sharding.AxisType.Auto,) * len(shape))
 
 
 def init_params(sizes, seed=0):
@@ -60,47 +87,131 @@ def init_params(sizes, seed=0):
     return params
 
 
-def n_layers(params):
-    return len(params) // 2
+def names(axis):
+    return (axis,) if isinstance(axis, str) else tuple(axis)
 
 
-# [start:shard_map]
-def dense(w_block, b_block, a, last):
-    # w_block: [fan_in/n, fan_out], b_block: [fan_out/n]: gathered, used, dropped
-    w = lax.all_gather(w_block, "data", tiled=True)  # [fan_in, fan_out]
-    b = lax.all_gather(b_block, "data", tiled=True)
-    z = checkpoint_name(a @ w + b[None], "z")  # saved for relu'
-    return z if last else jax.nn.relu(z)
+def fsdp_specs(data_axis=DATA, model_axis=None):
+    # every parameter split on dim 0 over data_axis; with model_axis, the
+    # Megatron pair's blocks split over data_axis on their other dimension
+    specs = {name: P(data_axis) for name in PARAM_NAMES}
+    if model_axis is not None:
+        specs.update(w2=P(data_axis, model_axis), b2=P((model_axis, *names(data_axis))),
+                     w3=P(model_axis, data_axis))
+    return specs
 
 
-def local_loss(blocks, x, y, batch):
-    a = x  # [b/n, d_in]: this device's rows
-    for k in range(1, n_layers(blocks) + 1):
-        layer = jax.checkpoint(functools.partial(dense, last=k == n_layers(blocks)),
-                               policy=POLICY)  # backward: gather w again
-        a = layer(blocks[f"w{k}"], blocks[f"b{k}"], a)
-    return jnp.sum((a - y) ** 2) / batch
+def used_specs(model_axis=None):
+    # each parameter as a layer uses it: whole, or the Megatron pair's blocks
+    specs = {name: P() for name in PARAM_NAMES}
+    if model_axis is not None:
+        specs.update(w2=P(None, model_axis), b2=P(model_axis), w3=P(model_axis))
+    return specs
 
 
-def step_per_device(blocks, opt_state, x, y, batch):
-    # blocks, opt_state: this device's 1/n; grads: reduce-scattered blocks
-    loss, grads = jax.value_and_grad(local_loss)(blocks, x, y, batch)
-    updates, opt_state = OPTIMIZER.update(grads, opt_state, blocks)
-    return optax.apply_updates(blocks, updates), opt_state, lax.psum(loss, "data")
+# [start:body]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def model_identity_psum_grad(a, model_axis):
+    # Megatron's f: identity forward, psum over model_axis backward. Put it
+    # where a value replicated over model_axis meets model-split weights.
+    return a
 
 
-def state_specs(opt_state):
+model_identity_psum_grad.defvjp(lambda a, axis: (a, None),
+                                lambda axis, _, g: (lax.psum(g, axis),))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def model_psum_identity_grad(a, model_axis):
+    # Megatron's g: psum over model_axis forward (partial sums after the
+    # row-split matmul), identity backward
+    return lax.psum(a, model_axis)
+
+
+model_psum_identity_grad.defvjp(lambda a, axis: (lax.psum(a, axis), None),
+                                lambda axis, _, g: (g,))
+
+
+def gather_layer(w_block, b_block, axis=DATA, w_dim=0, one_axis_at_a_time=False):
+    # w_block: this device's block of w, split on w_dim over axis (a name or a
+    # tuple); b_block: [fan_out/n]. One buffer, one all-gather (its
+    # transpose, the backward pass: one psum_scatter) -> whole w and b.
+    # one_axis_at_a_time: gather a tuple of axes innermost first (under pmap,
+    # vmapped axes gather one by one).
+    w_moved = jnp.moveaxis(w_block, w_dim, 0)
+    flat = jnp.concatenate([w_moved.reshape(-1), b_block.reshape(-1)])
+    gathered = flat
+    for name in reversed(names(axis)) if one_axis_at_a_time else [axis]:
+        gathered = lax.all_gather(gathered, name, tiled=True)
+    n = gathered.shape[0] // flat.shape[0]
+    chunks = gathered.reshape(n, flat.shape[0])  # device i's buffer in row i
+    w = chunks[:, :w_moved.size].reshape(n * w_moved.shape[0], *w_moved.shape[1:])
+    b = chunks[:, w_moved.size:].reshape(n * b_block.shape[0], *b_block.shape[1:])
+    return jnp.moveaxis(w, 0, w_dim), b
+
+
+def value_and_grad_per_device(blocks, x, y, data_axis=DATA, model_axis=None,
+                              one_axis_at_a_time=False):
+    # blocks: this device's block of every parameter, as fsdp_specs splits
+    # them; x: [b, d_in], y: [b, d_out] this device's rows
+    batch = x.shape[0] * lax.axis_size(data_axis)  # rows on all devices
+
+    def dense(w_block, b_block, a, layer):
+        # w3's data blocks split its dim 1 when its dim 0 is over model_axis
+        w_dim = 1 if layer == 3 and model_axis is not None else 0
+        w, b = gather_layer(w_block, b_block, data_axis, w_dim, one_axis_at_a_time)
+        if model_axis is not None and layer == 2:  # a1 meets model columns
+            a = model_identity_psum_grad(a, model_axis)
+        z = a @ w
+        if model_axis is not None and layer == 3:  # partial sums over h2
+            z = model_psum_identity_grad(z, model_axis)
+        z = checkpoint_name(z + b[None], SAVED)  # saved for relu's mask
+        return z if layer == N_LAYERS else jax.nn.relu(z)
+
+    def local_loss(p):
+        a = x  # [b, d_in]; then [b, h1], [b, h2 (/t)], [b, h3], [b, d_out]
+        for layer in range(1, N_LAYERS + 1):
+            step = jax.checkpoint(functools.partial(dense, layer=layer),
+                                  policy=POLICY)  # backward: gather w again
+            a = step(p[f"w{layer}"], p[f"b{layer}"], a)
+        return jnp.sum((a - y) ** 2) / batch
+
+    # grads: the reduce-scattered blocks, laid out like `blocks`
+    local, grads = jax.value_and_grad(local_loss)(blocks)
+    return lax.psum(local, data_axis), grads  # the loss: the same everywhere
+# [end:body]
+
+
+def state_specs(opt_state, data_axis=DATA):
     # Adam's moments shard like the params; its step count is replicated
-    return jax.tree_util.tree_map(lambda a: P() if a.ndim == 0 else P("data"),
+    return jax.tree_util.tree_map(lambda a: P() if a.ndim == 0 else P(data_axis),
                                   opt_state)
 
 
+def step_per_device(blocks, opt_state, x, y, optimizer):
+    # blocks, opt_state: this device's 1/n; Adam updates each block alone
+    loss, grads = value_and_grad_per_device(blocks, x, y)
+    updates, opt_state = optimizer.update(grads, opt_state, blocks)
+    return optax.apply_updates(blocks, updates), opt_state, loss
+
+
+# [start:shard_map]
+def value_and_grad_shard_map(mesh, model_axis=None):
+    specs = fsdp_specs(DATA, model_axis)
+    body = functools.partial(value_and_grad_per_device, model_axis=model_axis)
+    # check_vma=False with a model axis: f and g fix their backward sums
+    return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(specs, P(DATA), P(DATA)),
+                                 out_specs=(P(), specs),
+                                 check_vma=model_axis is None))
+
+
 def train_shard_map(params, x, y, mesh, steps=STEPS):
-    opt_state = jax.jit(OPTIMIZER.init)(params)
-    specs = (P("data"), state_specs(opt_state), P("data"), P("data"))
+    optimizer = optax.adam(LR)
+    opt_state = jax.jit(optimizer.init)(params)
+    specs = (P(DATA), state_specs(opt_state), P(DATA), P(DATA))
     step = jax.jit(jax.shard_map(
-        functools.partial(step_per_device, batch=x.shape[0]), mesh=mesh,
-        in_specs=specs, out_specs=(P("data"), specs[1], P())))
+        functools.partial(step_per_device, optimizer=optimizer), mesh=mesh,
+        in_specs=specs, out_specs=(P(DATA), specs[1], P())))
     for _ in range(steps):
         params, opt_state, _ = step(params, opt_state, x, y)
     return params, opt_state
@@ -108,32 +219,58 @@ def train_shard_map(params, x, y, mesh, steps=STEPS):
 
 
 # [start:jit]
-def train_jit(params, x, y, mesh, steps=STEPS):
-    def layer(w, b, a, last):
-        whole = NamedSharding(mesh, P())  # gather here, drop after
-        w = lax.with_sharding_constraint(w, whole)
-        b = lax.with_sharding_constraint(b, whole)
-        z = checkpoint_name(a @ w + b[None], "z")
-        return z if last else jax.nn.relu(z)
+def value_and_grad_program(params, x, y, mesh, data_axis=DATA, model_axis=None):
+    # the global model: each layer's weights constrained to their layout as
+    # used just before use (under the same remat policy), the batch rows
+    # over data_axis
+    used = used_specs(model_axis)
 
-    def loss_fn(params, x, y):
+    def constrain(a, spec):
+        return lax.with_sharding_constraint(a, NamedSharding(mesh, spec))
+
+    def dense(w, b, a, layer):
+        w = constrain(w, used[f"w{layer}"])  # gather here, drop after
+        b = constrain(b, used[f"b{layer}"])
+        z = constrain(a @ w + b[None], P(data_axis, model_axis if layer == 2 else None))
+        z = checkpoint_name(z, SAVED)
+        return z if layer == N_LAYERS else jax.nn.relu(z)
+
+    def loss(p):
         a = x
-        for k in range(1, n_layers(params) + 1):
-            step = functools.partial(layer, last=k == n_layers(params))
-            a = jax.checkpoint(step, policy=POLICY)(params[f"w{k}"], params[f"b{k}"], a)
+        for layer in range(1, N_LAYERS + 1):
+            step = jax.checkpoint(functools.partial(dense, layer=layer),
+                                  policy=POLICY)
+            a = step(p[f"w{layer}"], p[f"b{layer}"], a)
         return jnp.sum((a - y) ** 2) / x.shape[0]
 
+    return jax.value_and_grad(loss)(params)
+
+
+def value_and_grad_jit(mesh, model_axis=None):
+    def place(spec):
+        return NamedSharding(mesh, spec)
+
+    shardings = jax.tree_util.tree_map(place, fsdp_specs(DATA, model_axis))
+    program = functools.partial(value_and_grad_program, mesh=mesh,
+                                model_axis=model_axis)
+    return jax.jit(program, in_shardings=(shardings, place(P(DATA)), place(P(DATA))),
+                   out_shardings=(place(P()), shardings))
+
+
+def train_jit(params, x, y, mesh, steps=STEPS):
+    optimizer = optax.adam(LR)
+
     def global_step(params, opt_state, x, y):
-        loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
-        updates, opt_state = OPTIMIZER.update(grads, opt_state, params)
+        loss, grads = value_and_grad_program(params, x, y, mesh)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss
 
-    rows = NamedSharding(mesh, P("data"))
+    rows = NamedSharding(mesh, P(DATA))
     params = jax.device_put(params, rows)  # every leaf split on dim 0
     state_shardings = jax.tree_util.tree_map(
         lambda spec: NamedSharding(mesh, spec),
-        state_specs(jax.eval_shape(OPTIMIZER.init, params)))
-    opt_state = jax.jit(OPTIMIZER.init, out_shardings=state_shardings)(params)
+        state_specs(jax.eval_shape(optimizer.init, params)))
+    opt_state = jax.jit(optimizer.init, out_shardings=state_shardings)(params)
     step = jax.jit(global_step, in_shardings=(rows, state_shardings, rows, rows),
                    out_shardings=(rows, state_shardings, NamedSharding(mesh, P())))
     for _ in range(steps):
@@ -147,10 +284,11 @@ def train_pmap(params, x, y, n_devices, steps=STEPS):
     def split(a):  # [d0, ...] -> [n, d0/n, ...]: device i's block in row i
         return a.reshape(n_devices, -1, *a.shape[1:])
 
+    optimizer = optax.adam(LR)
     blocks = jax.tree_util.tree_map(split, params)
-    opt_state = jax.pmap(OPTIMIZER.init)(blocks)
-    step = jax.pmap(functools.partial(step_per_device, batch=x.shape[0]),
-                    axis_name="data")
+    opt_state = jax.pmap(optimizer.init)(blocks)
+    step = jax.pmap(functools.partial(step_per_device, optimizer=optimizer),
+                    axis_name=DATA)
     for _ in range(steps):
         blocks, opt_state, _ = step(blocks, opt_state, split(x), split(y))
     return jax.tree_util.tree_map(
@@ -159,21 +297,40 @@ def train_pmap(params, x, y, n_devices, steps=STEPS):
 
 
 # [start:numpy]
+def forward_backward(p, x, y):
+    # The forward and backward pass by hand, layer by layer, in plain array
+    # arithmetic -> (loss, grads)
+    acts, zs = [x], []
+    for k in range(1, N_LAYERS + 1):
+        zs.append(acts[-1] @ p[f"w{k}"] + p[f"b{k}"])
+        acts.append(zs[-1] if k == N_LAYERS else np.maximum(zs[-1], 0))
+    err = acts[-1] - y
+    grad, grads = 2 * err / x.shape[0], {}
+    for k in range(N_LAYERS, 0, -1):
+        dz = grad if k == N_LAYERS else grad * (zs[k - 1] > 0)
+        grads[f"w{k}"], grads[f"b{k}"] = acts[k - 1].T @ dz, dz.sum(0)
+        if k > 1:
+            grad = dz @ p[f"w{k}"].T
+    return (err ** 2).sum() / x.shape[0], grads
+
+
+def value_and_grad_numpy(params, x, y):
+    # float64 throughout, rounded once at the end to the inputs' dtype
+    dtype = np.result_type(*(np.asarray(a).dtype for a in (x, y, *params.values())))
+    wide = {k: np.asarray(v, np.float64) for k, v in params.items()}
+    loss, grads = forward_backward(wide, np.asarray(x, np.float64),
+                                   np.asarray(y, np.float64))
+    return (np.asarray(loss).astype(dtype),
+            {k: g.astype(dtype) for k, g in grads.items()})
+
+
 def train_numpy(params, x, y, steps=STEPS, b1=0.9, b2=0.999, eps=1e-8):
+    # Adam by hand (optax.adam's defaults), in float64
     p = {k: v.astype(np.float64) for k, v in params.items()}
     m = {k: np.zeros_like(v) for k, v in p.items()}
     v = {k: np.zeros_like(a) for k, a in p.items()}
-    x, y, layers = x.astype(np.float64), y.astype(np.float64), n_layers(params)
     for t in range(1, steps + 1):
-        acts, zs = [x], []
-        for k in range(1, layers + 1):
-            zs.append(acts[-1] @ p[f"w{k}"] + p[f"b{k}"])
-            acts.append(zs[-1] if k == layers else np.maximum(zs[-1], 0))
-        grad, grads = 2 * (acts[-1] - y) / x.shape[0], {}
-        for k in range(layers, 0, -1):
-            dz = grad if k == layers else grad * (zs[k - 1] > 0)
-            grads[f"w{k}"], grads[f"b{k}"] = acts[k - 1].T @ dz, dz.sum(0)
-            grad = dz @ p[f"w{k}"].T
+        _, grads = value_and_grad_numpy(p, x, y)
         for k in p:
             m[k] = b1 * m[k] + (1 - b1) * grads[k]
             v[k] = b2 * v[k] + (1 - b2) * grads[k] ** 2
@@ -188,11 +345,29 @@ def main():
     # names a platform.
     jax.config.update("jax_platforms", os.environ.get("JAX_PLATFORMS", "cpu"))
     jax.config.update("jax_num_cpu_devices", N_DEVICES)
-    mesh = make_mesh(N_DEVICES)
+    mesh = make_mesh((N_DEVICES,), (DATA,))
+    tp_mesh = make_mesh((N_DEVICES // 2, 2), (DATA, MODEL))
     rng = np.random.default_rng(0)
     x = rng.standard_normal((BATCH, SIZES[0])).astype(np.float32)
     y = rng.standard_normal((BATCH, SIZES[-1])).astype(np.float32)
     params = init_params(SIZES)
+
+    # Loss and gradients: FSDP, and FSDP x TP (4-way data x 2-way model).
+    loss, grads = value_and_grad_numpy(params, x, y)
+    forms = {"shard_map": value_and_grad_shard_map(mesh),
+             "jit": value_and_grad_jit(mesh),
+             "shard_map FSDP x TP": value_and_grad_shard_map(tp_mesh, MODEL),
+             "jit FSDP x TP": value_and_grad_jit(tp_mesh, MODEL)}
+    for form, f in forms.items():
+        got_loss, got = f(params, x, y)
+        np.testing.assert_allclose(float(got_loss), loss, rtol=1e-5, err_msg=form)
+        for k in grads:
+            np.testing.assert_allclose(np.asarray(got[k]), grads[k], rtol=1e-4,
+                                       atol=1e-5, err_msg=f"{form} d{k}")
+        assert got["w3"].sharding.spec == fsdp_specs(DATA, MODEL if "TP" in form
+                                                     else None)["w3"], form
+
+    # Training with Adam: every form against NumPy.
     want = train_numpy(params, x, y)
     results = {"shard_map": train_shard_map(params, x, y, mesh),
                "jit": train_jit(params, x, y, mesh)}
@@ -200,7 +375,7 @@ def main():
         for k in want:
             np.testing.assert_allclose(np.asarray(trained[k]), want[k], rtol=1e-4,
                                        atol=1e-5, err_msg=f"{form} {k}")
-        assert trained["w2"].sharding.spec == P("data"), form
+        assert trained["w2"].sharding.spec == P(DATA), form
         mu = opt_state[0].mu["w2"]
         assert mu.addressable_shards[0].data.shape[0] == SIZES[1] // N_DEVICES, form
     for k, value in train_pmap(params, x, y, N_DEVICES).items():
@@ -212,11 +387,18 @@ def main():
     mine = sum(leaf.addressable_shards[0].data.nbytes for leaf in
                jax.tree_util.tree_leaves((trained, opt_state)) if leaf.ndim)
     assert mine * N_DEVICES == total, (mine, total)
+    got_loss, got = forms["jit FSDP x TP"](params, x, y)
     print(f"MLP {list(SIZES)}, batch {BATCH}, {STEPS} optax.adam steps, "
           f"{N_DEVICES}-way FSDP")
+    print(f"loss: FSDP x TP jit {float(got_loss):.5f}, NumPy {float(loss):.5f} "
+          "(mean over rows of sum((predict - y) ** 2))")
+    print("d loss / d b4 (4 blocks of 2, over data):",
+          [round(float(g), 4) for g in got["b4"]], "NumPy:",
+          [round(float(g), 4) for g in grads["b4"]])
     print(f"params + Adam moments: {total} bytes in all, {mine} bytes per device "
           f"(1/{N_DEVICES})")
-    print("ok: shard_map, jit and pmap FSDP training equal NumPy Adam; params "
+    print("ok: loss and gradients of FSDP and FSDP x TP (shard_map, jit) equal "
+          "NumPy; shard_map, jit and pmap FSDP training equal NumPy Adam; params "
           "and optimiser state stay sharded")
 
 

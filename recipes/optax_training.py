@@ -16,10 +16,14 @@ norm would show it. ``main()`` prints both.
 
 Which form when:
   * pmap (legacy, as in the pmap tour): one copy of params and Adam state per
-    device, the step pmapped with ``donate_argnums``.
+    device; the body runs without ``pvary`` (pmap has no varying types).
   * shard_map: params and state enter replicated (``P()``); params are
     marked varying for ``jax.grad``; ``pmean`` makes the gradients invariant.
   * jit: the global step with the batch sharded; XLA all-reduces.
+
+The per-device bodies, the global program and the NumPy oracle below are the
+ones ``collectives.RECIPES["dp_adam"]`` runs (with its own ``n_steps`` and
+``lr``): ``axis`` may be one mesh axis name or a tuple of them.
 
 Tolerance: each step's gradient is within float32's bound for summing its
 terms (2 eps per term); Adam's update is a ratio of gradients, so its
@@ -33,6 +37,7 @@ JAX versions checked: 0.8.0, 0.10.2, 0.12.0.
 Run: ``python recipes/optax_training.py``
 """
 
+import functools
 import os
 
 import jax
@@ -46,21 +51,21 @@ from jax.sharding import PartitionSpec as P
 N_DEVICES = 8
 N_STEPS = 20
 LR = 0.05
-OPTIMIZER = optax.adam(LR)
+AXIS = "i"
 
 
 def make_mesh(n_devices):
     # Auto axes on every JAX version (jax.make_mesh defaults to Explicit from 0.9).
-    return jax.make_mesh((n_devices,), ("i",),
+    return jax.make_mesh((n_devices,), (AXIS,),
                          axis_types=(jax.sharding.AxisType.Auto,))
 
 
-def pvary(tree, axis_name):
-    # Mark replicated (invariant) values as varying over axis_name.
-    if hasattr(lax, "pcast"):  # JAX >= 0.9
-        return jax.tree_util.tree_map(
-            lambda p: lax.pcast(p, axis_name, to="varying"), tree)
-    return jax.tree_util.tree_map(lambda p: lax.pvary(p, axis_name), tree)
+def pvary(tree, axis):
+    # Mark replicated (invariant) values as varying over axis.
+    if hasattr(lax, "pcast"):  # JAX >= 0.8.2
+        return jax.tree_util.tree_map(lambda p: lax.pcast(p, axis, to="varying"),
+                                      tree)
+    return jax.tree_util.tree_map(lambda p: lax.pvary(p, axis), tree)
 
 
 def mse(params, x, y):
@@ -68,93 +73,112 @@ def mse(params, x, y):
     return jnp.mean((x @ params["w"] + params["b"][None, :] - y) ** 2)
 
 
-def adam_step(params, opt_state, grads):
-    updates, opt_state = OPTIMIZER.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state
+# [start:body]
+def adam_step_per_device(params, opt_state, x, y, optimizer, axis=AXIS, vary=True):
+    # params, opt_state: replicated; x: [k, d], y: [k, o] on each device.
+    # vary=True (shard_map): varying params make jax.grad local, and pmean
+    # averages. vary=False: pmap, which has no varying types; under shard_map
+    # it is the trap, jax.grad already sums over devices and pmean keeps n x.
+    local = pvary(params, axis) if vary else params
+    loss, grads = lax.pmean(jax.value_and_grad(mse)(local, x, y), axis)
+    updates, opt_state = optimizer.update(grads, opt_state, params)
+    return loss, optax.apply_updates(params, updates), opt_state
+
+
+def train_per_device(params, x, y, axis=AXIS, n_steps=N_STEPS, lr=LR, vary=True):
+    # n_steps Adam steps from a fresh state, as one lax.scan:
+    # -> (losses [n_steps], the loss before each step; params), replicated
+    optimizer = optax.adam(lr)
+
+    def step(carry, _):
+        loss, params, opt_state = adam_step_per_device(
+            *carry, x, y, optimizer, axis, vary)
+        return (params, opt_state), loss
+
+    start = (params, optimizer.init(params))
+    (params, _), losses = lax.scan(step, start, None, length=n_steps)
+    return losses, params
+# [end:body]
+
+
+def first_copy(tree):
+    # pmap returns one copy per device: check they agree, keep the first
+    for leaf in jax.tree_util.tree_leaves(tree):
+        leaf = np.asarray(leaf)
+        assert (leaf == leaf[0]).all(), "device copies drifted apart"
+    return jax.tree_util.tree_map(lambda c: np.asarray(c)[0], tree)
 
 
 # [start:pmap]
 def train_pmap(params, x, y, n_devices, n_steps=N_STEPS):
     xs = x.reshape(n_devices, -1, x.shape[1])  # [n, b/n, d]
     ys = y.reshape(n_devices, -1, y.shape[1])
-
-    def step(params, opt_state, xb, yb):
-        loss, grads = jax.value_and_grad(mse)(params, xb, yb)
-        loss, grads = lax.pmean((loss, grads), "i")  # pmap: grads are local
-        return (*adam_step(params, opt_state, grads), loss)
-
-    step = jax.pmap(step, axis_name="i", donate_argnums=(0, 1))
-    copies = jax.tree_util.tree_map(  # one copy per device, state included
-        lambda a: np.broadcast_to(a, (n_devices, *np.shape(a))),
-        (params, OPTIMIZER.init(params)))
-    for _ in range(n_steps):
-        *copies, _ = step(*copies, xs, ys)
-    for leaf in jax.tree_util.tree_leaves(copies):
-        leaf = np.asarray(leaf)
-        assert (leaf == leaf[0]).all(), "device copies drifted apart"
-    return jax.tree_util.tree_map(lambda c: np.asarray(c)[0], copies[0])
+    # one copy of params and Adam state per device; pmap: grads are local
+    train = functools.partial(train_per_device, n_steps=n_steps, vary=False)
+    return first_copy(jax.pmap(train, axis_name=AXIS, in_axes=(None, 0, 0))(
+        params, xs, ys))
 # [end:pmap]
 
 
 # [start:shard_map]
-def train_shard_map(params, x, y, mesh, n_steps=N_STEPS, trap=False):
-    def per_device(params, opt_state, xb, yb):
-        # params, opt_state: invariant; xb: [b/n, d]. Varying params make
-        # jax.grad local; without (trap=True) it already sums over devices.
-        local = params if trap else pvary(params, "i")
-        loss, grads = lax.pmean(jax.value_and_grad(mse)(local, xb, yb), "i")
-        return (*adam_step(params, opt_state, grads), loss)
-
-    step = jax.jit(jax.shard_map(per_device, mesh=mesh,
-                                 in_specs=(P(), P(), P("i"), P("i")),
-                                 out_specs=(P(), P(), P())))
-    opt_state = OPTIMIZER.init(params)
-    for _ in range(n_steps):
-        params, opt_state, _ = step(params, opt_state, x, y)
-    return params
+def train_shard_map(params, x, y, mesh, n_steps=N_STEPS, vary=True):
+    # params (and the Adam state inside) replicated, P(); rows of x, y split
+    train = functools.partial(train_per_device, n_steps=n_steps, vary=vary)
+    f = jax.shard_map(train, mesh=mesh, in_specs=(P(), P(AXIS), P(AXIS)),
+                      out_specs=(P(), P()))
+    return jax.jit(f)(params, x, y)
 # [end:shard_map]
 
 
 # [start:jit]
-def train_jit(params, x, y, mesh, n_steps=N_STEPS):
-    def global_step(params, opt_state, x, y):
-        loss, grads = jax.value_and_grad(mse)(params, x, y)
-        return (*adam_step(params, opt_state, grads), loss)
+def train_program(params, x, y, n_steps=N_STEPS, lr=LR):
+    # The global loop: with x, y sharded, jit all-reduces each step's gradient
+    optimizer = optax.adam(lr)
 
-    rows, replicated = NamedSharding(mesh, P("i")), NamedSharding(mesh, P())
-    step = jax.jit(global_step, in_shardings=(replicated, replicated, rows, rows),
-                   out_shardings=replicated)
-    opt_state = OPTIMIZER.init(params)
-    for _ in range(n_steps):
-        params, opt_state, _ = step(params, opt_state, x, y)
-    return params
+    def step(carry, _):
+        params, opt_state = carry
+        loss, grads = jax.value_and_grad(mse)(params, x, y)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return (optax.apply_updates(params, updates), opt_state), loss
+
+    start = (params, optimizer.init(params))
+    (params, _), losses = lax.scan(step, start, None, length=n_steps)
+    return losses, params
+
+
+def train_jit(params, x, y, mesh, n_steps=N_STEPS):
+    rows, replicated = NamedSharding(mesh, P(AXIS)), NamedSharding(mesh, P())
+    f = jax.jit(functools.partial(train_program, n_steps=n_steps),
+                in_shardings=(replicated, rows, rows), out_shardings=replicated)
+    return f(params, x, y)
 
 
 def train_one_device(params, x, y, n_steps=N_STEPS):
-    step = jax.jit(lambda p, s: adam_step(p, s, jax.grad(mse)(p, x, y)))
-    opt_state = OPTIMIZER.init(params)
-    for _ in range(n_steps):
-        params, opt_state = step(params, opt_state)
-    return params
+    return jax.jit(functools.partial(train_program, n_steps=n_steps))(params, x, y)
 # [end:jit]
 
 
 # [start:numpy]
-def train_numpy(params, x, y, n_steps=N_STEPS, b1=0.9, b2=0.999, eps=1e-8):
+def train_numpy(params, x, y, n_steps=N_STEPS, lr=LR, b1=0.9, b2=0.999, eps=1e-8):
+    # Adam by hand in float64 (b1, b2, eps: optax.adam's defaults), rounded
+    # once to x's dtype at the end -> (losses [n_steps], params)
     p = {k: np.asarray(v, np.float64) for k, v in params.items()}
-    x, y = x.astype(np.float64), y.astype(np.float64)
+    x64, y64 = np.asarray(x, np.float64), np.asarray(y, np.float64)
     m = {k: np.zeros_like(v) for k, v in p.items()}
     v = {k: np.zeros_like(a) for k, a in p.items()}
+    losses = []
     for t in range(1, n_steps + 1):
-        residual = x @ p["w"] + p["b"] - y
+        residual = x64 @ p["w"] + p["b"] - y64
+        losses.append(np.mean(residual ** 2))
         scale = 2.0 / residual.size
-        grads = {"w": scale * x.T @ residual, "b": scale * residual.sum(0)}
+        grads = {"w": scale * x64.T @ residual, "b": scale * residual.sum(0)}
         for k in p:
             m[k] = b1 * m[k] + (1 - b1) * grads[k]
             v[k] = b2 * v[k] + (1 - b2) * grads[k] ** 2
             m_hat, v_hat = m[k] / (1 - b1 ** t), v[k] / (1 - b2 ** t)
-            p[k] = p[k] - LR * m_hat / (np.sqrt(v_hat) + eps)
-    return p
+            p[k] = p[k] - lr * m_hat / (np.sqrt(v_hat) + eps)
+    return (np.asarray(losses).astype(x.dtype),
+            {k: value.astype(x.dtype) for k, value in p.items()})
 
 
 def tolerance(batch, d, n_steps=N_STEPS):
@@ -179,18 +203,24 @@ def main():
     results = {"pmap": train_pmap(params, x, y, N_DEVICES),
                "shard_map": train_shard_map(params, x, y, mesh),
                "jit": train_jit(params, x, y, mesh)}
-    for form, trained in results.items():
-        for k in ("w", "b"):
-            np.testing.assert_allclose(np.asarray(trained[k]), np.asarray(one[k]),
-                                       rtol=tol, atol=tol, err_msg=f"{form} {k}")
-            np.testing.assert_allclose(np.asarray(trained[k]), want[k], rtol=tol,
-                                       atol=tol, err_msg=f"{form} {k} vs NumPy")
+    for form, (losses, trained) in results.items():
+        for got, ref, what in ((losses, one[0], "losses"), (losses, want[0], "losses"),
+                               *((trained[k], one[1][k], k) for k in ("w", "b")),
+                               *((trained[k], want[1][k], k) for k in ("w", "b"))):
+            np.testing.assert_allclose(np.asarray(got), np.asarray(ref), rtol=tol,
+                                       atol=tol, err_msg=f"{form} {what}")
     # The trap: 8x gradients, and Adam steps that barely notice.
-    trapped = train_shard_map(params, x, y, mesh, trap=True)
-    drift = max(float(np.max(np.abs(trapped[k] - want[k]))) for k in want)
+    _, trapped = train_shard_map(params, x, y, mesh, vary=False)
+    drift = max(float(np.max(np.abs(trapped[k] - want[1][k]))) for k in ("w", "b"))
     assert drift < 1e-4, drift
-    print(f"{N_STEPS} optax.adam steps, batch {x.shape[0]} over {N_DEVICES} devices: "
-          f"loss {float(mse(params, x, y)):.4f} -> {float(mse(one, x, y)):.4f}")
+    losses = want[0]
+    print(f"{N_STEPS} optax.adam steps (lr {LR}), batch {x.shape[0]} over "
+          f"{N_DEVICES} devices, from w = 0, b = 0")
+    print(f"loss before step 1: {losses[0]:.4f} (= mean(y ** 2) = "
+          f"{float(np.mean(y.astype(np.float64) ** 2)):.4f}, as w and b are 0)")
+    print(f"loss before step {N_STEPS}: {losses[-1]:.4f}; b after: "
+          f"{[round(float(v), 3) for v in results['shard_map'][1]['b']]} (each "
+          f"Adam step moves b by about lr = {LR}: at most {N_STEPS * LR:.2f})")
     print(f"n x gradient trap (grad at invariant params, then pmean): the "
           f"gradients are {N_DEVICES}x too large, yet Adam's parameters move "
           f"only {drift:.1e}: Adam is blind to the gradient's scale")

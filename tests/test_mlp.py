@@ -22,8 +22,8 @@ from hypothesis import strategies as st
 from jax import lax
 
 import collectives as cx
-from collectives._facts.mlp import mlp_value_and_grad_numpy
 from collectives.hlo import collective_stats
+from collectives.recipes.dp_tp_mlp import value_and_grad_numpy
 from collectives.testing import assert_forms_agree
 from collectives.testing import compare_arrays
 from collectives.testing.strategies import recipe_cases
@@ -111,7 +111,7 @@ def test_grad_of_a_shard_map_loss_gives_the_same_gradients():
                             in_specs=(specs, jax.P("data"), jax.P("data")),
                             out_specs=jax.P())
     loss, grads = jax.jit(jax.value_and_grad(loss_fn))(params, x, y)
-    want_loss, want = mlp_value_and_grad_numpy(params, x, y)
+    want_loss, want = value_and_grad_numpy(params, x, y)
     rtol, atol = 1e-5, 1e-6  # float32 through a dozen small matmuls
     assert compare_arrays(loss, want_loss, rtol=rtol, atol=atol)[1] is None
     for name in want:
@@ -122,7 +122,7 @@ def _train_numpy(params, x, y, lr, steps):
     p = {k: v.astype(np.float64) for k, v in params.items()}
     losses = []
     for _ in range(steps):
-        loss, grads = mlp_value_and_grad_numpy(p, x, y)
+        loss, grads = value_and_grad_numpy(p, x, y)
         losses.append(float(loss))
         p = {k: p[k] - lr * grads[k] for k in p}
     return p, losses

@@ -16,8 +16,7 @@ from collectives._compat import pvary
 from collectives._facts.grads import mse
 from collectives._facts.training import LR
 from collectives._facts.training import N_STEPS
-from collectives._facts.training import adam_numpy
-from collectives._facts.training import adam_step_body
+from collectives.recipes import optax_training as file
 from collectives.testing import assert_forms_agree
 from collectives.testing import compare_arrays
 from collectives.testing import tolerance
@@ -59,8 +58,8 @@ def test_every_form_equals_one_device_adam(shape, axis):
 
 
 def _train_shard_map(params, x, y, mesh, optimizer, trap, n_steps):
-    body = functools.partial(adam_step_body, axis="i", optimizer=optimizer,
-                             trap=trap)
+    body = functools.partial(file.adam_step_per_device, optimizer=optimizer,
+                             axis="i", vary=not trap)
     step = jax.jit(jax.shard_map(
         body, mesh=mesh, in_specs=(jax.P(), jax.P(), jax.P("i"), jax.P("i")),
         out_specs=(jax.P(), jax.P(), jax.P())))
@@ -130,7 +129,7 @@ def test_oracle_matches_optax_in_float64():
     params = {"w": rng.standard_normal((3, 2)), "b": rng.standard_normal(2)}
     with jax.enable_x64(True):
         losses, got = one_device(params, x, y, optax.adam(LR))
-        want_losses, want = adam_numpy(params, x, y)
+        want_losses, want = file.train_numpy(params, x, y, N_STEPS, LR)
         np.testing.assert_allclose(losses, want_losses, rtol=1e-12)
         for k in want:
             np.testing.assert_allclose(np.asarray(got[k]), want[k], rtol=1e-10)

@@ -1,6 +1,6 @@
 """FSDP (ZeRO-3): parameters sharded over the data axis, gathered layer by layer.
 
-The MLP of :mod:`collectives._mlp` (four dense layers, relu between them,
+The MLP of :mod:`collectives._facts.mlp` (four dense layers, relu between them,
 mean-squared-error loss), trained fully sharded: every parameter is split on
 dim 0 over the data axis, so each device stores ``1/n`` of the parameters,
 of their gradients and of the optimiser state. Per layer:
@@ -21,9 +21,15 @@ model axis: ``w2`` split by columns and ``w3`` by rows over the model axis,
 and each block also split over the data axis on its other dimension
 (``w2: P(data, model)``, ``b2: P((model, data))``, ``w3: P(model, data)``).
 The two model-axis sums are Megatron's ``f`` and ``g`` operators
-(:func:`model_identity_psum_grad`, :func:`model_psum_identity_grad`), which
+(``model_identity_psum_grad``, ``model_psum_identity_grad``), which
 fix the backward sum by hand, so the same body runs under pmap, where the
 model axis is ``vmap``\\ ped.
+
+The bodies, global programs and NumPy oracle are ``recipes/fsdp.py``'s (which
+shares nothing with ``recipes/dp_tp_mlp.py``: each file stands alone); this
+module adds the facts the library needs about them, and the public helpers
+(:func:`fsdp_specs`, :func:`gather_layer`, :func:`fsdp_value_and_grad`) that
+validate, then call the file.
 """
 
 from __future__ import annotations
@@ -32,23 +38,17 @@ import functools
 import math
 
 import jax
-import jax.numpy as jnp
-from jax import lax
-from jax.ad_checkpoint import checkpoint_name
-from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from collectives._costs import per_device_bytes
-from collectives._facts.megatron import model_identity_psum_grad
-from collectives._facts.megatron import model_psum_identity_grad
-from collectives._facts.mlp import PARAM_NAMES
 from collectives._facts.mlp import Params
 from collectives._facts.mlp import data_and_model_axes
 from collectives._facts.mlp import loss_and_grads_specs
-from collectives._facts.mlp import mlp_magnitudes
-from collectives._facts.mlp import mlp_oracle
+from collectives._facts.mlp import magnitudes_of
 from collectives._facts.mlp import mlp_terms
 from collectives._facts.mlp import needs_data_and_model_axes
+from collectives._facts.mlp import on_axes
+from collectives._facts.mlp import term_norms
 from collectives._facts.permute import body_axis_size
 from collectives._layout import Axes
 from collectives._layout import axis_tuple
@@ -56,17 +56,14 @@ from collectives._recipe import WIDE_FLOATS
 from collectives._recipe import Recipe
 from collectives._registry import register
 from collectives.hlo import Expectation
+from collectives.recipes import fsdp as file
 
-SAVED = "fsdp_preactivation"
+N_LAYERS = file.N_LAYERS
+SAVED = file.SAVED
 """The ``checkpoint_name`` of a layer's pre-activation ``z = a @ w + b``."""
-
-REMAT_POLICY = jax.checkpoint_policies.save_only_these_names(SAVED)
+REMAT_POLICY = file.POLICY
 """Save only each layer's pre-activation (for the relu mask), so the backward
-pass gathers the weights again. (``save_anything_except_these_names`` on the
-gathered weights is not enough: the values they are computed from, one
-reshape earlier, would be saved instead.)"""
-
-N_LAYERS = 4
+pass gathers the weights again."""
 
 
 def fsdp_specs(data_axis, model_axis: str | None = None) -> dict[str, P]:
@@ -89,17 +86,7 @@ def fsdp_specs(data_axis, model_axis: str | None = None) -> dict[str, P]:
       >>> cx.fsdp_specs("data", "model")["w3"] == jax.P("model", "data")
       True
     """
-    specs = {name: P(data_axis) for name in PARAM_NAMES}
-    if model_axis is not None:
-        data = axis_tuple(data_axis)
-        specs.update(w2=P(data_axis, model_axis), b2=P((model_axis, *data)),
-                     w3=P(model_axis, data_axis))
-    return specs
-
-
-def _gather_dim(name: str, model_axis: str | None) -> int:
-    """The dimension of parameter ``name`` split over the data axis."""
-    return 1 if (name == "w3" and model_axis is not None) else 0
+    return file.fsdp_specs(data_axis, model_axis)
 
 
 def gather_layer(w_block, b_block, axis, *, w_dim: int = 0, one_axis_at_a_time=False):
@@ -131,18 +118,7 @@ def gather_layer(w_block, b_block, axis, *, w_dim: int = 0, one_axis_at_a_time=F
       >>> bool((gw == w).all()), bool((gb == b).all())
       (True, True)
     """
-    w_moved = jnp.moveaxis(w_block, w_dim, 0)
-    flat = jnp.concatenate([w_moved.reshape(-1), b_block.reshape(-1)])
-    names = axis_tuple(axis)
-    steps = [axis] if not one_axis_at_a_time else list(reversed(names))
-    gathered = flat
-    for name in steps:
-        gathered = lax.all_gather(gathered, name, tiled=True)
-    n = gathered.shape[0] // flat.shape[0]
-    chunks = gathered.reshape(n, flat.shape[0])
-    w = chunks[:, :w_moved.size].reshape(n * w_moved.shape[0], *w_moved.shape[1:])
-    b = chunks[:, w_moved.size:].reshape(n * b_block.shape[0], *b_block.shape[1:])
-    return jnp.moveaxis(w, 0, w_dim), b
+    return file.gather_layer(w_block, b_block, axis, w_dim, one_axis_at_a_time)
 
 
 def fsdp_value_and_grad(params: Params, x, y, *, data_axis, model_axis=None,
@@ -180,62 +156,18 @@ def fsdp_value_and_grad(params: Params, x, y, *, data_axis, model_axis=None,
       >>> grads["w3"].sharding.spec == specs["w3"]  # this device's rows only
       True
     """
-    batch = x.shape[0] * body_axis_size(data_axis, "fsdp_value_and_grad")
+    body_axis_size(data_axis, "fsdp_value_and_grad")
     if model_axis is not None:
         body_axis_size(model_axis, "fsdp_value_and_grad")
-
-    def dense(w_block, b_block, a, layer):
-        w, b = gather_layer(w_block, b_block, data_axis,
-                            w_dim=_gather_dim(f"w{layer}", model_axis),
-                            one_axis_at_a_time=one_axis_at_a_time)
-        if model_axis is not None and layer == 2:  # a1 meets model columns
-            a = model_identity_psum_grad(a, model_axis)
-        z = a @ w
-        if model_axis is not None and layer == 3:  # partial sums over h2
-            z = model_psum_identity_grad(z, model_axis)
-        z = checkpoint_name(z + b[None], SAVED)
-        return z if layer == N_LAYERS else jax.nn.relu(z)
-
-    def local_loss(p):
-        a = x  # [b, d_in]; then [b, h1], [b, h2 (/t)], [b, h3], [b, d_out]
-        for layer in range(1, N_LAYERS + 1):
-            step = jax.checkpoint(functools.partial(dense, layer=layer),
-                                  policy=REMAT_POLICY)
-            a = step(p[f"w{layer}"], p[f"b{layer}"], a)
-        return jnp.sum((a - y) ** 2) / batch
-
-    local, grads = jax.value_and_grad(local_loss)(params)
-    return lax.psum(local, data_axis), grads
+    return file.value_and_grad_per_device(params, x, y, data_axis, model_axis,
+                                          one_axis_at_a_time)
 
 
-def fsdp_jit_value_and_grad(params: Params, x, y, mesh: jax.sharding.Mesh,
-                            data_axis, model_axis: str | None = None):
-    """The jit form's global program: ``value_and_grad`` of the MLP loss with
-    each layer's weights constrained to their gathered layout just before use
-    (under the same remat policy), and the batch rows over the data axis."""
-    gathered = {name: P() for name in PARAM_NAMES}
-    if model_axis is not None:
-        gathered.update(w2=P(None, model_axis), b2=P(model_axis), w3=P(model_axis))
-
-    def constrain(a, spec):
-        return lax.with_sharding_constraint(a, NamedSharding(mesh, spec))
-
-    def dense(w, b, a, layer):
-        w = constrain(w, gathered[f"w{layer}"])
-        b = constrain(b, gathered[f"b{layer}"])
-        z = constrain(a @ w + b[None], P(data_axis, model_axis if layer == 2 else None))
-        z = checkpoint_name(z, SAVED)
-        return z if layer == N_LAYERS else jax.nn.relu(z)
-
-    def loss(p):
-        a = x
-        for layer in range(1, N_LAYERS + 1):
-            step = jax.checkpoint(functools.partial(dense, layer=layer),
-                                  policy=REMAT_POLICY)
-            a = step(p[f"w{layer}"], p[f"b{layer}"], a)
-        return jnp.sum((a - y) ** 2) / x.shape[0]
-
-    return jax.value_and_grad(loss)(params)
+def fsdp_term_norms(params: Params, x, y, *, power: int):
+    """:func:`collectives._facts.mlp.term_norms` of ``recipes/fsdp.py``'s
+    forward and backward pass (the oracle of ``fsdp_mlp`` and
+    ``fsdp_tp_mlp``)."""
+    return term_norms(file.forward_backward, params, x, y, power=power)
 
 
 # -- recipes ---------------------------------------------------------------
@@ -266,19 +198,22 @@ def _shapes(model: bool):
 
 
 def _body(model: bool, one_axis_at_a_time: bool):
+    """The file's ``value_and_grad_per_device`` over ``axis``: ``(data,
+    model)``, or the data axes alone."""
+    @functools.wraps(file.value_and_grad_per_device)
     def body(params, x, y, *, axis):
-        # params: blocks per fsdp_specs; x: [b, d_in], y: [b, d_out] per device
-        data, model_axis = (axis[0], axis[1]) if model else (axis, None)
-        return fsdp_value_and_grad(params, x, y, data_axis=data,
-                                   model_axis=model_axis,
-                                   one_axis_at_a_time=one_axis_at_a_time)
+        data, model_axis = axis if model else (axis, None)
+        return file.value_and_grad_per_device(params, x, y, data, model_axis,
+                                              one_axis_at_a_time)
     return body
 
 
 def _program(model: bool):
+    @functools.wraps(file.value_and_grad_program)
     def program(params, x, y, *, axes: Axes):
         data, model_axis = data_and_model_axes(axes, model)
-        return fsdp_jit_value_and_grad(params, x, y, axes.mesh, data, model_axis)
+        return file.value_and_grad_program(params, x, y, axes.mesh, data,
+                                           model_axis)
     return program
 
 
@@ -357,13 +292,15 @@ def _recipe(name: str, summary: str, model: bool) -> Recipe:
     in_specs, out_specs = _specs(model)
     return Recipe(
         name=name, summary=summary, body=_body(model, False),
-        pmap_body=_body(model, True), program=_program(model), oracle=mlp_oracle,
+        pmap_body=_body(model, True), program=_program(model),
+        oracle=on_axes(file.value_and_grad_numpy),
         in_specs=in_specs, out_specs=out_specs, example_shapes=_shapes(model),
         arg_names=("params", "x", "y"), count_terms=mlp_terms, dtype_kinds=_FLOAT,
         unsupported_reason=_needs_two_axes if model else lambda axes: None,
         check_vma=not model, family="strategy", hlo=_hlo(model), source="fsdp.py",
         # the MLP's four matmuls and squared loss (see dp_mlp)
-        exact=False, exact_dtypes=WIDE_FLOATS, magnitudes=mlp_magnitudes)
+        exact=False, exact_dtypes=WIDE_FLOATS,
+        magnitudes=magnitudes_of(file.forward_backward))
 
 
 fsdp_mlp = register(_recipe(

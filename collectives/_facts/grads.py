@@ -21,22 +21,28 @@ power of two (with power-of-two device counts), every scaling is a power of
 two and every sum an integer below 2**24, so every form is exact in float32
 and bit-for-bit independent of how the batch is split over devices or
 processes.
+
+The bodies, global program and NumPy oracle are ``recipes/dp_grads.py``'s;
+this module adds the facts the library needs about them.
 """
 
 from __future__ import annotations
 
-import jax
-import jax.numpy as jnp
-from jax import lax
+import functools
 
-from collectives import _compat
+import jax.numpy as jnp
+
 from collectives._costs import fixed
 from collectives._layout import Axes
 from collectives._layout import make_spec
-from collectives._numpy import widen
 from collectives._recipe import WIDE_FLOATS
 from collectives._recipe import Recipe
 from collectives._registry import register
+from collectives.recipes import dp_grads as file
+
+mse = file.mse
+"""Mean squared error of the linear model: ``mean((x @ w + b - y) ** 2)``
+(``params``: ``{"w": [d, o], "b": [o]}``, ``x``: ``[b, d]``, ``y``: ``[b, o]``)."""
 
 
 def tree_pmean(tree, axis):
@@ -67,50 +73,20 @@ def tree_pmean(tree, axis):
       >>> {k: np.asarray(v).tolist() for k, v in sorted(out.items())}
       {'b': [1.0], 'w': [1.5]}
     """
-    return jax.tree_util.tree_map(lambda leaf: lax.pmean(leaf, axis), tree)
+    return file.tree_pmean(tree, axis)
 
 
-def mse(params, x, y):
-    """Mean squared error of the linear model: ``mean((x @ w + b - y) ** 2)``.
-
-    Args:
-      params: ``{"w": [d, o], "b": [o]}``.
-      x: ``[b, d]`` inputs.
-      y: ``[b, o]`` targets.
-    """
-    residual = x @ params["w"] + params["b"][None, :] - y  # [b, o]
-    return jnp.mean(residual ** 2)
+def on_axes(fn):
+    """A file's ``fn(params, x, y)`` as a recipe's ``program`` or ``oracle``:
+    it needs nothing of the axes (the batch is split over them by layout)."""
+    @functools.wraps(fn)
+    def adapted(*args, axes: Axes):
+        del axes
+        return fn(*args)
+    return adapted
 
 
 # -- dp_grads -------------------------------------------------------------------
-
-def dp_grads_body(params, x, y, *, axis):
-    # params: replicated (invariant over `axis`); x: [k, d], y: [k, o] on each
-    # device. Marking params varying makes jax.grad return this device's
-    # gradient (no hidden psum); tree_pmean averages them: {"w": [d, o], "b": [o]}.
-    local = jax.tree_util.tree_map(lambda p: _compat.pvary(p, axis), params)
-    return tree_pmean(jax.grad(mse)(local, x, y), axis)
-
-
-def dp_grads_pmap_body(params, x, y, *, axis):
-    # The legacy pmap idiom: pmap has no invariant types, so jax.grad is local.
-    return tree_pmean(jax.grad(mse)(params, x, y), axis)
-
-
-def dp_grads_program(params, x, y, *, axes: Axes):
-    # The global program: jax.grad of the full-batch loss; with x and y sharded,
-    # jit computes per-device partial gradients and all-reduces them.
-    return jax.grad(mse)(params, x, y)
-
-
-def dp_grads_oracle(params, x, y, *, axes: Axes):
-    # Closed form: d/dw mean(r**2) = 2 x^T r / (b o), d/db = 2 sum_rows(r) / (b o)
-    w, b = widen(params["w"]), widen(params["b"])
-    residual = widen(x) @ w + b[None, :] - widen(y)
-    scale = 2.0 / residual.size
-    return {"w": (scale * widen(x).T @ residual).astype(params["w"].dtype),
-            "b": (scale * residual.sum(0)).astype(params["b"].dtype)}
-
 
 def _shapes(axes: Axes, dims):
     # Power-of-two rows per device and outputs keep every scaling exact.
@@ -155,11 +131,12 @@ def _check_args(axes: Axes, args) -> None:
 dp_grads = register(Recipe(
     name="dp_grads", source="dp_grads.py", hlo=fixed({"all-reduce": 1}),
     summary="data-parallel gradient of a linear model's MSE: grads averaged by pmean",
-    body=dp_grads_body, program=dp_grads_program, oracle=dp_grads_oracle,
+    body=file.dp_grads_body, program=on_axes(file.dp_grads_program),
+    oracle=on_axes(file.dp_grads_numpy),
     in_specs=lambda axes: (make_spec(), make_spec(axes.entry), make_spec(axes.entry)),
     out_specs=lambda axes: make_spec(),
     example_shapes=_shapes, arg_names=("params", "x", "y"), count_terms=_n_terms,
     dtype_kinds=frozenset({"float"}), validate=_check_args,
     # x^T r sums products past bfloat16's and float16's exact integers
     exact_dtypes=WIDE_FLOATS,
-    pmap_body=dp_grads_pmap_body))
+    pmap_body=file.dp_grads_pmap_body))

@@ -18,6 +18,11 @@ Layouts, on a mesh with a *data* axis and a *model* axis:
   completes the third layer's input. Backward, the gradient flowing into the
   first hidden layer needs the matching ``psum`` over the model axis.
 
+The bodies, global programs and NumPy oracle are ``recipes/dp_tp_mlp.py``'s;
+this module adds the facts the library needs about them, and the public
+helpers (:func:`init_mlp`, :func:`mlp_loss`, :func:`mlp_specs`,
+:func:`dp_tp_mlp_value_and_grad`) that validate, then call the file.
+
 Recipes: ``dp_mlp`` takes the data axes as its collective axes (any mesh;
 other mesh axes hold replicas). ``dp_tp_mlp`` communicates over two axes,
 so both are its collective axes, in the order ``(data, model)``: on a 4x2
@@ -29,15 +34,13 @@ the pmap form the other mesh axes are vmapped where nothing can look them up.
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 from collections.abc import Sequence
 from typing import Any
 
-import jax
-import jax.numpy as jnp
 import numpy as np
-from jax import lax
-from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from collectives._costs import per_device_bytes
@@ -48,8 +51,9 @@ from collectives._recipe import WIDE_FLOATS
 from collectives._recipe import Recipe
 from collectives._registry import register
 from collectives.hlo import Expectation
+from collectives.recipes import dp_tp_mlp as file
 
-PARAM_NAMES = ("w1", "b1", "w2", "b2", "w3", "b3", "w4", "b4")
+PARAM_NAMES = file.PARAM_NAMES
 
 Params = dict[str, Any]
 
@@ -73,10 +77,7 @@ def mlp_specs(model_axis: str | None = None) -> dict[str, P]:
       >>> specs["w1"] == jax.P()
       True
     """
-    specs = {name: P() for name in PARAM_NAMES}
-    if model_axis is not None:
-        specs.update(w2=P(None, model_axis), b2=P(model_axis), w3=P(model_axis))
-    return specs
+    return file.param_specs(model_axis)
 
 
 def init_mlp(sizes: Sequence[int], *, seed: int = 0, dtype: Any = "float32"
@@ -107,24 +108,7 @@ def init_mlp(sizes: Sequence[int], *, seed: int = 0, dtype: Any = "float32"
         raise ValueError(
             f"sizes: expected five positive ints (d_in, h1, h2, h3, d_out), got "
             f"{sizes!r}. Fix: e.g. (784, 8192, 8192, 8192, 10).")
-    rng = np.random.default_rng(seed)
-    params = {}
-    for layer in range(1, 5):
-        fan_in, fan_out = sizes[layer - 1], sizes[layer]
-        weights = rng.standard_normal((fan_in, fan_out)) / np.sqrt(fan_in)
-        params[f"w{layer}"] = weights.astype(dtype)
-        params[f"b{layer}"] = (0.1 * rng.standard_normal(fan_out)).astype(dtype)
-    return params
-
-
-def _forward(params: Params, x, *, constrain=lambda a, kind: a):
-    """Activations of the four layers; ``constrain`` pins intermediate layouts."""
-    p = params
-    z1 = x @ p["w1"] + p["b1"][None]
-    a1 = constrain(jax.nn.relu(z1), "rows")
-    z2 = constrain(a1 @ p["w2"] + p["b2"][None], "columns")  # split over the model axis
-    z3 = constrain(jax.nn.relu(z2) @ p["w3"] + p["b3"][None], "rows")  # summed over it
-    return jax.nn.relu(z3) @ p["w4"] + p["b4"][None]
+    return file.init_params(sizes, seed=seed, dtype=dtype)
 
 
 def mlp_loss(params: Params, x, y):
@@ -149,7 +133,7 @@ def mlp_loss(params: Params, x, y):
       >>> loss.shape, grads["w2"].shape
       ((), (4, 4))
     """
-    return jnp.sum((_forward(params, x) - y) ** 2) / x.shape[0]
+    return file.mlp_loss(params, x, y)
 
 
 def dp_tp_mlp_value_and_grad(params: Params, x, y, *, data_axis,
@@ -196,47 +180,96 @@ def dp_tp_mlp_value_and_grad(params: Params, x, y, *, data_axis,
       >>> bool(np.allclose(grads["w3"], want[1]["w3"], rtol=1e-5, atol=1e-6))
       True
     """
-    p = params
-    batch = x.shape[0] * body_axis_size(data_axis, "dp_tp_mlp_value_and_grad")
+    body_axis_size(data_axis, "dp_tp_mlp_value_and_grad")
     if model_axis is not None:
         body_axis_size(model_axis, "dp_tp_mlp_value_and_grad")
-
-    def over_model(a):
-        return a if model_axis is None else lax.psum(a, model_axis)
-
-    # forward; a1: [b, h1], z2: [b, h2/t] (this device's columns), a3: [b, h3]
-    z1 = x @ p["w1"] + p["b1"][None]
-    a1 = jax.nn.relu(z1)
-    z2 = a1 @ p["w2"] + p["b2"][None]
-    a2 = jax.nn.relu(z2)
-    z3 = over_model(a2 @ p["w3"]) + p["b3"][None]  # partial sums over h2 -> full
-    a3 = jax.nn.relu(z3)
-    err = a3 @ p["w4"] + p["b4"][None] - y  # [b, d_out]
-    loss = lax.psum(jnp.sum(err ** 2), data_axis) / batch
-    # backward: d loss / d out = 2 err / batch
-    d_out = 2 * err / batch
-    d_z3 = (d_out @ p["w4"].T) * (z3 > 0)
-    d_z2 = (d_z3 @ p["w3"].T) * (z2 > 0)  # [b, h2/t]
-    d_z1 = over_model(d_z2 @ p["w2"].T) * (z1 > 0)  # partial sums over h2 -> full
-    grads = {
-        "w1": x.T @ d_z1, "b1": d_z1.sum(0), "w2": a1.T @ d_z2, "b2": d_z2.sum(0),
-        "w3": a2.T @ d_z3, "b3": d_z3.sum(0), "w4": a3.T @ d_out, "b4": d_out.sum(0),
-    }
-    # every device saw b rows: add up the batch
-    return loss, lax.psum(grads, data_axis)
+    return file.value_and_grad_per_device(params, x, y, data_axis, model_axis)
 
 
-def mlp_value_and_grad_numpy(params: Params, x: np.ndarray, y: np.ndarray
-                             ) -> tuple[np.ndarray, Params]:
-    """The NumPy oracle: loss and gradients in float64, forward and backward by hand."""
-    return _mlp_numpy(params, x, y)
+# -- tolerance facts ---------------------------------------------------------
+
+class TermNorms(np.lib.mixins.NDArrayOperatorsMixin):
+    """An array whose every element holds ``sum |term| ** power`` over the
+    terms of a sum of products, the value a NumPy oracle's arithmetic would
+    give as a sum: run an oracle's forward and backward pass on these
+    (``+``, ``-``, ``*``, ``/``, ``@``, ``**``, ``.T``, ``.sum``, relu as
+    ``np.maximum(z, 0)`` and its mask ``z > 0``) and each result holds the
+    ``power``-norm of its terms, raised to ``power``.
+
+    The rules: a constant ``c`` enters as ``|c| ** power``; a difference
+    has its operands' terms (subtraction becomes addition); products,
+    quotients and matmuls multiply the norms (``|a b| ** p = |a| ** p |b| **
+    p``, summed over the matmul's terms); an integer power ``k`` of a sum
+    expands into products of ``k`` terms, ``E ** k``; relu passes its input
+    through and its mask passes everything (a term need not survive the
+    relu to be rounded)."""
+
+    def __init__(self, value, power: int):
+        self.value, self.power = np.asarray(value, np.float64), power
+
+    @classmethod
+    def of(cls, a, power: int) -> TermNorms:
+        """``a``'s elements as single terms: ``|a| ** power``."""
+        return cls(np.abs(np.asarray(a, np.float64)) ** power, power)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.value.shape
+
+    @property
+    def T(self) -> TermNorms:  # ndarray's name
+        return TermNorms(self.value.T, self.power)
+
+    def sum(self, axis=None) -> TermNorms:
+        return TermNorms(self.value.sum(axis), self.power)
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        if method != "__call__" or kwargs:
+            return NotImplemented
+        norms = [(a if isinstance(a, TermNorms) else TermNorms.of(a, self.power)).value
+                 for a in inputs]
+        if ufunc in (np.add, np.subtract):
+            value = norms[0] + norms[1]
+        elif ufunc in (np.multiply, np.true_divide, np.matmul):
+            value = ufunc(norms[0], norms[1])
+        elif ufunc is np.negative or (ufunc is np.maximum and np.all(inputs[1] == 0)):
+            value = norms[0]  # -a, and relu: the same terms
+        elif ufunc is np.greater and np.all(inputs[1] == 0):
+            value = np.ones_like(norms[0])  # relu's mask: every term passes
+        elif ufunc is np.power and float(inputs[1]).is_integer():
+            value = norms[0] ** inputs[1]
+        else:
+            raise TypeError(f"TermNorms: no rule for {ufunc.__name__}")
+        return TermNorms(value, self.power)
 
 
-def mlp_magnitudes(params: Params, x: np.ndarray, y: np.ndarray, *, axes: Axes
+def term_norms(forward_backward: Callable[..., Any], params: Params, x, y, *,
+               power: int) -> tuple[np.ndarray, Params]:
+    """For each loss and gradient element of a recipe file's
+    ``forward_backward(params, x, y)``, ``(sum |term| ** power) ** (1/power)``
+    over the terms of its sum of products (see :class:`TermNorms`).
+    ``power=1`` gives the sum of the terms' magnitudes, which bounds the
+    oracle elementwise; ``power=2`` their root-sum-square."""
+    def norms(a):
+        return TermNorms.of(a, power)
+
+    loss, grads = forward_backward({k: norms(v) for k, v in params.items()},
+                                   norms(x), norms(y))
+    root = 1.0 / power
+    return loss.value ** root, {name: g.value ** root for name, g in grads.items()}
+
+
+def mlp_term_norms(params: Params, x, y, *, power: int
                    ) -> tuple[np.ndarray, Params]:
+    """:func:`term_norms` of ``recipes/dp_tp_mlp.py``'s forward and backward
+    pass (the oracle of ``dp_mlp`` and ``dp_tp_mlp``)."""
+    return term_norms(file.forward_backward, params, x, y, power=power)
+
+
+def magnitudes_of(forward_backward: Callable[..., Any]) -> Callable[..., Any]:
     """The MLP recipes' ``magnitudes`` fact: for each loss and gradient
     element, the root-sum-square of the terms behind it, by the oracle's
-    arithmetic on squared values (see :func:`mlp_term_norms`).
+    arithmetic on squared values (:func:`term_norms`, ``power=2``).
 
     Four layers multiply their inputs, so a gradient element that cancels to
     near zero keeps the rounding of terms far larger than itself. Rounding
@@ -244,75 +277,23 @@ def mlp_magnitudes(params: Params, x: np.ndarray, y: np.ndarray, *, axes: Axes
     follows the root-sum-square of the terms, not their sum: on Gaussian
     data most gradients cancel, and an ``atol`` scaled by the sum of
     ``|term|`` would let a 10 % error through in most elements."""
-    del axes
-    return mlp_term_norms(params, x, y, power=2)
+    def magnitudes(params: Params, x, y, *, axes: Axes):
+        del axes
+        return term_norms(forward_backward, params, x, y, power=2)
+    return magnitudes
 
 
-def mlp_term_norms(params: Params, x: np.ndarray, y: np.ndarray, *, power: int
-                   ) -> tuple[np.ndarray, Params]:
-    """For each loss and gradient element, ``(sum |term| ** power) ** (1/power)``
-    over the terms of its sum of products: the oracle's arithmetic on
-    ``|value| ** power`` (constants too), with subtraction turned into
-    addition and relu passing its input through. ``power=1`` gives the sum
-    of the terms' magnitudes, which bounds the oracle elementwise."""
-    loss, grads = _mlp_numpy(params, x, y, power=power)
-    root = 1.0 / power
-    return loss ** root, {name: g ** root for name, g in grads.items()}
+mlp_magnitudes = magnitudes_of(file.forward_backward)
 
 
-def _mlp_numpy(params: Params, x: np.ndarray, y: np.ndarray, *,
-               power: int | None = None) -> tuple[np.ndarray, Params]:
-    """The oracle's forward and backward pass; with ``power``, on
-    ``|value| ** power`` (see :func:`mlp_term_norms`)."""
-    exact = power is None
-
-    def value(a):
-        a = np.asarray(a, np.float64)
-        return a if exact else np.abs(a) ** power
-
-    p = {name: value(v) for name, v in params.items()}
-    x, y = value(x), value(y)
-
-    def relu(z):
-        return np.maximum(z, 0) if exact else z
-
-    def passes(z):
-        return z > 0 if exact else 1.0
-
-    batch, two = value(x.shape[0]), value(2.0)
-    z1 = x @ p["w1"] + p["b1"]
-    a1 = relu(z1)
-    z2 = a1 @ p["w2"] + p["b2"]
-    a2 = relu(z2)
-    z3 = a2 @ p["w3"] + p["b3"]
-    a3 = relu(z3)
-    err = a3 @ p["w4"] + p["b4"] + (-y if exact else y)
-    loss = np.sum(err * err) / batch
-    d_out = two * err / batch
-    d_z3 = (d_out @ p["w4"].T) * passes(z3)
-    d_z2 = (d_z3 @ p["w3"].T) * passes(z2)
-    d_z1 = (d_z2 @ p["w2"].T) * passes(z1)
-    grads = {
-        "w1": x.T @ d_z1, "b1": d_z1.sum(0), "w2": a1.T @ d_z2, "b2": d_z2.sum(0),
-        "w3": a2.T @ d_z3, "b3": d_z3.sum(0), "w4": a3.T @ d_out, "b4": d_out.sum(0),
-    }
-    return np.asarray(loss), grads
-
-
-def dp_tp_mlp_jit_value_and_grad(params: Params, x, y, mesh: jax.sharding.Mesh,
-                                 data_axis, model_axis: str | None = None):
-    """The jit form's global program: ``value_and_grad(mlp_loss)`` with the
-    hidden activations pinned by ``with_sharding_constraint`` (rows over the
-    data axis; the second layer's columns also over the model axis)."""
-    layouts = {"rows": P(data_axis), "columns": P(data_axis, model_axis)}
-
-    def constrain(a, kind):
-        return lax.with_sharding_constraint(a, NamedSharding(mesh, layouts[kind]))
-
-    def loss(params):
-        return jnp.sum((_forward(params, x, constrain=constrain) - y) ** 2) / x.shape[0]
-
-    return jax.value_and_grad(loss)(params)
+def on_axes(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """A file's ``fn(params, x, y)`` as a recipe's ``oracle``: it needs
+    nothing of the axes."""
+    @functools.wraps(fn)
+    def adapted(*args, axes: Axes):
+        del axes
+        return fn(*args)
+    return adapted
 
 
 # -- recipes ---------------------------------------------------------------
@@ -377,29 +358,26 @@ def _shapes(model: bool):
     return shapes
 
 
-def dp_tp_mlp_body(params, x, y, *, axis):
-    # params: blocks per mlp_specs(model); x: [b, d_in], y: [b, d_out] per device
-    data, model = axis
-    return dp_tp_mlp_value_and_grad(params, x, y, data_axis=data, model_axis=model)
-
-
-def dp_mlp_body(params, x, y, *, axis):
-    # params: whole on every device; x: [b, d_in], y: [b, d_out] per device
-    return dp_tp_mlp_value_and_grad(params, x, y, data_axis=axis)
+def _body(model: bool):
+    """The file's ``value_and_grad_per_device`` over ``axis``: ``(data,
+    model)``, or the data axes alone."""
+    @functools.wraps(file.value_and_grad_per_device)
+    def body(params, x, y, *, axis):
+        data, model_axis = axis if model else (axis, None)
+        return file.value_and_grad_per_device(params, x, y, data, model_axis)
+    return body
 
 
 def _program(model: bool):
+    @functools.wraps(file.value_and_grad_program)
     def program(params, x, y, *, axes: Axes):
         data, model_axis = data_and_model_axes(axes, model)
-        return dp_tp_mlp_jit_value_and_grad(params, x, y, axes.mesh, data,
-                                            model_axis)
+        return file.value_and_grad_program(params, x, y, axes.mesh, data,
+                                           model_axis)
     return program
 
 
-def mlp_oracle(params, x, y, *, axes: Axes):
-    del axes
-    loss, grads = mlp_value_and_grad_numpy(params, x, y)
-    return loss.astype(x.dtype), {k: v.astype(x.dtype) for k, v in grads.items()}
+mlp_oracle = on_axes(file.value_and_grad_numpy)
 
 
 def mlp_terms(axes: Axes) -> int:
@@ -448,7 +426,7 @@ dp_tp_mlp = register(Recipe(
     exact=False, exact_dtypes=WIDE_FLOATS, magnitudes=mlp_magnitudes,
     summary="MLP loss+grads over axes (data, model): batch split over data, "
             "W2/b2/W3 over model",
-    body=dp_tp_mlp_body, program=_program(model=True), oracle=mlp_oracle,
+    body=_body(model=True), program=_program(model=True), oracle=mlp_oracle,
     in_specs=_specs(model=True)[0], out_specs=_specs(model=True)[1],
     example_shapes=_shapes(model=True), arg_names=("params", "x", "y"),
     count_terms=mlp_terms, dtype_kinds=_FLOAT, unsupported_reason=_needs_two_axes))
@@ -458,7 +436,7 @@ dp_mlp = register(Recipe(
     exact=False, exact_dtypes=WIDE_FLOATS, magnitudes=mlp_magnitudes,
     summary="MLP loss+grads, data parallel: batch split, params replicated, "
             "grads psum",
-    body=dp_mlp_body, program=_program(model=False), oracle=mlp_oracle,
+    body=_body(model=False), program=_program(model=False), oracle=mlp_oracle,
     in_specs=_specs(model=False)[0], out_specs=_specs(model=False)[1],
     example_shapes=_shapes(model=False), arg_names=("params", "x", "y"),
     count_terms=mlp_terms, dtype_kinds=_FLOAT))

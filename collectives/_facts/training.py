@@ -16,32 +16,33 @@ gradient (see ``dp_grads``). Adam hides the mistake: its update
 ``n``, so the loss curve looks right. Anything that reads the gradient's
 scale exposes it: gradient clipping (``optax.clip_by_global_norm``), SGD,
 ``eps`` when gradients are small, logged gradient norms.
-:func:`adam_step_body` takes ``trap=True`` to show it.
+``recipes/optax_training.py``'s ``adam_step_per_device`` takes
+``vary=False`` to show it.
 
 float16 parameters are refused: Adam's ``eps`` (1e-8) is below float16's
 smallest subnormal and rounds to 0, so every zero gradient element becomes
 ``0 / 0 = NaN`` in the update. Keep the parameters and the Adam state in
 float32 (bfloat16, with float32's exponent range, holds ``eps``).
 
-optax is an optional dependency (``pip install collectives[train]``): it is
-imported inside the functions that use it, so ``import collectives`` works
-without it; the forms raise :class:`OptionalDependencyError` then, and
-``python -m collectives check`` reports the recipe as skipped.
+The bodies, global program and NumPy oracle are
+``recipes/optax_training.py``'s, run with this recipe's ``N_STEPS`` and
+``LR``; this module adds the facts the library needs about them.
+
+optax is an optional dependency (``pip install collectives[train]``): the
+recipe file, which imports it, is imported on first use, so ``import
+collectives`` works without it; the forms raise
+:class:`OptionalDependencyError` then, and ``python -m collectives check``
+reports the recipe as skipped.
 """
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import numpy as np
-from jax import lax
 
-from collectives import _compat
 from collectives._costs import per_device_bytes
 from collectives._facts.grads import _check_args
 from collectives._facts.grads import _shapes
-from collectives._facts.grads import mse
 from collectives._layout import Axes
 from collectives._layout import make_spec
 from collectives._recipe import WIDE_FLOATS
@@ -52,7 +53,7 @@ from collectives.hlo import Expectation
 
 N_STEPS = 5
 LR = 0.01
-B1, B2, EPS = 0.9, 0.999, 1e-8  # optax.adam's defaults
+EPS = 1e-8  # optax.adam's default
 
 
 class OptionalDependencyError(ImportError):
@@ -71,91 +72,30 @@ def require_optax():
     return optax
 
 
-def adam_step_body(params, opt_state, x, y, *, axis, optimizer, trap=False,
-                   vary=True):
-    """One data-parallel optimiser step; call inside a body.
-
-    Args:
-      params: the replicated parameters ``{"w": [d, o], "b": [o]}``.
-      opt_state: the replicated optimiser state.
-      x: this device's rows ``[k, d]``; y: ``[k, o]``.
-      axis: the data axis (or tuple).
-      optimizer: an ``optax.GradientTransformation``.
-      trap: take ``jax.grad`` at the invariant parameters (the n x trap
-        under shard_map's ``check_vma``) instead of marking them varying.
-      vary: mark the parameters varying before ``jax.grad`` (shard_map);
-        ``False`` under pmap, which has no varying types.
-
-    Returns:
-      ``(loss, params, opt_state)`` after the step, replicated.
-    """
-    optax = require_optax()
-    local = params
-    if vary and not trap:
-        local = jax.tree_util.tree_map(lambda p: _compat.pvary(p, axis), params)
-    loss, grads = jax.value_and_grad(mse)(local, x, y)
-    loss, grads = lax.pmean((loss, grads), axis)
-    updates, opt_state = optimizer.update(grads, opt_state, params)
-    return loss, optax.apply_updates(params, updates), opt_state
+def training_file():
+    """``recipes/optax_training.py`` (``collectives.recipes.optax_training``),
+    imported on first use: it imports optax, an optional dependency."""
+    require_optax()
+    from collectives.recipes import optax_training
+    return optax_training
 
 
-def _train_body(vary: bool):
-    def body(params, x, y, *, axis):
-        # params: replicated; x: [k, d], y: [k, o] on each device
-        optimizer = require_optax().adam(LR)
-        step = functools.partial(adam_step_body, x=x, y=y, axis=axis,
-                                 optimizer=optimizer, vary=vary)
+class _FromFile:
+    """The file's function ``name`` with this recipe's ``n_steps`` and ``lr``
+    (and ``fixed``): a body keeps its ``axis=``, a program or oracle drops
+    ``axes=``. The file is imported on the first call; ``__wrapped__`` (what
+    ``python -m collectives show`` prints) is the file's function."""
 
-        def scan_step(carry, _):
-            loss, params, opt_state = step(*carry)
-            return (params, opt_state), loss
+    def __init__(self, name: str, **fixed):
+        self.__name__, self.fixed = name, fixed
 
-        start = (params, optimizer.init(params))
-        (params, _), losses = lax.scan(scan_step, start, None, length=N_STEPS)
-        return losses, params
-    return body
+    @property
+    def __wrapped__(self):
+        return getattr(training_file(), self.__name__)
 
-
-def _program(params, x, y, *, axes: Axes):
-    # The global loop: jit all-reduces each step's gradient over the rows.
-    del axes
-    optax = require_optax()
-    optimizer = optax.adam(LR)
-
-    def scan_step(carry, _):
-        params, opt_state = carry
-        loss, grads = jax.value_and_grad(mse)(params, x, y)
-        updates, opt_state = optimizer.update(grads, opt_state, params)
-        return (optax.apply_updates(params, updates), opt_state), loss
-
-    (params, _), losses = lax.scan(scan_step, (params, optimizer.init(params)),
-                                   None, length=N_STEPS)
-    return losses, params
-
-
-def adam_numpy(params, x, y, n_steps: int = N_STEPS, lr: float = LR):
-    """The NumPy oracle: ``n_steps`` of Adam on the full batch, in float64.
-
-    Returns:
-      ``(losses, params)``: the loss before each step, the final parameters.
-    """
-    w, b = (np.asarray(params[k], np.float64) for k in ("w", "b"))
-    x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
-    moments = [[np.zeros_like(a), np.zeros_like(a)] for a in (w, b)]  # m, v
-    losses = []
-    for t in range(1, n_steps + 1):
-        residual = x @ w + b - y
-        losses.append(np.mean(residual ** 2))
-        scale = 2.0 / residual.size
-        grads = (scale * x.T @ residual, scale * residual.sum(0))
-        new = []
-        for value, grad, (m, v) in zip((w, b), grads, moments, strict=True):
-            m[...] = B1 * m + (1 - B1) * grad
-            v[...] = B2 * v + (1 - B2) * grad ** 2
-            m_hat, v_hat = m / (1 - B1 ** t), v / (1 - B2 ** t)
-            new.append(value - lr * m_hat / (np.sqrt(v_hat) + EPS))
-        w, b = new
-    return np.asarray(losses), {"w": w, "b": b}
+    def __call__(self, *args, axes: Axes | None = None, **kwargs):
+        return self.__wrapped__(*args, n_steps=N_STEPS, lr=LR, **self.fixed,
+                                **kwargs)
 
 
 def _check_dtypes(axes: Axes, args) -> None:
@@ -167,12 +107,6 @@ def _check_dtypes(axes: Axes, args) -> None:
             "rounds to 0 in float16, so a zero gradient element updates by 0 / 0 "
             "= NaN. Fix: keep params (and so the Adam state) in float32, or "
             "bfloat16, and cast inside the model for mixed precision.")
-
-
-def _oracle(params, x, y, *, axes: Axes):
-    del axes
-    losses, trained = adam_numpy(params, x, y)
-    return losses.astype(x.dtype), {k: v.astype(x.dtype) for k, v in trained.items()}
 
 
 def _n_terms(axes: Axes) -> int:
@@ -199,8 +133,9 @@ dp_adam = register(Recipe(
     name="dp_adam",
     summary=f"data-parallel training: {N_STEPS} optax.adam steps on averaged "
             "gradients, params and Adam state replicated",
-    body=_train_body(vary=True), pmap_body=_train_body(vary=False),
-    program=_program, oracle=_oracle,
+    body=_FromFile("train_per_device"),
+    pmap_body=_FromFile("train_per_device", vary=False),
+    program=_FromFile("train_program"), oracle=_FromFile("train_numpy"),
     in_specs=lambda axes: (make_spec(), make_spec(axes.entry), make_spec(axes.entry)),
     out_specs=lambda axes: (make_spec(), make_spec()),
     example_shapes=_shapes, arg_names=("params", "x", "y"), count_terms=_n_terms,
