@@ -1,15 +1,16 @@
 """Pipeline parallelism (GPipe): a layer per stage, microbatches passed on by ppermute.
 
 What it shows: a model of S dense layers ``a -> tanh(a @ w[s] + b[s])``, layer
-s on device s of a "stage" mesh axis (the stage parameters stacked on a
-leading axis of size S, split over that axis). The batch is cut into M
-microbatches. For M + S - 1 ticks of one ``lax.scan``, stage 0 takes the
-next microbatch, every other stage takes what its predecessor sent at the
-previous tick, applies its layer and sends the result on with ``ppermute``.
-``axis_index`` decides what a stage does (stage 0 reads x; the last stage's
-outputs are the model's). ``jax.grad`` of that program is the backward
-pipeline: the transpose of each ppermute sends the cotangents back. Loss and
-gradients equal running the layers in sequence on one device.
+s on device s of a "stage" mesh axis (the stage parameters ``{"w": [S, d, d],
+"b": [S, d]}`` stacked on a leading axis of size S, split over that axis),
+and a mean-squared-error loss. The batch is cut into M microbatches. For
+M + S - 1 ticks of one ``lax.scan``, stage 0 takes the next microbatch, every
+other stage takes what its predecessor sent at the previous tick, applies its
+layer and sends the result on with ``ppermute``. ``axis_index`` decides what a
+stage does (stage 0 reads x; the last stage's outputs are the model's).
+``jax.grad`` of that program is the backward pipeline: the transpose of each
+ppermute sends the cotangents back. Loss and gradients (a dict shaped like the
+parameters) equal running the layers in sequence on one device.
 
 The bubble: each stage is busy on M of the M + S - 1 ticks, so the idle
 fraction is (S - 1) / (M + S - 1): more microbatches, a smaller bubble (and
@@ -21,6 +22,10 @@ Which form when:
     ``vmap`` applies each stage's layer to its row and ``jnp.roll`` shifts the
     state one stage on; XLA writes the roll as collective-permutes.
   * pmap (legacy): the same per-stage body, pmapped over the stage axis.
+
+The per-stage body, the global program and the NumPy oracle below are the
+ones ``collectives.RECIPES["pipeline_mlp"]`` runs; ``axis`` names the stage
+axis (other mesh axes may hold replicas of the pipeline).
 
 Registered as: ``collectives.RECIPES["pipeline_mlp"]``.
 Devices: 8 (simulated on CPU by ``main()``).
@@ -39,112 +44,171 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 N_STAGES = 8
-MICROBATCHES = 8
+MICROBATCHES = 4  # M
 WIDTH, BATCH = 8, 32
+AXIS = "stage"
 
 
 def make_mesh(n_devices):
     # Auto axes on every JAX version (jax.make_mesh defaults to Explicit from 0.9).
-    return jax.make_mesh((n_devices,), ("stage",),
+    return jax.make_mesh((n_devices,), (AXIS,),
                          axis_types=(jax.sharding.AxisType.Auto,))
 
 
-def layer(w, b, a):
-    return jnp.tanh(a @ w + b[None])  # a: [mb, d]
+def stage_layer(params, a):
+    # params: one stage's layer {"w": [d, d], "b": [d]}; a: [mb, d] -> [mb, d]
+    return jnp.tanh(a @ params["w"] + params["b"][None])
 
 
 def bubble_fraction(stages, microbatches):
     return (stages - 1) / (microbatches + stages - 1)
 
 
-# [start:shard_map]
-def per_stage_loss(w, b, x, y, microbatches):
-    # w: [1, d, d], b: [1, d] (this stage's layer); x, y: [batch, d] everywhere
-    stages = lax.axis_size("stage")
-    stage = lax.axis_index("stage")
-    xs = x.reshape(microbatches, -1, x.shape[-1])  # [M, mb, d]
-    ys = y.reshape(microbatches, -1, y.shape[-1])
-    ring = [(s, (s + 1) % stages) for s in range(stages)]  # stage 0 ignores the wrap
+def split_microbatches(a, microbatches):
+    # a: [batch, d] -> [M, batch / M, d]
+    return a.reshape(microbatches, a.shape[0] // microbatches, *a.shape[1:])
+
+
+# [start:body]
+def pipeline_forward(params, x, axis=AXIS, microbatches=MICROBATCHES,
+                     layer=stage_layer):
+    # params: this stage's layer {"w": [d, d], "b": [d]}; x: [batch, d] everywhere;
+    # layer(params, a) -> a: [mb, d] -> [mb, d], the stage's layer (stage_layer)
+    stages = lax.axis_size(axis)
+    stage = lax.axis_index(axis)
+    xs = split_microbatches(x, microbatches)  # [M, mb, d]
+    # s -> s + 1; the wrap-around (last -> 0) is ignored by stage 0, which
+    # reads x, and makes the shift a full permutation (vmap needs one).
+    forward = [(s, (s + 1) % stages) for s in range(stages)]
 
     def tick(incoming, t):
+        # incoming: [mb, d], what the previous stage sent at tick t - 1
         inp = jnp.where(stage == 0, xs[jnp.minimum(t, microbatches - 1)], incoming)
-        out = layer(w[0], b[0], inp)
-        return lax.ppermute(out, "stage", ring), out
+        out = layer(params, inp)
+        return lax.ppermute(out, axis, forward), out
 
+    # Tick 0's input: microbatch 0 on stage 0, zeros (ignored) elsewhere; it
+    # varies over the stages, as the carry does from then on.
     start = jnp.where(stage == 0, xs[0], jnp.zeros_like(xs[0]))
-    _, outs = lax.scan(tick, start, jnp.arange(microbatches + stages - 1))
-    outs = outs[stages - 1:]  # on the last stage: microbatches 0..M-1 out
-    return jnp.where(stage == stages - 1, jnp.sum((outs - ys) ** 2), 0.0) / x.shape[0]
+    ticks = jnp.arange(microbatches + stages - 1)
+    _, outs = lax.scan(tick, start, ticks, unroll=True)  # [M + S - 1, mb, d]
+    return outs[stages - 1:]  # [M, mb, d]: on the last stage, the model's output
 
 
-def value_and_grad_per_stage(w, b, x, y, microbatches=MICROBATCHES):
-    loss, grads = jax.value_and_grad(per_stage_loss, argnums=(0, 1))(
-        w, b, x, y, microbatches)
-    return lax.psum(loss, "stage"), grads  # only the last stage's loss is nonzero
+def pipeline_value_and_grad(stage_params, x, y, axis=AXIS, microbatches=MICROBATCHES,
+                            layer=stage_layer):
+    # stage_params: {"w": [1, d, d], "b": [1, d]} on each stage; x, y: [batch, d]
+    stages = lax.axis_size(axis)
+    last = lax.axis_index(axis) == stages - 1
+    ys = split_microbatches(y, microbatches)
+
+    def local_loss(block):
+        params = jax.tree_util.tree_map(lambda a: a[0], block)
+        outs = pipeline_forward(params, x, axis, microbatches, layer)
+        return jnp.where(last, jnp.sum((outs - ys) ** 2), 0.0) / x.shape[0]
+
+    local, grads = jax.value_and_grad(local_loss)(stage_params)
+    # -> the loss (only the last stage's is nonzero) on every stage, and this
+    # stage's gradients {"w": [1, d, d], "b": [1, d]}
+    return lax.psum(local, axis), grads
+# [end:body]
 
 
+# [start:shard_map]
 def pipeline_shard_map(params, x, y, mesh):
-    f = jax.shard_map(value_and_grad_per_stage, mesh=mesh,
-                      in_specs=(P("stage"), P("stage"), P(), P()),
-                      out_specs=(P(), (P("stage"), P("stage"))))
-    return jax.jit(f)(params["w"], params["b"], x, y)
+    stages = P(AXIS)
+    f = jax.shard_map(pipeline_value_and_grad, mesh=mesh,
+                      in_specs=({"w": stages, "b": stages}, P(), P()),
+                      out_specs=(P(), {"w": stages, "b": stages}))
+    return jax.jit(f)(params, x, y)
 # [end:shard_map]
 
 
 # [start:jit]
-def pipeline_jit(params, x, y, mesh, microbatches=MICROBATCHES):
-    stages = params["w"].shape[0]
+def pipeline_program(stage_params, x, y, mesh, axis=AXIS, microbatches=MICROBATCHES):
+    # stage_params: {"w": [S, d, d], "b": [S, d]}, split over `axis`; x, y: [batch, d]
+    stages = stage_params["w"].shape[0]
+    xs = split_microbatches(x, microbatches)
+    ys = split_microbatches(y, microbatches)
     stage = jnp.arange(stages)[:, None, None]
 
     def constrain(a):
-        spec = P("stage", *([None] * (a.ndim - 1)))
+        spec = P(axis, *([None] * (a.ndim - 1)))
         return lax.with_sharding_constraint(a, NamedSharding(mesh, spec))
 
-    def loss(w, b, x, y):
-        xs = x.reshape(microbatches, -1, x.shape[-1])
-        ys = y.reshape(microbatches, -1, y.shape[-1])
+    def loss(params):
+        def tick(carry, t):
+            # state: [S, mb, d], stage s's input in row s; sums: [S]
+            state, sums = carry
+            new = xs[jnp.minimum(t, microbatches - 1)][None]  # [1, mb, d]
+            state = jnp.where(stage == 0, new, state)
+            out = constrain(jax.vmap(stage_layer)(params, state))
+            done = t - (stages - 1)  # the microbatch leaving the last stage
+            err = jnp.sum((out - ys[jnp.maximum(done, 0)][None]) ** 2, axis=(1, 2))
+            keep = (stage[:, 0, 0] == stages - 1) & (done >= 0)
+            sums = constrain(sums + jnp.where(keep, err, 0.0))
+            # jnp.roll on the sharded stage axis: XLA sends each row on
+            return (constrain(jnp.roll(out, 1, axis=0)), sums), None
 
-        def tick(state, t):  # state: [S, mb, d], stage s's input in row s
-            new = xs[jnp.minimum(t, microbatches - 1)][None]
-            out = constrain(jax.vmap(layer)(w, b, jnp.where(stage == 0, new, state)))
-            return constrain(jnp.roll(out, 1, axis=0)), out[stages - 1]
+        start = (constrain(jnp.zeros((stages, *xs.shape[1:]), x.dtype)),
+                 constrain(jnp.zeros((stages,), x.dtype)))
+        ticks = jnp.arange(microbatches + stages - 1)
+        (_, sums), _ = lax.scan(tick, start, ticks, unroll=True)
+        return jnp.sum(sums) / x.shape[0]  # only the last stage's sum is nonzero
 
-        start = constrain(jnp.zeros((stages, *xs.shape[1:]), x.dtype))
-        _, outs = lax.scan(tick, start, jnp.arange(microbatches + stages - 1))
-        return jnp.sum((outs[stages - 1:] - ys) ** 2) / x.shape[0]
+    return jax.value_and_grad(loss)(stage_params)
 
-    split, whole = NamedSharding(mesh, P("stage")), NamedSharding(mesh, P())
-    f = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)),
-                in_shardings=(split, split, whole, whole),
-                out_shardings=(whole, (split, split)))
-    return f(params["w"], params["b"], x, y)
+
+def pipeline_jit(params, x, y, mesh):
+    split, whole = NamedSharding(mesh, P(AXIS)), NamedSharding(mesh, P())
+    f = jax.jit(lambda p, x, y: pipeline_program(p, x, y, mesh),
+                in_shardings=({"w": split, "b": split}, whole, whole),
+                out_shardings=(whole, {"w": split, "b": split}))
+    return f(params, x, y)
 # [end:jit]
 
 
 # [start:pmap]
 def pipeline_pmap(params, x, y, n_stages):
-    f = jax.pmap(value_and_grad_per_stage, axis_name="stage",
-                 in_axes=(0, 0, None, None))
-    loss, (dw, db) = f(params["w"][:, None], params["b"][:, None], x, y)
+    # pmap maps over a leading device axis: each stage gets {"w": [1, d, d], ...}
+    blocks = jax.tree_util.tree_map(lambda a: a.reshape(n_stages, 1, *a.shape[1:]),
+                                    params)
+    f = jax.pmap(pipeline_value_and_grad, axis_name=AXIS, in_axes=(0, None, None))
+    loss, grads = f(blocks, x, y)
     loss = np.asarray(loss)
     assert (loss == loss[0]).all(), "stages disagree on the loss"
-    return loss[0], (np.asarray(dw)[:, 0], np.asarray(db)[:, 0])
+    return loss[0], jax.tree_util.tree_map(lambda g: np.asarray(g)[:, 0], grads)
 # [end:pmap]
 
 
 # [start:numpy]
-def pipeline_numpy(params, x, y):
-    # The layers in sequence, forward and backward by hand, in float64.
-    w, b = params["w"].astype(np.float64), params["b"].astype(np.float64)
-    acts = [x.astype(np.float64)]
+def forward_numpy(params, x):
+    # The layers in sequence, in float64: every activation [x, a1, .., aS] and
+    # every tanh's slope 1 - a**2.
+    w, b = (np.asarray(params[k], np.float64) for k in ("w", "b"))
+    acts, slopes = [np.asarray(x, np.float64)], []
     for s in range(w.shape[0]):
         acts.append(np.tanh(acts[-1] @ w[s] + b[s]))
-    err = acts[-1] - y
-    grad, dw, db = 2 * err / x.shape[0], np.zeros_like(w), np.zeros_like(b)
+        slopes.append(1 - acts[-1] ** 2)
+    return acts, slopes
+
+
+def backward_numpy(w, acts, slopes, grad):
+    # grad: d loss / d (last activation); back through the layers by hand
+    dw, db = np.zeros(w.shape), np.zeros((w.shape[0], w.shape[-1]))
     for s in reversed(range(w.shape[0])):
-        dz = grad * (1 - acts[s + 1] ** 2)
+        dz = grad * slopes[s]
         dw[s], db[s], grad = acts[s].T @ dz, dz.sum(0), dz @ w[s].T
-    return np.sum(err ** 2) / x.shape[0], (dw, db)
+    return {"w": dw, "b": db}
+
+
+def pipeline_numpy(params, x, y):
+    # -> (loss, {"w": [S, d, d], "b": [S, d]}) in float64
+    acts, slopes = forward_numpy(params, x)
+    err = acts[-1] - np.asarray(y, np.float64)
+    w = np.asarray(params["w"], np.float64)
+    grads = backward_numpy(w, acts, slopes, 2 * err / err.shape[0])
+    return np.asarray(np.sum(err ** 2) / err.shape[0]), grads
 # [end:numpy]
 
 
@@ -166,16 +230,24 @@ def main():
              "pmap": pipeline_pmap(params, x, y, N_STAGES)}
     for form, (loss, grads) in forms.items():
         np.testing.assert_allclose(float(loss), want_loss, rtol=1e-5, err_msg=form)
-        for got, expected in zip(grads, want, strict=True):
-            np.testing.assert_allclose(np.asarray(got), expected, rtol=1e-4,
-                                       atol=1e-6, err_msg=form)
+        for key in ("w", "b"):
+            np.testing.assert_allclose(np.asarray(grads[key]), want[key], rtol=1e-4,
+                                       atol=1e-6, err_msg=f"{form} d{key}")
     fractions = {m: bubble_fraction(N_STAGES, m) for m in (1, 2, 4, 8, 16, 32)}
     assert all(a > b for a, b in zip(list(fractions.values())[:-1],
                                      list(fractions.values())[1:], strict=True))
     print(f"GPipe: {N_STAGES} stages x width {WIDTH}, batch {BATCH} in "
-          f"{MICROBATCHES} microbatches; loss {float(want_loss):.4f}")
+          f"{MICROBATCHES} microbatches of {BATCH // MICROBATCHES} rows")
+    print(f"loss sum((model(x) - y)**2) / {BATCH}: NumPy {float(want_loss):.6f}, "
+          + ", ".join(f"{form} {float(loss):.6f}" for form, (loss, _) in forms.items()))
+    def first3(b):
+        return ", ".join(f"{v:.5f}" for v in np.asarray(b)[-1, :3])
+
+    print(f"d loss / d b of the last stage, first 3: NumPy [{first3(want['b'])}], "
+          f"shard_map [{first3(forms['shard_map'][1]['b'])}]")
     print("bubble (S-1)/(M+S-1):",
-          ", ".join(f"M={m}: {f:.2f}" for m, f in fractions.items()))
+          ", ".join(f"M={m}: {f:.2f}" for m, f in fractions.items()),
+          f"(M={MICROBATCHES}: {N_STAGES - 1}/{MICROBATCHES + N_STAGES - 1})")
     print("ok: loss and gradients of shard_map, jit and pmap equal the layers "
           "run in sequence (NumPy)")
 

@@ -32,18 +32,17 @@ per-token routing.
 :func:`moe_layer_dropless` is the dropless variant built on
 ``lax.ragged_all_to_all``: every assignment is sent, in variable-sized
 chunks. XLA:CPU has no ragged all-to-all, so it runs on accelerators only.
+
+The per-device bodies, the global program and the NumPy oracle are
+``recipes/moe.py``'s; this module adds the facts the library needs about
+them, and the public functions validate, then call the file's.
 """
 
 from __future__ import annotations
 
 import functools
-import math
 
-import jax
-import jax.numpy as jnp
 import numpy as np
-from jax import lax
-from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from collectives._costs import per_device_bytes
@@ -52,6 +51,7 @@ from collectives._layout import Axes
 from collectives._recipe import Recipe
 from collectives._registry import register
 from collectives.hlo import Expectation
+from collectives.recipes import moe as file
 
 TOP_K = (1, 2)
 """The router choices supported: Switch (1) and GShard-style top-2."""
@@ -70,12 +70,13 @@ def expert_capacity(tokens_per_device: int, n_experts: int, *, top_k: int = 1,
                 f"capacity: expected a positive int (slots per expert per source "
                 f"device), got {capacity!r}. Fix: pass e.g. capacity=2, or None to "
                 "derive it from capacity_factor.")
-        return int(capacity)
-    if not capacity_factor > 0:
+    elif not capacity_factor > 0:
         raise ValueError(
             f"capacity_factor: expected a positive number, got {capacity_factor!r}. "
             "Fix: pass e.g. 1.0 or 2.0.")
-    return max(1, math.ceil(capacity_factor * tokens_per_device * top_k / n_experts))
+    return file.expert_capacity(tokens_per_device, n_experts, top_k,
+                                None if capacity is None else int(capacity),
+                                capacity_factor)
 
 
 def _check_top_k(top_k) -> None:
@@ -83,36 +84,6 @@ def _check_top_k(top_k) -> None:
         raise ValueError(
             f"top_k: expected one of {TOP_K}, got {top_k!r}. Fix: pass 1 (Switch) "
             "or 2 (top-2 routing).")
-
-
-def _route(router_w, x, top_k: int):
-    """``gate, expert``: ``[t, top_k]`` each, for tokens ``x`` ``[t, D]``."""
-    logits = x @ router_w
-    # lax.top_k orders -0.0 below 0.0 (a zero token times a negative weight
-    # is -0.0); they are equal, and ties go to the lower index
-    logits = jnp.where(logits == 0, jnp.zeros_like(logits), logits)
-    _, expert = lax.top_k(logits, top_k)  # ties: the lower index
-    probs = jax.nn.softmax(logits.astype(jnp.promote_types(x.dtype, jnp.float32)))
-    gate = jnp.take_along_axis(probs, expert, axis=-1).astype(x.dtype)
-    return gate, expert
-
-
-def _slots(expert, n_experts: int, capacity: int, dtype):
-    """The dispatch mask ``[t*k, E, C]`` (one 1 per kept assignment) and the
-    number of dropped assignments, first come first served in token order."""
-    assigned = jax.nn.one_hot(expert.reshape(-1), n_experts, dtype=jnp.int32)
-    # slot of each assignment: earlier assignments (this device) to its expert
-    slot = jnp.sum((jnp.cumsum(assigned, axis=0) - 1) * assigned, axis=-1)
-    kept = slot < capacity
-    mask = (assigned[:, :, None]
-            * jax.nn.one_hot(slot, capacity, dtype=jnp.int32)[:, None, :])
-    return mask.astype(dtype), jnp.sum(~kept).astype(jnp.int32)
-
-
-def _ffn(x, w_in, w_out):
-    # x: [..., e, C, D]; w_in: [e, D, F]; w_out: [e, F, D]
-    hidden = jax.nn.relu(jnp.einsum("...ecd,edf->...ecf", x, w_in))
-    return jnp.einsum("...ecf,efd->...ecd", hidden, w_out)
 
 
 def _check_weights(router_w, w_in, w_out, x, n: int, what: str) -> None:
@@ -176,26 +147,8 @@ def moe_layer(router_w, expert_w_in, expert_w_out, tokens, axis, *, top_k: int =
     _check_weights(router_w, expert_w_in, expert_w_out, tokens, n, "moe_layer")
     slots = expert_capacity(tokens.shape[0], router_w.shape[-1], top_k=top_k,
                             capacity=capacity, capacity_factor=capacity_factor)
-    return _moe_body(router_w, expert_w_in, expert_w_out, tokens, axis, top_k, slots)
-
-
-def _moe_body(router_w, w_in, w_out, x, axis, top_k: int, capacity: int):
-    n_experts = router_w.shape[-1]
-    gate, expert = _route(router_w, x, top_k)
-    mask, dropped = _slots(expert, n_experts, capacity, x.dtype)  # [t*k, E, C]
-    # buffer: [E, C, D]: slot c of expert j holds one assignment's token
-    buffer = jnp.einsum("aec,ad->ecd", mask, jnp.repeat(x, top_k, axis=0))
-
-    def exchange(b):
-        return lax.all_to_all(b, axis, split_axis=0, concat_axis=0, tiled=True)
-
-    received = exchange(buffer)  # [n*e, C, D]: my experts' slots from every device
-    e = w_in.shape[0]
-    out = _ffn(received.reshape(-1, e, *received.shape[1:]), w_in, w_out)
-    back = exchange(out.reshape(received.shape))  # [E, C, D]: my tokens' results
-    combined = jnp.einsum("aec,ecd->ad", mask, back) * gate.reshape(-1, 1)
-    return (combined.reshape(x.shape[0], top_k, -1).sum(1),
-            lax.psum(dropped, axis))
+    return file.moe_body(router_w, expert_w_in, expert_w_out, tokens, axis,
+                         top_k=top_k, capacity=slots)
 
 
 # -- the dropless variant (accelerators only) ---------------------------------
@@ -217,40 +170,8 @@ def moe_layer_dropless(router_w, expert_w_in, expert_w_out, tokens, axis, *,
     n = body_axis_size(axis, "moe_layer_dropless")
     _check_weights(router_w, expert_w_in, expert_w_out, tokens, n,
                    "moe_layer_dropless")
-    n_experts = router_w.shape[-1]
-    e = n_experts // n
-    t = tokens.shape[0]
-    gate, expert = _route(router_w, tokens, top_k)
-    flat = expert.reshape(-1)  # [t*k]
-    order = jnp.argsort(flat, stable=True)  # group the assignments by expert
-    sent = jnp.repeat(tokens, top_k, axis=0)[order]  # [t*k, D]
-    local_id = (flat[order] % e).astype(jnp.int32)
-    send_sizes = jnp.bincount(flat // e, length=n).astype(jnp.int32)  # per device
-    input_offsets = jnp.cumsum(send_sizes) - send_sizes
-    # what every device sends me, and where my rows land on each receiver
-    recv_sizes = lax.all_to_all(send_sizes, axis, 0, 0, tiled=True)
-    me = lax.axis_index(axis)
-    before_me = lax.all_gather(send_sizes, axis)  # [n src, n dst]
-    output_offsets = (jnp.cumsum(before_me, axis=0) - before_me)[me]
-    rows = n * t * top_k
-
-    def ragged(x, out, in_off, send, out_off, recv):
-        return lax.ragged_all_to_all(x, out, in_off, send, out_off, recv,
-                                     axis_name=axis)
-
-    recv_offsets = jnp.cumsum(recv_sizes) - recv_sizes
-    received = ragged(sent, jnp.zeros((rows, sent.shape[1]), sent.dtype),
-                      input_offsets, send_sizes, output_offsets, recv_sizes)
-    ids = ragged(local_id, jnp.zeros((rows,), jnp.int32), input_offsets,
-                 send_sizes, output_offsets, recv_sizes)
-    hidden = jax.nn.relu(jnp.einsum("rd,rdf->rf", received, expert_w_in[ids]))
-    result = jnp.einsum("rf,rfd->rd", hidden, expert_w_out[ids])
-    # send the results back: the receivers' offsets are the senders' inputs
-    back_offsets = lax.all_to_all(recv_offsets, axis, 0, 0, tiled=True)
-    returned = ragged(result, jnp.zeros_like(sent), recv_offsets, recv_sizes,
-                      back_offsets, send_sizes)
-    unsorted = jnp.zeros_like(returned).at[order].set(returned)
-    return (unsorted * gate.reshape(-1, 1)).reshape(t, top_k, -1).sum(1)
+    return file.moe_dropless_body(router_w, expert_w_in, expert_w_out, tokens, axis,
+                                  top_k=top_k)
 
 
 # -- recipes ---------------------------------------------------------------
@@ -268,64 +189,32 @@ def _shapes(axes: Axes, dims):
     return ((d, n), (n, d, f + 1), (n, f + 1, d), (n * 2 * t, d))
 
 
-def moe_program(router_w, w_in, w_out, tokens, *, axes: Axes, top_k: int,
-                capacity: int | None, capacity_factor: float):
-    """The global program: per-device routing as a leading group dimension,
-    and sharding constraints that move the buffer from token-sharded to
-    expert-sharded and back (XLA emits the two all-to-alls)."""
-    n = axes.size
-
-    def constrain(x, spec):
-        return jax.lax.with_sharding_constraint(x, NamedSharding(axes.mesh, spec))
-
-    by_group = P(axes.entry)
-    groups = constrain(tokens.reshape(n, -1, tokens.shape[-1]), by_group)  # [n,t,D]
-    slots = expert_capacity(groups.shape[1], router_w.shape[-1], top_k=top_k,
-                            capacity=capacity, capacity_factor=capacity_factor)
-    gate, expert = jax.vmap(lambda x: _route(router_w, x, top_k))(groups)
-    mask, dropped = jax.vmap(
-        lambda ex: _slots(ex, router_w.shape[-1], slots, tokens.dtype))(expert)
-    mask, gate = constrain(mask, by_group), constrain(gate, by_group)
-    buffer = jnp.einsum("gaec,gad->gecd", mask, jnp.repeat(groups, top_k, axis=1))
-    buffer = constrain(buffer, by_group)  # [n, E, C, D]: each group's own buffer
-
-    by_expert = constrain(buffer, P(None, axes.entry))  # [n, E, C, D]: all-to-all
-    out = constrain(_ffn(by_expert, w_in, w_out), P(None, axes.entry))
-    back = constrain(out, by_group)  # all-to-all back
-    combined = jnp.einsum("gaec,gecd->gad", mask, back) * gate.reshape(n, -1, 1)
-    combined = constrain(combined, by_group)
-    out = combined.reshape(n, groups.shape[1], top_k, -1).sum(2)
-    return out.reshape(tokens.shape), dropped.sum()
+def _on_mesh(fn):
+    """The file's ``fn(*arrays, mesh, axis, **routing)`` as a recipe's
+    ``program``, ``fn(*arrays, axes=..., **routing)``."""
+    @functools.wraps(fn)
+    def on_axes(*arrays, axes: Axes, **routing):
+        return fn(*arrays, axes.mesh, axes.entry, **routing)
+    return on_axes
 
 
-def moe_oracle(router_w, w_in, w_out, tokens, *, axes: Axes, top_k: int,
-               capacity: int | None, capacity_factor: float):
-    """NumPy: route each device's tokens in order, drop past capacity, apply
-    each kept assignment's expert, sum gate-weighted."""
-    n = axes.size
-    dtype = np.result_type(tokens)
-    router_w, w_in, w_out, tokens = (np.asarray(a, np.float64)
-                                     for a in (router_w, w_in, w_out, tokens))
-    n_experts = router_w.shape[-1]
-    t = tokens.shape[0] // n
-    slots = expert_capacity(t, n_experts, top_k=top_k, capacity=capacity,
-                            capacity_factor=capacity_factor)
-    out = np.zeros_like(tokens)
-    dropped = 0
-    for device in range(n):
-        used = np.zeros(n_experts, int)  # slots taken on this device, per expert
-        for row in range(device * t, (device + 1) * t):
-            x = tokens[row]
-            logits = x @ router_w
-            probs = np.exp(logits - logits.max())
-            probs /= probs.sum()
-            for j in np.argsort(-logits, kind="stable")[:top_k]:
-                if used[j] >= slots:
-                    dropped += 1
-                    continue
-                used[j] += 1
-                out[row] += probs[j] * (np.maximum(x @ w_in[j], 0) @ w_out[j])
-    return out.astype(dtype), np.asarray(dropped, np.int32)
+def _on_size(fn):
+    """The file's ``fn(*arrays, n, **routing)`` as a recipe's ``oracle``:
+    ``n`` is how many devices the axes span."""
+    @functools.wraps(fn)
+    def on_axes(*arrays, axes: Axes, **routing):
+        return fn(*arrays, axes.size, **routing)
+    return on_axes
+
+
+moe_program = _on_mesh(file.moe_program)
+"""The global program (``recipes/moe.py``'s ``moe_program``), called as
+``moe_program(router_w, w_in, w_out, tokens, axes=..., top_k=...,
+capacity=..., capacity_factor=...)``."""
+
+moe_oracle = _on_size(file.moe_numpy)
+"""The NumPy oracle (``recipes/moe.py``'s ``moe_numpy``), called like
+:data:`moe_program`."""
 
 
 def _moe_fact(axes: Axes, args, form: str, *, top_k: int, capacity: int | None,
@@ -371,17 +260,13 @@ def moe_recipe(*, top_k: int = 1, capacity: int | None = None,
     ``moe_recipe()``: top-1, capacity factor 1.
     """
     options = dict(top_k=top_k, capacity=capacity, capacity_factor=capacity_factor)
-
-    def body(router_w, w_in, w_out, tokens, *, axis):
-        # tokens: [t, D], experts [e, ...] on each device -> ([t, D], dropped)
-        return moe_layer(router_w, w_in, w_out, tokens, axis, **options)
-
     return Recipe(
         name=name, family="strategy", source="moe.py",
         exact=False,  # the router's softmax: exp rounds on any input
         summary=f"mixture of experts: top-{top_k} router, all_to_all dispatch with "
                 "capacity, expert FFN, all_to_all combine; counts dropped tokens",
-        body=body, program=functools.partial(moe_program, **options),
+        body=functools.partial(file.moe_body, **options),
+        program=functools.partial(moe_program, **options),
         oracle=functools.partial(moe_oracle, **options), in_specs=_specs,
         out_specs=lambda axes: (P(axes.entry), P()), example_shapes=_shapes,
         arg_names=("router_w", "expert_w_in", "expert_w_out", "tokens"),

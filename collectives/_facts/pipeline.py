@@ -19,15 +19,18 @@ Every stage is busy on ``M`` of the ``M + S - 1`` ticks: the **bubble**, the
 fraction of idle stage-ticks, is ``(S - 1) / (M + S - 1)``
 (:func:`bubble_fraction`); it shrinks as ``M`` grows. Activation memory is
 ``M`` microbatches per stage (GPipe); 1F1B would bound it by ``S``.
+
+The per-stage body, the global program and the NumPy oracle are
+``recipes/pipeline.py``'s; this module adds the facts the library needs
+about them, and the public functions validate, then call the file's.
 """
 
 from __future__ import annotations
 
+import functools
+
 import jax
-import jax.numpy as jnp
 import numpy as np
-from jax import lax
-from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from collectives._costs import per_device_bytes
@@ -36,8 +39,9 @@ from collectives._layout import Axes
 from collectives._recipe import Recipe
 from collectives._registry import register
 from collectives.hlo import Expectation
+from collectives.recipes import pipeline as file
 
-MICROBATCHES = 4
+MICROBATCHES = file.MICROBATCHES
 """``M`` of the ``pipeline_mlp`` recipe."""
 
 
@@ -63,60 +67,22 @@ def bubble_fraction(stages: int, microbatches: int) -> float:
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) \
                 or value < 1:
             raise ValueError(f"{name}: expected a positive int, got {value!r}.")
-    return (stages - 1) / (microbatches + stages - 1)
+    return file.bubble_fraction(stages, microbatches)
 
 
-def stage_layer(params, a):
-    """One stage: ``tanh(a @ w + b)``; ``params = {"w": [d, d], "b": [d]}``."""
-    return jnp.tanh(a @ params["w"] + params["b"][None])
-
-
-def _micro(a, microbatches: int):
+def _check_microbatches(a, microbatches: int) -> None:
     if a.shape[0] % microbatches:
         raise ValueError(
             f"pipeline: a batch of {a.shape[0]} rows does not split into "
             f"{microbatches} microbatches. Fix: use a batch that divides by "
             f"{microbatches}.")
-    return a.reshape(microbatches, a.shape[0] // microbatches, *a.shape[1:])
-
-
-def pipeline_forward(params, x, *, stage_axis: str, microbatches: int):
-    """The GPipe forward pass on one stage; call inside a body.
-
-    Args:
-      params: this stage's layer, ``{"w": [d, d], "b": [d]}``.
-      x: the whole batch ``[batch, d]`` (only stage 0 reads it).
-      stage_axis: the mesh axis of the stages.
-      microbatches: ``M``; ``batch`` must divide by it.
-
-    Returns:
-      ``[M, batch / M, d]``: on the last stage the model's output per
-      microbatch; on the other stages values to ignore.
-    """
-    stages = body_axis_size(stage_axis, "pipeline_forward")
-    xs = _micro(x, microbatches)  # [M, mb, d]
-    stage = lax.axis_index(stage_axis)
-    # s -> s + 1; the wrap-around (last -> 0) is ignored by stage 0, which
-    # reads x, and makes the shift a full permutation (vmap needs one).
-    forward = [(s, (s + 1) % stages) for s in range(stages)]
-
-    def tick(incoming, t):
-        # incoming: [mb, d], what the previous stage sent at tick t - 1
-        inp = jnp.where(stage == 0, xs[jnp.minimum(t, microbatches - 1)], incoming)
-        out = stage_layer(params, inp)
-        return lax.ppermute(out, stage_axis, forward), out
-
-    # Tick 0's input: microbatch 0 on stage 0, zeros (ignored) elsewhere; it
-    # varies over the stages, as the carry does from then on.
-    start = jnp.where(stage == 0, xs[0], jnp.zeros_like(xs[0]))
-    ticks = jnp.arange(microbatches + stages - 1)
-    _, outs = lax.scan(tick, start, ticks, unroll=True)  # [M + S - 1, mb, d]
-    return outs[stages - 1:]  # the last stage's outputs of microbatches 0..M-1
 
 
 def pipeline_value_and_grad(stage_params, x, y, *, stage_axis: str,
                             microbatches: int = MICROBATCHES):
     """Loss and this stage's gradients of the GPipe pipeline; call inside a body.
+
+    The schedule is ``recipes/pipeline.py``'s ``pipeline_value_and_grad``.
 
     Args:
       stage_params: this stage's block of the stacked parameters,
@@ -150,73 +116,16 @@ def pipeline_value_and_grad(stage_params, x, y, *, stage_axis: str,
       >>> bool(np.allclose(grads["w"], want[1]["w"], rtol=1e-4, atol=1e-6))
       True
     """
-    stages = body_axis_size(stage_axis, "pipeline_value_and_grad")
-    ys = _micro(y, microbatches)
-    last = lax.axis_index(stage_axis) == stages - 1
-
-    def local_loss(block):
-        params = jax.tree_util.tree_map(lambda a: a[0], block)
-        outs = pipeline_forward(params, x, stage_axis=stage_axis,
-                                microbatches=microbatches)
-        return jnp.where(last, jnp.sum((outs - ys) ** 2), 0.0) / x.shape[0]
-
-    local, grads = jax.value_and_grad(local_loss)(stage_params)
-    return lax.psum(local, stage_axis), grads
+    body_axis_size(stage_axis, "pipeline_value_and_grad")
+    for a in (y, x):
+        _check_microbatches(a, microbatches)
+    return file.pipeline_value_and_grad(stage_params, x, y, stage_axis, microbatches)
 
 
 def pipeline_reference(stage_params, x, y):
     """The NumPy oracle: the layers in sequence, forward and backward by hand,
     in float64. Returns ``(loss, grads)``."""
-    w = np.asarray(stage_params["w"], np.float64)
-    b = np.asarray(stage_params["b"], np.float64)
-    acts = [np.asarray(x, np.float64)]
-    for s in range(w.shape[0]):
-        acts.append(np.tanh(acts[-1] @ w[s] + b[s]))
-    err = acts[-1] - np.asarray(y, np.float64)
-    loss = np.sum(err ** 2) / err.shape[0]
-    grad_a = 2 * err / err.shape[0]
-    dw, db = np.zeros_like(w), np.zeros_like(b)
-    for s in reversed(range(w.shape[0])):
-        dz = grad_a * (1 - acts[s + 1] ** 2)
-        dw[s], db[s] = acts[s].T @ dz, dz.sum(0)
-        grad_a = dz @ w[s].T
-    return np.asarray(loss), {"w": dw, "b": db}
-
-
-def pipeline_jit_value_and_grad(stage_params, x, y, mesh, stage_axis: str,
-                                microbatches: int = MICROBATCHES):
-    """The jit form's global program: the same schedule on a ``[S, mb, d]``
-    state sharded over the stages; every tick applies each stage's layer to
-    its slot (``vmap``) and shifts the state by one stage (``jnp.roll`` on the
-    sharded axis, which the partitioner writes as a collective-permute)."""
-    stages = stage_params["w"].shape[0]
-    xs, ys = _micro(x, microbatches), _micro(y, microbatches)
-    stage = jnp.arange(stages)[:, None, None]
-
-    def constrain(a):
-        spec = P(stage_axis, *([None] * (a.ndim - 1)))
-        return lax.with_sharding_constraint(a, NamedSharding(mesh, spec))
-
-    def loss(params):
-        def tick(carry, t):
-            # state: [S, mb, d], stage s's input in row s; sums: [S]
-            state, sums = carry
-            new = xs[jnp.minimum(t, microbatches - 1)][None]  # [1, mb, d]
-            state = jnp.where(stage == 0, new, state)
-            out = constrain(jax.vmap(stage_layer)(params, state))
-            done = t - (stages - 1)  # the microbatch leaving the last stage
-            err = jnp.sum((out - ys[jnp.maximum(done, 0)][None]) ** 2, axis=(1, 2))
-            keep = (stage[:, 0, 0] == stages - 1) & (done >= 0)
-            sums = constrain(sums + jnp.where(keep, err, 0.0))
-            return (constrain(jnp.roll(out, 1, axis=0)), sums), None
-
-        start = (constrain(jnp.zeros((stages, *xs.shape[1:]), x.dtype)),
-                 constrain(jnp.zeros((stages,), x.dtype)))
-        ticks = jnp.arange(microbatches + stages - 1)
-        (_, sums), _ = lax.scan(tick, start, ticks, unroll=True)
-        return jnp.sum(sums) / x.shape[0]  # only the last stage's sum is nonzero
-
-    return jax.value_and_grad(loss)(stage_params)
+    return file.pipeline_numpy(stage_params, x, y)
 
 
 # -- the recipe ---------------------------------------------------------------
@@ -243,19 +152,43 @@ def _shapes(axes: Axes, dims):
             (batch, width), (batch, width))
 
 
-def _body(stage_params, x, y, *, axis):
-    # stage_params: {"w": [1, d, d], "b": [1, d]} on each stage; x, y: [batch, d]
-    return pipeline_value_and_grad(stage_params, x, y, stage_axis=axis)
+def _on_mesh(fn):
+    """The file's ``fn(*arrays, mesh, axis)`` as a recipe's ``program``."""
+    @functools.wraps(fn)
+    def on_axes(*arrays, axes: Axes):
+        return fn(*arrays, axes.mesh, axes.entry)
+    return on_axes
 
 
-def _program(stage_params, x, y, *, axes: Axes):
-    return pipeline_jit_value_and_grad(stage_params, x, y, axes.mesh, axes.entry)
+def _in_dtype_of_x(fn):
+    """The file's float64 oracle as the recipe's: results in ``x``'s dtype."""
+    @functools.wraps(fn)
+    def oracle(stage_params, x, y, *, axes: Axes):
+        del axes
+        return jax.tree_util.tree_map(lambda v: np.asarray(v).astype(x.dtype),
+                                      fn(stage_params, x, y))
+    return oracle
 
 
-def _oracle(stage_params, x, y, *, axes: Axes):
+def _magnitudes(stage_params, x, y, *, axes: Axes):
+    """The recipe's ``magnitudes`` fact: for the loss and each gradient
+    element, the root-sum-square of the terms behind it.
+
+    The file's backward pass is a chain of products and sums; run on squared
+    values (the weights, the activations and the tanh slopes ``1 - a**2`` of
+    the oracle's forward pass, and the squared terms of ``2 (a - y) /
+    batch``) it adds up the squared terms of each gradient element. A
+    gradient that cancels to near zero keeps the rounding of those terms,
+    which add like a random walk: their root-sum-square, not their sum."""
     del axes
-    loss, grads = pipeline_reference(stage_params, x, y)
-    return loss.astype(x.dtype), {k: v.astype(x.dtype) for k, v in grads.items()}
+    acts, slopes = file.forward_numpy(stage_params, x)
+    batch = acts[0].shape[0]
+    err_sq = acts[-1] ** 2 + np.asarray(y, np.float64) ** 2  # a - y: two terms
+    grads_sq = file.backward_numpy(np.asarray(stage_params["w"], np.float64) ** 2,
+                                   [a ** 2 for a in acts], [s ** 2 for s in slopes],
+                                   4 * err_sq / batch ** 2)
+    loss = np.sqrt(np.sum(err_sq ** 2)) / batch
+    return loss, {k: np.sqrt(v) for k, v in grads_sq.items()}
 
 
 def _validate(axes: Axes, args) -> None:
@@ -320,9 +253,10 @@ pipeline_mlp = register(Recipe(
     name="pipeline_mlp",
     summary="GPipe: one layer per stage over the axis, M microbatches passed on "
             "with ppermute in a scan; loss+grads",
-    body=_body, program=_program, oracle=_oracle, in_specs=_in_specs,
+    body=file.pipeline_value_and_grad, program=_on_mesh(file.pipeline_program),
+    oracle=_in_dtype_of_x(file.pipeline_numpy), in_specs=_in_specs,
     out_specs=_out_specs, example_shapes=_shapes,
-    arg_names=("stage_params", "x", "y"), count_terms=_terms,
+    arg_names=("stage_params", "x", "y"), count_terms=_terms, magnitudes=_magnitudes,
     dtype_kinds=frozenset({"float"}), validate=_validate, unsupported_reason=_one_axis,
     family="strategy", hlo=_hlo, source="pipeline.py",
     exact=False))  # tanh layers round on any input
