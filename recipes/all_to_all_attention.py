@@ -8,11 +8,18 @@ then; one more ``all_to_all`` (the axes swapped) brings the output back to
 sequence sharding. Four all-to-alls, each moving ``(n-1)/n`` of a block: far
 fewer bytes than passing K/V round a ring, but the heads must divide by the
 number of devices, and each device holds the full score matrix of its heads.
+Scores and the softmax are computed in float32 at least (float16/bfloat16
+inputs are upcast), and the output comes back in the input dtype.
 
 Which form when: shard_map when heads >= devices (DeepSpeed-Ulysses style);
 ring attention when they are not or sequences are too long for
 ``[heads/n, seq, seq]`` scores; jit of dense attention all-gathers K/V
 instead; pmap as the legacy form.
+
+The per-device body, the dense global program and the NumPy oracle below
+are the ones ``collectives.RECIPES["all_to_all_attention"]`` runs: ``axis``
+may be one mesh axis name or a tuple of them, and ``causal=True`` masks keys
+after each query.
 
 Registered as: ``collectives.RECIPES["all_to_all_attention"]``.
 Devices: 8 (simulated on CPU by ``main()``).
@@ -20,6 +27,7 @@ JAX versions checked: 0.10.2, 0.12.0.
 Run: ``python recipes/all_to_all_attention.py``
 """
 
+import functools
 import math
 import os
 
@@ -31,65 +39,87 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 N_DEVICES = 8
+AXIS = "i"
 
 
 def make_mesh(n_devices):
     # Auto axes on every JAX version (jax.make_mesh defaults to Explicit from 0.9).
-    return jax.make_mesh((n_devices,), ("i",),
+    return jax.make_mesh((n_devices,), (AXIS,),
                          axis_types=(jax.sharding.AxisType.Auto,))
 
 
-def dense_attention(q, k, v):
-    scores = jnp.einsum("shd,thd->hst", q, k) / math.sqrt(q.shape[-1])
-    return jnp.einsum("hst,thd->shd", jax.nn.softmax(scores, axis=-1), v)
+def attention_program(q, k, v, causal=False):
+    # Dense softmax attention on whole sequences: q, k, v [S, h, d] -> [S, h, d].
+    # Scores and softmax statistics in float32 at least; the output in q's dtype.
+    acc = jnp.promote_types(q.dtype, jnp.float32)
+    qf, kf, vf = (x.astype(acc) for x in (q, k, v))
+    scores = jnp.einsum("shd,thd->hst", qf, kf) / math.sqrt(q.shape[-1])  # [h, S, S]
+    if causal:  # query position p sees key position t when t <= p
+        scores = jnp.where(jnp.tri(q.shape[0], dtype=bool)[None], scores, -jnp.inf)
+    p = jnp.exp(scores - scores.max(-1)[..., None])  # stable: the row max first
+    out = jnp.einsum("hst,thd->hsd", p, vf) / p.sum(-1)[..., None]  # [h, S, d]
+    return jnp.transpose(out, (1, 0, 2)).astype(q.dtype)
 
 
-def all_to_all_attention(q, k, v):
-    # q, k, v: [s, H, d] sequence blocks -> [n*s, H/n, d]: whole sequence, H/n heads
+# [start:body]
+# q, k, v: [s, H, d] sequence blocks on each device -> [s, H, d]
+def all_to_all_attention_body(q, k, v, axis=AXIS, causal=False):
     def to_heads(x):
-        return lax.all_to_all(x, "i", split_axis=1, concat_axis=0, tiled=True)
+        # [s, H, d] sequence block -> [n*s, H/n, d]: whole sequence, H/n heads
+        return lax.all_to_all(x, axis, split_axis=1, concat_axis=0, tiled=True)
 
-    out = dense_attention(to_heads(q), to_heads(k), to_heads(v))
+    out = attention_program(to_heads(q), to_heads(k), to_heads(v), causal)
     # [n*s, H/n, d] -> [s, H, d]: this device's sequence block, every head
-    return lax.all_to_all(out, "i", split_axis=0, concat_axis=1, tiled=True)
+    return lax.all_to_all(out, axis, split_axis=0, concat_axis=1, tiled=True)
+# [end:body]
 
 
 # [start:pmap]
-def all_to_all_attention_pmap(q, k, v, n_devices):
+def all_to_all_attention_pmap(q, k, v, n_devices, causal=False):
     stack = lambda x: x.reshape(n_devices, -1, *x.shape[1:])  # [n, s, H, d]
-    out = jax.pmap(all_to_all_attention, axis_name="i")(stack(q), stack(k), stack(v))
-    return np.asarray(out).reshape(q.shape)
+    f = jax.pmap(functools.partial(all_to_all_attention_body, axis=AXIS,
+                                   causal=causal), axis_name=AXIS)
+    return np.asarray(f(stack(q), stack(k), stack(v))).reshape(q.shape)
 # [end:pmap]
 
 
 # [start:shard_map]
-def all_to_all_attention_shard_map(q, k, v, mesh):
-    heads, n = q.shape[1], mesh.shape["i"]
+def all_to_all_attention_shard_map(q, k, v, mesh, causal=False):
+    heads, n = q.shape[1], mesh.shape[AXIS]
     if heads % n:
         raise ValueError(
             f"q, k, v have {heads} heads, which must split evenly over the {n} "
-            f"devices along 'i'. Fix: use a multiple of {n} heads, or ring "
+            f"devices along {AXIS!r}. Fix: use a multiple of {n} heads, or ring "
             "attention.")
-    f = jax.shard_map(all_to_all_attention, mesh=mesh, in_specs=(P("i"),) * 3,
-                      out_specs=P("i"))
+    f = jax.shard_map(functools.partial(all_to_all_attention_body, axis=AXIS,
+                                        causal=causal),
+                      mesh=mesh, in_specs=(P(AXIS),) * 3, out_specs=P(AXIS))
     return jax.jit(f)(q, k, v)
 # [end:shard_map]
 
 
 # [start:jit]
-def attention_jit(q, k, v, mesh):
-    sharding = NamedSharding(mesh, P("i"))
-    return jax.jit(dense_attention, in_shardings=(sharding,) * 3,
-                   out_shardings=sharding)(q, k, v)
+def attention_jit(q, k, v, mesh, causal=False):
+    # jit partitions the dense program: XLA all-gathers K and V
+    sharding = NamedSharding(mesh, P(AXIS))
+    f = jax.jit(functools.partial(attention_program, causal=causal),
+                in_shardings=(sharding,) * 3, out_shardings=sharding)
+    return f(q, k, v)
 # [end:jit]
 
 
 # [start:numpy]
-def attention_numpy(q, k, v):
+def attention_numpy(q, k, v, causal=False):
+    # dense softmax attention in float64 (stable: the row max is subtracted),
+    # returned in q's dtype
+    dtype = np.result_type(q)
     q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
     scores = np.einsum("shd,thd->hst", q, k) / math.sqrt(q.shape[-1])
+    if causal:
+        scores = np.where(np.tri(q.shape[0], dtype=bool)[None], scores, -np.inf)
     p = np.exp(scores - scores.max(-1, keepdims=True))
-    return np.einsum("hst,thd->shd", p / p.sum(-1, keepdims=True), v)
+    out = np.einsum("hst,thd->shd", p / p.sum(-1, keepdims=True), v)
+    return out.astype(dtype)
 # [end:numpy]
 
 
@@ -101,19 +131,27 @@ def main():
     mesh = make_mesh(N_DEVICES)
     rng = np.random.default_rng(0)
     q, k, v = rng.standard_normal((3, 64, 16, 8)).astype(np.float32)
-    want = attention_numpy(q, k, v)
-    for form, got in (("pmap", all_to_all_attention_pmap(q, k, v, N_DEVICES)),
-                      ("shard_map", all_to_all_attention_shard_map(q, k, v, mesh)),
-                      ("jit", attention_jit(q, k, v, mesh))):
-        np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5,
-                                   err_msg=f"all-to-all attention ({form} form)")
+    for causal in (False, True):
+        want = attention_numpy(q, k, v, causal)
+        for form, got in (
+                ("pmap", all_to_all_attention_pmap(q, k, v, N_DEVICES, causal)),
+                ("shard_map", all_to_all_attention_shard_map(q, k, v, mesh, causal)),
+                ("jit", attention_jit(q, k, v, mesh, causal))):
+            np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5,
+                                       err_msg=f"all-to-all attention ({form}, "
+                                               f"{causal=})")
+    # By hand: the first query of a causal sequence sees only the first key,
+    # so its output row is v[0] itself.
+    got = np.asarray(all_to_all_attention_shard_map(q, k, v, mesh, causal=True))
+    print("causal, output row 0, head 0:", np.round(got[0, 0, :3], 5).tolist(),
+          "= v[0, 0, :3]:", np.round(v[0, 0, :3], 5).tolist())
     try:
         all_to_all_attention_shard_map(q[:, :12], k[:, :12], v[:, :12], mesh)
     except ValueError as err:
         print("12 heads over 8 devices:", err)
     else:
         raise AssertionError("12 heads over 8 devices should be refused")
-    print("ok: pmap, shard_map and jit agree with NumPy")
+    print("ok: pmap, shard_map and jit agree with NumPy, causal and not")
 
 
 if __name__ == "__main__":

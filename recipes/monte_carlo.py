@@ -2,9 +2,10 @@
 
 What it shows: C = n * k independent chains, k on each of n devices, all
 seeded from ONE global key, with statistics combined across devices by
-``pmean``:
-  * a random-walk Metropolis sampler for N(3, 2²) (known mean and variance);
-  * a plain estimator: pi from points thrown into the unit square.
+``pmean``. Each chain is a random-walk Metropolis sampler for a target with
+a known mean and variance, ``Binomial(16, 1/2) - 8`` on ``{-8, ..., 8}``
+(mean 0, variance 4), run for 128 steps from ``x0`` rounded into the
+support; a chain state may be a vector (each coordinate is its own walk).
 
 Keys: chain ``c`` uses ``fold_in(key, c)``. A device finds its chains'
 indices from ``axis_index`` (``device * k + arange(k)``); the jit form and a
@@ -14,29 +15,28 @@ splitting on the host and sharding the keys ("split and shard", the classic
 ``pmap(vmap(...))`` idiom with keys of shape ``(n_devices, n_chains)``) gives
 the same chains. Every form therefore draws the same numbers for the same
 chain: the samples are BITWISE identical across pmap, shard_map, jit and one
-device, whatever the device count.
+device, whatever the device count or mesh.
 
-Oracle: the known answers. Each estimate must land within 6 standard
-errors of the truth (a two-sided normal tail of 2e-9: a correct sampler
-fails it for about one seed in 500 million; the seed is fixed, so the check
-is deterministic). Standard errors, for C independent chains and N points:
-  * mean of the final states: sigma / sqrt(C);
-  * their variance: sigma² * sqrt(2 / (C - 1)) (Gaussian samples);
-  * pi: 4 * sqrt(p (1 - p) / N) with p = pi / 4.
-The chains start at 0, 1.5 sigma from the mean, and run 200 steps with
-uniform proposals of half-width 3 sigma; the mean's distance from 3 shrinks
-about tenfold every 5 steps (measured on 4e5 chains), so after 200 steps the
-start leaves no bias worth counting against the interval.
-
-Bitwise identity needs every element computed the same way whatever the
-batch size: it holds for + - * / and exp, and the chains use only those.
-XLA:CPU evaluates some functions differently in long vectorised loops and
-short remainders (erf_inv on JAX 0.8, behind ``jax.random.normal``; log on
-JAX 0.10), so a sampler built on them can differ in the last bit between one
-device holding C chains and n devices holding C / n.
+Oracle: JAX's random stream (threefry2x32) re-implemented in NumPy, bit for
+bit, and the same sampler run on the host. The sampler uses integer
+arithmetic only (the acceptance test compares a 24-bit uniform integer
+against a ratio of integers), so the NumPy samples equal the devices'
+exactly, not just within a tolerance. Floats would not do: XLA:CPU evaluates
+some functions differently in long vectorised loops and short remainders
+(erf_inv on JAX 0.8, behind ``jax.random.normal``; log on JAX 0.10), so a
+sampler built on them can differ in the last bit between one device holding
+C chains and n devices holding C / n, and from NumPy.
+``main()`` also checks the estimates against the known answers, within 6
+standard errors.
 
 Which form when: shard_map or jit for new code (jit needs no axis_index:
 the keys come from arange); pmap(vmap) is the legacy idiom.
+
+The per-device body, the global program and the NumPy oracle below are the
+ones ``collectives.RECIPES["metropolis"]`` runs: ``axis`` may be one mesh
+axis name or a tuple of them (devices then count in ``axis_index(axis)``
+order). ``chain_keys`` and ``device_key`` are ``collectives.chain_keys`` and
+``collectives.device_key``.
 
 Registered as: ``collectives.RECIPES["metropolis"]``.
 Devices: 8 (simulated on CPU by ``main()``).
@@ -55,132 +55,193 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 N_DEVICES = 8
-MEAN, SIGMA = 3.0, 2.0  # the target N(MEAN, SIGMA**2)
-N_STEPS = 200
-STEP = 3.0 * SIGMA  # proposals uniform on x +- STEP
-N_POINTS = 512  # points per chain for pi
-Z = 6.0  # half-width of the confidence intervals, in standard errors
+AXIS = "i"
+SEED = 0  # the global key is jax.random.key(SEED)
+HALF_WIDTH = 8  # the target: Binomial(2 * HALF_WIDTH, 1/2) - HALF_WIDTH
+TARGET_MEAN = 0.0
+TARGET_VARIANCE = HALF_WIDTH / 2  # Binomial(2h, 1/2) has variance 2h / 4
+# Steps per chain: the chain's second eigenvalue is about 0.90, so 128 steps
+# from any start leave the variance within 1e-4 of the target.
+N_STEPS = 128
+U_BITS = 24  # bits of each random word used for the acceptance test
+Z = 6.0  # main()'s confidence intervals: +- 6 standard errors
 
 
 def make_mesh(n_devices):
     # Auto axes on every JAX version (jax.make_mesh defaults to Explicit from 0.9).
-    return jax.make_mesh((n_devices,), ("i",),
+    return jax.make_mesh((n_devices,), (AXIS,),
                          axis_types=(jax.sharding.AxisType.Auto,))
 
 
-def log_target(x):
-    return -0.5 * ((x - MEAN) / SIGMA) ** 2
-
-
-def chain(key, x0):
-    # One chain: a scalar state, N_STEPS Metropolis steps, and N_POINTS points
-    # for pi. Returns (final state, points inside the quarter circle). One
-    # draw of uniforms per chain: rows [:N_STEPS] drive the walk (move,
-    # accept), the other N_POINTS rows are the points.
-    u = jax.random.uniform(key, (N_STEPS + N_POINTS, 2))
-
-    def step(x, u):
-        proposal = x + STEP * (2.0 * u[0] - 1.0)  # uniform on x +- STEP
-        accept = u[1] < jnp.exp(log_target(proposal) - log_target(x))
-        return jnp.where(accept, proposal, x), None
-
-    final, _ = lax.scan(step, x0, u[:N_STEPS])
-    hits = jnp.sum(jnp.sum(u[N_STEPS:] ** 2, axis=1) < 1.0)
-    return final, hits
-
-
-def statistics(final, hits, axis=None):
-    # Mean and variance of the final states, and pi; with an axis name, the
-    # per-device means are combined across devices by pmean.
-    def mean(v):
-        return v.mean() if axis is None else lax.pmean(v.mean(), axis)
-
-    m = mean(final)
-    return m, mean((final - m) ** 2), 4.0 * mean(hits / N_POINTS)
-
-
 # [start:keys]
-def chain_keys(key, axis_name, k):
+def device_key(key, axis=AXIS):
+    # One key per device: device d gets fold_in(key, d) (== split(key, n)[d])
+    return jax.random.fold_in(key, lax.axis_index(axis))
+
+
+def chain_keys(key, axis, k):
     # This device's k chains: global indices device * k + arange(k)
-    first = lax.axis_index(axis_name) * k
-    return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, first + jnp.arange(k))
+    first = lax.axis_index(axis) * k
+    return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(
+        key, first + jnp.arange(k, dtype=jnp.int32))
 
 
 def all_chain_keys(key, n_chains):
     # The same keys without devices: chain c -> fold_in(key, c)
-    return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, jnp.arange(n_chains))
+    return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(
+        key, jnp.arange(n_chains, dtype=jnp.int32))
 # [end:keys]
 
 
+# -- the sampler: integers only, so NumPy can run it too (xp = jnp or np) ------
+
+def step(s, bits, xp=jnp):
+    # One Metropolis step for Binomial(2h, 1/2) - h: propose s + 1 or s - 1
+    # (bit 0 of `bits`); accept with probability min(1, target(new) /
+    # target(s)), testing a 24-bit uniform u as u * den < num * 2**24.
+    n = 2 * HALF_WIDTH
+    up = (bits & 1) == 1
+    u = (bits >> (32 - U_BITS)).astype(xp.int32)
+    j = s + HALF_WIDTH  # in [0, 2h]
+    num = xp.where(up, n - j, j)
+    den = xp.where(up, j + 1, n - j + 1)
+    accept = u * den < num * (1 << U_BITS)
+    return s + xp.where(accept, xp.where(up, 1, -1), 0).astype(xp.int32)
+
+
+def initial_states(x0, xp=jnp):
+    # chain starts: x0 rounded and clipped into the support, as int32
+    return xp.clip(xp.round(x0), -HALF_WIDTH, HALF_WIDTH).astype(xp.int32)
+
+
+def run_chain(key, s0):
+    # N_STEPS steps from s0 (int32, any shape): one uint32 word per step and
+    # coordinate
+    bits = jax.random.bits(key, (N_STEPS, *s0.shape), jnp.uint32)
+    final, _ = lax.scan(lambda s, b: (step(s, b), None), s0, bits)
+    return final
+
+
+# [start:body]
+# x0: [k, ...] chain starts on each device -> the mean and variance over all
+# chains [...], the same on every device, and the final states [k, ...]
+def metropolis_body(x0, axis=AXIS, seed=SEED):
+    keys = chain_keys(jax.random.key(seed), axis, x0.shape[0])
+    samples = jax.vmap(run_chain)(keys, initial_states(x0))
+    values = samples.astype(jnp.float32)
+    mean = lax.pmean(values.mean(0), axis)
+    var = lax.pmean(((values - mean[None]) ** 2).mean(0), axis)
+    return mean, var, samples
+# [end:body]
+
+
 # [start:pmap]
-def monte_carlo_pmap(key, x0, n_devices):
-    # Split and shard: C keys made on the host, stacked (n_devices, k) like x0
-    keys = jax.random.split(key, x0.shape[0]).reshape(n_devices, -1)
-    x0s = x0.reshape(n_devices, -1)
-
-    def per_device(keys, x0):
-        # keys, x0: [k] on each device
-        final, hits = jax.vmap(chain)(keys, x0)
-        return final, statistics(final, hits, "i")
-
-    final, stats = jax.pmap(per_device, axis_name="i")(keys, x0s)
+def metropolis_pmap(x0, n_devices):
+    stacked = x0.reshape(n_devices, -1, *x0.shape[1:])  # [n, k, ...]
+    mean, var, samples = jax.pmap(metropolis_body, axis_name=AXIS)(stacked)
     # The statistics went through pmean: every device holds the same value.
-    for s in stats:
-        copies = np.asarray(s)
+    for copies in (np.asarray(mean), np.asarray(var)):
         assert (copies == copies[0]).all(), "device copies differ"
-    return np.asarray(final).reshape(-1), tuple(np.asarray(s)[0] for s in stats)
+    return mean[0], var[0], np.asarray(samples).reshape(x0.shape)
+
+
+def split_and_shard_pmap(x0, n_devices):
+    # The classic idiom: C keys split on the host, stacked [n, k] like x0
+    keys = jax.random.split(jax.random.key(SEED), x0.shape[0])
+    stack = lambda a: a.reshape(n_devices, -1, *a.shape[1:])
+    f = jax.pmap(lambda keys, x0: jax.vmap(run_chain)(keys, initial_states(x0)))
+    return np.asarray(f(stack(keys), stack(x0))).reshape(x0.shape)
 # [end:pmap]
 
 
 # [start:shard_map]
-def monte_carlo_shard_map(key, x0, mesh):
-    def per_device(x0):
-        # x0: [k] on each device; keys from fold_in(key, axis_index * k + j)
-        keys = chain_keys(key, "i", x0.shape[0])
-        final, hits = jax.vmap(chain)(keys, x0)
-        return final, statistics(final, hits, "i")
-
-    f = jax.shard_map(per_device, mesh=mesh, in_specs=P("i"),
-                      out_specs=(P("i"), (P(), P(), P())))
+def metropolis_shard_map(x0, mesh):
+    f = jax.shard_map(metropolis_body, mesh=mesh, in_specs=P(AXIS),
+                      out_specs=(P(), P(), P(AXIS)))
     return jax.jit(f)(x0)
 # [end:shard_map]
 
 
 # [start:jit]
-def monte_carlo_jit(key, x0, mesh):
-    def program(x0):
-        # x0: [C] global, sharded over "i"; no axis_index: keys from arange(C)
-        final, hits = jax.vmap(chain)(all_chain_keys(key, x0.shape[0]), x0)
-        return final, statistics(final, hits)
+def metropolis_program(x0, seed=SEED):
+    # x0: [C, ...] global; the same keys from arange(C), no axis_index
+    keys = all_chain_keys(jax.random.key(seed), x0.shape[0])
+    samples = jax.vmap(run_chain)(keys, initial_states(x0))
+    values = samples.astype(jnp.float32)
+    mean = values.mean(0)
+    return mean, ((values - mean[None]) ** 2).mean(0), samples
 
-    f = jax.jit(program, in_shardings=NamedSharding(mesh, P("i")),
-                out_shardings=(NamedSharding(mesh, P("i")), NamedSharding(mesh, P())))
+
+def metropolis_jit(x0, mesh):
+    f = jax.jit(metropolis_program, in_shardings=NamedSharding(mesh, P(AXIS)),
+                out_shardings=(NamedSharding(mesh, P()),) * 2
+                + (NamedSharding(mesh, P(AXIS)),))
     return f(x0)
-
-
-def monte_carlo_one_device(key, x0):
-    # The same chains, vmapped on a single device: the reference for the samples
-    final, hits = jax.jit(jax.vmap(chain))(jax.random.split(key, x0.shape[0]), x0)
-    return final, statistics(final, hits)
 # [end:jit]
 
 
 # [start:numpy]
-def confidence_intervals(n_chains):
-    # (truth, half-width) for the mean, the variance and pi
-    p = math.pi / 4
-    return {
-        "mean": (MEAN, Z * SIGMA / math.sqrt(n_chains)),
-        "variance": (SIGMA ** 2, Z * SIGMA ** 2 * math.sqrt(2 / (n_chains - 1))),
-        "pi": (math.pi, Z * 4 * math.sqrt(p * (1 - p) / (n_chains * N_POINTS))),
-    }
+# JAX's default random stream, threefry2x32, in NumPy. For a key (k0, k1):
+# fold_in(key, d) is threefry2x32(key, (0, d)); bits(key, shape) (32 bits) is
+# y0 ^ y1 of threefry2x32(key, (hi, lo)) with (hi, lo) the 64-bit flat index
+# of each element (under jax_threefry_partitionable, the default).
+ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
 
 
-def check_estimates(stats, n_chains):
-    for name, got in zip(("mean", "variance", "pi"), stats, strict=True):
-        truth, half = confidence_intervals(n_chains)[name]
-        assert abs(float(got) - truth) <= half, (
-            f"{name}: {float(got):.5f} outside {truth:.5f} +- {half:.5f}")
+def threefry2x32(key, x0, x1):
+    # The Threefry-2x32 block cipher (20 rounds), elementwise over the uint32
+    # words x0, x1; key: uint32 [..., 2], broadcast against them.
+    def rotate_left(x, r):
+        return (x << np.uint32(r)) | (x >> np.uint32(32 - r))
+
+    key = np.asarray(key, np.uint32)
+    x0, x1, k0, k1 = np.broadcast_arrays(
+        np.atleast_1d(np.asarray(x0, np.uint32)),
+        np.atleast_1d(np.asarray(x1, np.uint32)),
+        np.atleast_1d(key[..., 0]), np.atleast_1d(key[..., 1]))
+    schedule = (k0, k1, k0 ^ k1 ^ np.uint32(0x1BD11BDA))
+    x0 = x0 + schedule[0]
+    x1 = x1 + schedule[1]
+    for block in range(5):
+        for r in ROTATIONS[block % 2]:
+            x0 = x0 + x1
+            x1 = rotate_left(x1, r) ^ x0
+        x0 = x0 + schedule[(block + 1) % 3]
+        x1 = x1 + schedule[(block + 2) % 3] + np.uint32(block + 1)
+    return x0, x1
+
+
+def fold_in_numpy(key, data):
+    # jax.random.fold_in on raw key data [..., 2], vectorised over data
+    # (ints below 2**32): one key [..., 2] per broadcast element
+    data = np.asarray(data).astype(np.uint32)
+    key = np.asarray(key, np.uint32)
+    y0, y1 = threefry2x32(key, np.zeros_like(data), data)
+    shape = np.broadcast_shapes(data.shape, key.shape[:-1])
+    return np.stack([y0.reshape(shape), y1.reshape(shape)], axis=-1)
+
+
+def run_chains_numpy(keys, s0):
+    # run_chain for a batch: keys [C, 2] raw, s0 [C, ...] (under 2**32 words
+    # a chain, so the counter's high word is 0)
+    size = math.prod(s0.shape[1:])
+    counts = np.arange(N_STEPS * size, dtype=np.uint32)
+    y0, y1 = threefry2x32(keys[:, None, :], np.zeros_like(counts), counts)
+    bits = (y0 ^ y1).reshape(s0.shape[0], N_STEPS, *s0.shape[1:])
+    s = s0.astype(np.int32)
+    for t in range(N_STEPS):
+        s = step(s, bits[:, t], np)
+    return s
+
+
+def metropolis_numpy(x0, seed=SEED):
+    key = np.asarray(jax.random.key_data(jax.random.key(seed)))
+    keys = fold_in_numpy(key, np.arange(x0.shape[0]))
+    samples = run_chains_numpy(keys, initial_states(np.asarray(x0), np))
+    values = samples.astype(np.float64)
+    mean = values.mean(0)
+    var = ((values - mean) ** 2).mean(0)
+    return mean.astype(np.float32), var.astype(np.float32), samples
 # [end:numpy]
 
 
@@ -190,32 +251,43 @@ def main():
     jax.config.update("jax_platforms", os.environ.get("JAX_PLATFORMS", "cpu"))
     jax.config.update("jax_num_cpu_devices", N_DEVICES)
     mesh = make_mesh(N_DEVICES)
-    key = jax.random.key(2024)
-    n_chains = N_DEVICES * 1024
-    x0 = np.zeros(n_chains, np.float32)
+    n_chains, coords = N_DEVICES * 256, 4
+    x0 = np.zeros((n_chains, coords), np.float32)  # every chain starts at 0
 
-    one_final, one_stats = monte_carlo_one_device(key, x0)
-    results = {
-        "pmap": monte_carlo_pmap(key, x0, N_DEVICES),
-        "shard_map": monte_carlo_shard_map(key, x0, mesh),
-        "jit": monte_carlo_jit(key, x0, mesh),
-    }
-    for form, (final, stats) in results.items():
-        # Same keys, same chains: the samples match bit for bit.
-        np.testing.assert_array_equal(np.asarray(final), np.asarray(one_final),
+    want_mean, want_var, want_samples = metropolis_numpy(x0)
+    results = {"pmap": metropolis_pmap(x0, N_DEVICES),
+               "shard_map": metropolis_shard_map(x0, mesh),
+               "jit": metropolis_jit(x0, mesh)}
+    for form, (mean, var, samples) in results.items():
+        # Same keys, same integer steps: the samples match NumPy bit for bit.
+        np.testing.assert_array_equal(np.asarray(samples), want_samples,
                                       err_msg=f"samples ({form} form)")
-        check_estimates(stats, n_chains)
-    check_estimates(one_stats, n_chains)
+        np.testing.assert_allclose(np.asarray(mean), want_mean, atol=1e-5,
+                                   err_msg=f"mean ({form} form)")
+        np.testing.assert_allclose(np.asarray(var), want_var, rtol=1e-5,
+                                   err_msg=f"variance ({form} form)")
+    # Split and shard: keys from jax.random.split give the very same chains.
+    np.testing.assert_array_equal(split_and_shard_pmap(x0, N_DEVICES), want_samples)
 
-    mean, var, pi = (float(s) for s in results["shard_map"][1])
-    bands = confidence_intervals(n_chains)
-    print(f"{n_chains} chains ({n_chains // N_DEVICES} per device), {N_STEPS} "
-          f"Metropolis steps, {N_POINTS} points each for pi")
-    print(f"mean {mean:.4f} (3 +- {bands['mean'][1]:.4f}), variance {var:.4f} "
-          f"(4 +- {bands['variance'][1]:.4f}), pi {pi:.5f} "
-          f"(+- {bands['pi'][1]:.5f})")
-    print("ok: pmap, shard_map, jit and one device draw bitwise-identical samples; "
-          "estimates within 6 standard errors")
+    # The known answers, within Z standard errors of the estimates from
+    # m = chains * coords samples: the mean's is sqrt(var / m), the
+    # variance's sqrt((mu4 - var**2) / m), mu4 = 46 the fourth central
+    # moment of Binomial(16, 1/2).
+    m = n_chains * coords
+    mean = float(np.mean(results["shard_map"][0]))
+    var = float(np.mean(results["shard_map"][1]))
+    mean_half = Z * math.sqrt(TARGET_VARIANCE / m)
+    var_half = Z * math.sqrt((46.0 - TARGET_VARIANCE ** 2) / m)
+    assert abs(mean - TARGET_MEAN) <= mean_half, mean
+    assert abs(var - TARGET_VARIANCE) <= var_half, var
+    print(f"{n_chains} chains ({n_chains // N_DEVICES} per device) of {coords} "
+          f"coordinates, {N_STEPS} Metropolis steps each, from 0")
+    print(f"mean {mean:.4f} (target {TARGET_MEAN} +- {mean_half:.4f}), variance "
+          f"{var:.4f} (target {TARGET_VARIANCE} +- {var_half:.4f})")
+    print("chain 0, by NumPy's threefry:", want_samples[0].tolist(),
+          "on the devices:", np.asarray(results["shard_map"][2])[0].tolist())
+    print("ok: pmap, shard_map, jit and split-and-shard draw the NumPy stream's "
+          "samples bit for bit; estimates within 6 standard errors")
 
 
 if __name__ == "__main__":

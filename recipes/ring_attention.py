@@ -7,12 +7,20 @@ value blocks to the next device with ``ppermute``, ``n - 1`` times inside a
 running statistics (max ``m``, sum ``total``, output ``o``), so no device
 ever holds more than one remote K/V block or the full score matrix. A causal
 variant masks keys after each query (blocks from later devices are wholly
-masked). Gradients flow through the scan.
+masked). Gradients flow through the scan. Scores and softmax statistics are
+computed in float32 at least (float16/bfloat16 inputs are upcast), and the
+output comes back in the input dtype.
 
 Which form when: shard_map for long sequences (K/V per device is 1/n of the
 sequence; on accelerators each permute overlaps the previous block's
 compute); jit of dense attention is the all-gather-K/V baseline (XLA gathers
 the whole K and V on every device); pmap as the legacy form.
+
+The per-device body, the dense global program and the NumPy oracle below
+are the ones ``collectives.RECIPES["ring_attention"]`` (and
+``"ring_attention_causal"``) run: ``axis`` may be one mesh axis name or a
+tuple of them, and the legacy pmap form of a 2-D mesh (``pmap`` of ``vmap``)
+passes ``shift=stepwise_shift``.
 
 Registered as: ``collectives.RECIPES["ring_attention"]``,
 ``collectives.RECIPES["ring_attention_causal"]``.
@@ -33,94 +41,191 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 N_DEVICES = 8
+AXIS = "i"
 
 
-def make_mesh(n_devices):
+def make_mesh(shape, names=(AXIS,)):
     # Auto axes on every JAX version (jax.make_mesh defaults to Explicit from 0.9).
-    return jax.make_mesh((n_devices,), ("i",),
-                         axis_types=(jax.sharding.AxisType.Auto,))
+    return jax.make_mesh(shape, names,
+                         axis_types=(jax.sharding.AxisType.Auto,) * len(shape))
+
+
+# -- the ring: one ppermute moves every block one place ------------------------
+
+def ring_shift(x, axis=AXIS, shift=1):
+    # Device d (numbered as lax.axis_index(axis) numbers it) receives the block
+    # of device d - shift.
+    names = (axis,) if isinstance(axis, str) else tuple(axis)
+    sizes = [lax.axis_size(name) for name in names]
+    n = math.prod(sizes)
+    pairs = [(d, (d + shift) % n) for d in range(n)]
+    # Over several axes ppermute numbers devices in mesh order (JAX 0.12
+    # refuses a tuple in another order), axis_index in the tuple's: renumber.
+    mesh_order = tuple(name for name in jax.sharding.get_abstract_mesh().axis_names
+                       if name in names) if len(names) > 1 else names
+    if len(mesh_order) == len(names) and mesh_order != names:
+        where = [names.index(name) for name in mesh_order]
+
+        def renumber(d):
+            digits = np.unravel_index(d, sizes)
+            return int(np.ravel_multi_index([digits[w] for w in where],
+                                            [sizes[w] for w in where]))
+
+        axis, pairs = mesh_order, [(renumber(s), renumber(t)) for s, t in pairs]
+    return lax.ppermute(x, axis, pairs)
+
+
+def stepwise_shift(x, axis=AXIS, shift=1):
+    # ring_shift by +1 or -1 with one ppermute per mesh axis: vmap batches a
+    # ppermute over one axis only, so pmap(vmap(...)) needs this. Shift along
+    # the last (minor) axis; where that wrapped round, take the block one
+    # more step along the next axis out.
+    names = (axis,) if isinstance(axis, str) else tuple(axis)
+    out = ring_shift(x, names[-1], shift)
+
+    def at_edge(name):  # this device received a block that wrapped round `name`
+        return lax.axis_index(name) == (0 if shift == 1 else lax.axis_size(name) - 1)
+
+    wrapped = at_edge(names[-1])
+    for name in reversed(names[:-1]):
+        out = jnp.where(wrapped, ring_shift(out, name, shift), out)
+        wrapped = wrapped & at_edge(name)
+    return out
+
+
+# -- the online softmax ---------------------------------------------------------
+# Stats per head and query: m [h, s] running max, total [h, s] running sum of
+# exp(score - m), o [h, s, d] running sum of exp(score - m) * v.
+
+def accumulator_dtype(dtype):
+    # scores and softmax statistics: float32 at least
+    return jnp.promote_types(dtype, jnp.float32)
+
+
+def scores_of(q, k, mask):
+    # q: [s, h, d], k: [t, h, d] -> [h, s, t], scaled; masked entries -inf
+    scores = jnp.einsum("shd,thd->hst", q, k) / math.sqrt(q.shape[-1])
+    return scores if mask is None else jnp.where(mask, scores, -jnp.inf)
+
+
+def first_block(q, k, v, mask):
+    # The stats of the first block seen: every row has a finite score (a
+    # device's own block holds the diagonal).
+    scores = scores_of(q, k, mask)
+    m = scores.max(-1)
+    p = jnp.exp(scores - m[..., None])
+    return m, p.sum(-1), jnp.einsum("hst,thd->hsd", p, v)
 
 
 def fold_block(stats, q, k, v, mask):
-    """Online softmax: fold one K/V block into (m, total, o)."""
-    m, total, o = stats  # m, total: [h, s]; o: [h, s, d]
-    scores = jnp.einsum("shd,thd->hst", q, k) / math.sqrt(q.shape[-1])
-    scores = jnp.where(mask, scores, -jnp.inf)
-    m_new = jnp.maximum(m, scores.max(-1))
+    # Fold one more K/V block into the stats (log-sum-exp rescaling).
+    m, total, o = stats
+    scores = scores_of(q, k, mask)
+    m_new = jnp.maximum(m, scores.max(-1))  # finite: m is
     rescale = jnp.exp(m - m_new)
-    p = jnp.exp(scores - m_new[..., None])
+    p = jnp.exp(scores - m_new[..., None])  # exp(-inf) = 0 where masked
     return (m_new, total * rescale + p.sum(-1),
             o * rescale[..., None] + jnp.einsum("hst,thd->hsd", p, v))
 
 
-def ring_attention(q, k, v, axis, causal):
-    # q, k, v: [s, h, d] on each device: positions me*s : (me+1)*s
+def finish(stats, dtype):
+    # stats -> the output [s, h, d] in `dtype`
+    _, total, o = stats
+    return jnp.transpose(o / total[..., None], (1, 0, 2)).astype(dtype)
+
+
+def causal_mask(q_block, k_block, rows):
+    # query position p sees key position t when t <= p: [1, s, t], all heads
+    q_pos = q_block * rows + jnp.arange(rows)
+    k_pos = k_block * rows + jnp.arange(rows)
+    return (q_pos[:, None] >= k_pos[None, :])[None]
+
+
+# [start:body]
+# q, k, v: [s, h, d] on each device (positions me*s : (me+1)*s) -> [s, h, d]
+def ring_attention_body(q, k, v, axis=AXIS, causal=False, shift=ring_shift):
     n, me, rows = lax.axis_size(axis), lax.axis_index(axis), q.shape[0]
-    heads = q.shape[1]
-    perm = [(j, (j + 1) % n) for j in range(n)]
+    acc = accumulator_dtype(q.dtype)
+    qf = q.astype(acc)
 
     def mask(src):
-        if not causal:
-            return jnp.ones((1, rows, rows), bool)
-        q_pos = me * rows + jnp.arange(rows)
-        k_pos = src * rows + jnp.arange(rows)
-        return (q_pos[:, None] >= k_pos[None, :])[None]
+        return causal_mask(me, src, rows) if causal else None
 
-    start = (jnp.full((heads, rows), -jnp.inf), jnp.zeros((heads, rows)),
-             jnp.zeros((heads, rows, q.shape[2])))
-    stats = fold_block(start, q, k, v, mask(me))  # own block: finite max
+    # step 0: the own block (for causal, the diagonal block)
+    stats = first_block(qf, k.astype(acc), v.astype(acc), mask(me))
 
     def step(carry, i):
         k, v, stats = carry
-        k, v = lax.ppermute(k, axis, perm), lax.ppermute(v, axis, perm)
-        return (k, v, fold_block(stats, q, k, v, mask((me - i) % n))), None
+        # one ppermute each: now the K and V blocks of device me - i
+        k, v = shift(k, axis, 1), shift(v, axis, 1)
+        stats = fold_block(stats, qf, k.astype(acc), v.astype(acc),
+                           mask((me - i) % n))
+        return (k, v, stats), None
 
-    (_, _, (_, total, o)), _ = lax.scan(step, (k, v, stats), jnp.arange(1, n),
-                                        unroll=True)
-    return jnp.transpose(o / total[..., None], (1, 0, 2))
+    (_, _, stats), _ = lax.scan(step, (k, v, stats), jnp.arange(1, n), unroll=True)
+    return finish(stats, q.dtype)
+# [end:body]
 
 
 # [start:pmap]
 def ring_attention_pmap(q, k, v, n_devices, causal=False):
     stack = lambda x: x.reshape(n_devices, -1, *x.shape[1:])  # [n, s, h, d]
-    f = jax.pmap(functools.partial(ring_attention, axis="i", causal=causal),
-                 axis_name="i")
+    f = jax.pmap(functools.partial(ring_attention_body, axis=AXIS, causal=causal),
+                 axis_name=AXIS)
+    return np.asarray(f(stack(q), stack(k), stack(v))).reshape(q.shape)
+
+
+def ring_attention_pmap_2d(q, k, v, shape, causal=False):
+    # The legacy 2-D mesh: pmap over "i" of vmap over "j", the sequence over
+    # both (device i * n_j + j holds block i * n_j + j). vmap batches a
+    # ppermute over one axis only: shift one axis at a time.
+    body = functools.partial(ring_attention_body, axis=("i", "j"), causal=causal,
+                             shift=stepwise_shift)
+    stack = lambda x: x.reshape(*shape, -1, *x.shape[1:])  # [n_i, n_j, s, h, d]
+    f = jax.pmap(jax.vmap(body, axis_name="j"), axis_name="i",
+                 devices=jax.devices()[:shape[0]])
     return np.asarray(f(stack(q), stack(k), stack(v))).reshape(q.shape)
 # [end:pmap]
 
 
 # [start:shard_map]
-def ring_attention_shard_map(q, k, v, mesh, causal=False):
-    f = jax.shard_map(functools.partial(ring_attention, axis="i", causal=causal),
-                      mesh=mesh, in_specs=(P("i"),) * 3, out_specs=P("i"))
+def ring_attention_shard_map(q, k, v, mesh, causal=False, axis=AXIS):
+    f = jax.shard_map(functools.partial(ring_attention_body, axis=axis, causal=causal),
+                      mesh=mesh, in_specs=(P(axis),) * 3, out_specs=P(axis))
     return jax.jit(f)(q, k, v)
 # [end:shard_map]
 
 
 # [start:jit]
-def ring_attention_jit(q, k, v, mesh, causal=False):
-    # dense attention on the global arrays: XLA all-gathers K and V
-    def dense(q, k, v):
-        scores = jnp.einsum("shd,thd->hst", q, k) / math.sqrt(q.shape[-1])
-        if causal:
-            seq = q.shape[0]
-            scores = jnp.where(jnp.tri(seq, dtype=bool)[None], scores, -jnp.inf)
-        return jnp.einsum("hst,thd->shd", jax.nn.softmax(scores, axis=-1), v)
+def attention_program(q, k, v, causal=False):
+    # dense attention on the global arrays [S, h, d], in float32 at least
+    acc = accumulator_dtype(q.dtype)
+    mask = causal_mask(0, 0, q.shape[0]) if causal else None
+    return finish(first_block(q.astype(acc), k.astype(acc), v.astype(acc), mask),
+                  q.dtype)
 
-    sharding = NamedSharding(mesh, P("i"))
-    return jax.jit(dense, in_shardings=(sharding,) * 3, out_shardings=sharding)(
-        q, k, v)
+
+def ring_attention_jit(q, k, v, mesh, causal=False):
+    # jit partitions the dense program: XLA all-gathers K and V
+    sharding = NamedSharding(mesh, P(AXIS))
+    f = jax.jit(functools.partial(attention_program, causal=causal),
+                in_shardings=(sharding,) * 3, out_shardings=sharding)
+    return f(q, k, v)
 # [end:jit]
 
 
 # [start:numpy]
 def attention_numpy(q, k, v, causal=False):
+    # dense softmax attention in float64 (stable: the row max is subtracted),
+    # returned in q's dtype
+    dtype = np.result_type(q)
     q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
     scores = np.einsum("shd,thd->hst", q, k) / math.sqrt(q.shape[-1])
     if causal:
         scores = np.where(np.tri(q.shape[0], dtype=bool)[None], scores, -np.inf)
     p = np.exp(scores - scores.max(-1, keepdims=True))
-    return np.einsum("hst,thd->shd", p / p.sum(-1, keepdims=True), v)
+    out = np.einsum("hst,thd->shd", p / p.sum(-1, keepdims=True), v)
+    return out.astype(dtype)
 # [end:numpy]
 
 
@@ -129,21 +234,31 @@ def main():
     # names a platform.
     jax.config.update("jax_platforms", os.environ.get("JAX_PLATFORMS", "cpu"))
     jax.config.update("jax_num_cpu_devices", N_DEVICES)
-    mesh = make_mesh(N_DEVICES)
+    mesh = make_mesh((N_DEVICES,))
+    mesh_2d = make_mesh((4, 2), ("i", "j"))
     rng = np.random.default_rng(0)
     q, k, v = rng.standard_normal((3, 64, 4, 8)).astype(np.float32)
     for causal in (False, True):
         want = attention_numpy(q, k, v, causal)
         for form, got in (
                 ("pmap", ring_attention_pmap(q, k, v, N_DEVICES, causal)),
+                ("pmap(vmap), 4x2", ring_attention_pmap_2d(q, k, v, (4, 2), causal)),
                 ("shard_map", ring_attention_shard_map(q, k, v, mesh, causal)),
+                ("shard_map, 4x2", ring_attention_shard_map(q, k, v, mesh_2d, causal,
+                                                            axis=("i", "j"))),
                 ("jit", ring_attention_jit(q, k, v, mesh, causal))):
             np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5,
                                        err_msg=f"ring attention ({form}, {causal=})")
     kv_block = q.nbytes // N_DEVICES
     print(f"q, k, v: float32{list(q.shape)}; K and V blocks per device: "
           f"{kv_block} bytes each (1/{N_DEVICES} of the sequence)")
-    print("ok: pmap, shard_map and jit agree with NumPy, causal and not")
+    # By hand: the first query of a causal sequence sees only the first key,
+    # so its output row is v[0] itself.
+    got = np.asarray(ring_attention_shard_map(q, k, v, mesh, causal=True))
+    print("causal, output row 0, head 0:", np.round(got[0, 0, :3], 5).tolist(),
+          "= v[0, 0, :3]:", np.round(v[0, 0, :3], 5).tolist())
+    print("ok: pmap, pmap(vmap), shard_map (8 and 4x2) and jit agree with NumPy, "
+          "causal and not")
 
 
 if __name__ == "__main__":

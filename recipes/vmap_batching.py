@@ -21,6 +21,11 @@ And the other way round: ``vmap`` of a shard_map adds a batch dimension to
 it; ``spmd_axis_name="i"`` splits that batch over mesh axis "i" instead of
 repeating it on every device.
 
+The per-device bodies, the global programs and the NumPy oracles below are
+the ones ``collectives.RECIPES["vmap_psum"]`` and ``"vmap_center"`` run:
+``axis`` may be one mesh axis name or a tuple of them. ``vmap_axes`` is
+``collectives.vmap_axes``.
+
 Registered as: ``collectives.RECIPES["vmap_psum"]``,
 ``collectives.RECIPES["vmap_center"]``.
 Devices: 8 (simulated on CPU by ``main()``).
@@ -31,13 +36,15 @@ Run: ``python recipes/vmap_batching.py``
 import os
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax import lax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 N_DEVICES = 8
-NAMES = ("i", "example")  # the device axis and the vmapped example axis
+AXIS = "i"  # the device axis
+EXAMPLE = "example"  # the vmapped example axis
 
 
 def make_mesh(shape, names):
@@ -46,21 +53,50 @@ def make_mesh(shape, names):
                          axis_types=(jax.sharding.AxisType.Auto,) * len(shape))
 
 
+def names_with_example(axis):
+    # the device axis name (or tuple of them) and the example axis, as one tuple
+    return (*((axis,) if isinstance(axis, str) else axis), EXAMPLE)
+
+
+# [start:body]
+# x: [k, m] on each device: k examples. vmap maps the rows under the name
+# "example"; one collective over (*axis, "example") covers every row of
+# every device.
+def vmap_psum_body(x, axis=AXIS):
+    # -> [m], the sum of all n*k rows: it no longer varies along "example"
+    # (out_axes=None)
+    names = names_with_example(axis)
+    return jax.vmap(lambda row: lax.psum(row, names), axis_name=EXAMPLE,
+                    out_axes=None)(x)
+
+
+def vmap_center_body(x, axis=AXIS):
+    # -> [k, m]: each row minus the mean of all n*k rows; still mapped along
+    # "example"
+    names = names_with_example(axis)
+    return jax.vmap(lambda row: row - lax.pmean(row, names), axis_name=EXAMPLE)(x)
+# [end:body]
+
+
 def per_device(block):
-    # block: [k, m] on each device. vmap maps its rows under the name
-    # "example": one psum / pmean over ("i", "example") covers every row of
-    # every device. The total no longer varies along "example" (out_axes=None).
-    total = jax.vmap(lambda row: lax.psum(row, NAMES), axis_name="example",
-                     out_axes=None)(block)  # [m]
-    centred = jax.vmap(lambda row: row - lax.pmean(row, NAMES),
-                       axis_name="example")(block)  # [k, m]
-    return total, centred
+    # block: [k, m] -> the total [m] and the centred rows [k, m]
+    return vmap_psum_body(block), vmap_center_body(block)
+
+
+def vmap_axes(fn, axis_names, in_axes=0, out_axes=0):
+    # fn under one named vmap per axis, the first outermost: on ONE device,
+    # vmap_axes(body, ("i", "j")) computes what pmap over "i" of vmap over "j"
+    # computes on n_i devices (arrays stacked [n_i, n_j, *block]).
+    for name in reversed((axis_names,) if isinstance(axis_names, str)
+                         else tuple(axis_names)):
+        fn = jax.vmap(fn, in_axes=in_axes, out_axes=out_axes, axis_name=name)
+    return fn
 
 
 # [start:pmap]
 def batching_pmap(x, n_devices):
     stacked = x.reshape(n_devices, -1, x.shape[1])  # [n, k, m]
-    total, centred = jax.pmap(per_device, axis_name="i")(stacked)
+    total, centred = jax.pmap(per_device, axis_name=AXIS)(stacked)
     copies = np.asarray(total)
     assert (copies == copies[0]).all(), "device copies differ"
     return copies[0], np.asarray(centred).reshape(x.shape)
@@ -71,23 +107,23 @@ def batching_pmap(x, n_devices):
 def batching_shard_map(x, mesh):
     # check_vma=False: the varying-axes check rejects the collectives over
     # the vmapped "example" axis (JAX 0.8-0.12).
-    f = jax.shard_map(per_device, mesh=mesh, in_specs=P("i"),
-                      out_specs=(P(), P("i")), check_vma=False)
+    f = jax.shard_map(per_device, mesh=mesh, in_specs=P(AXIS),
+                      out_specs=(P(), P(AXIS)), check_vma=False)
     return jax.jit(f)(x)
 
 
 def total_checked_shard_map(x, mesh):
     # Keeping check_vma=True: reduce over the examples with a plain sum first,
     # then over the devices.
-    f = jax.shard_map(lambda block: lax.psum(block.sum(0), "i"), mesh=mesh,
-                      in_specs=P("i"), out_specs=P())
+    f = jax.shard_map(lambda block: lax.psum(block.sum(0), AXIS), mesh=mesh,
+                      in_specs=P(AXIS), out_specs=P())
     return jax.jit(f)(x)
 
 
 def batching_one_device(x, n_devices):
     # No devices at all: the device axis "i" is a second, outer named vmap.
     stacked = x.reshape(n_devices, -1, x.shape[1])  # [n, k, m]
-    total, centred = jax.jit(jax.vmap(per_device, axis_name="i"))(stacked)
+    total, centred = jax.jit(vmap_axes(per_device, AXIS))(stacked)
     return np.asarray(total)[0], np.asarray(centred).reshape(x.shape)
 
 
@@ -106,21 +142,46 @@ def vmap_of_shard_map(z, mesh, spmd_axis_name=None):
 
 
 # [start:jit]
+def vmap_psum_program(x):
+    # x: [n*k, m], rows sharded: the sum of all rows; jit all-reduces the
+    # per-device partial sums
+    return x.sum(0, dtype=x.dtype)
+
+
+def vmap_center_program(x):
+    return x - x.mean(0, keepdims=True)
+
+
 def batching_jit(x, mesh):
     def global_program(x):
-        # x: [n*k, m], rows sharded over "i": the same two results, no names
-        return x.sum(0), x - x.mean(0, keepdims=True)
+        # the same two results, no names
+        return vmap_psum_program(x), vmap_center_program(x)
 
-    f = jax.jit(global_program, in_shardings=NamedSharding(mesh, P("i")),
-                out_shardings=(NamedSharding(mesh, P()), NamedSharding(mesh, P("i"))))
+    f = jax.jit(global_program, in_shardings=NamedSharding(mesh, P(AXIS)),
+                out_shardings=(NamedSharding(mesh, P()), NamedSharding(mesh, P(AXIS))))
     return f(x)
 # [end:jit]
 
 
 # [start:numpy]
-def batching_numpy(x):
-    wide = x.astype(np.float64)
-    return wide.sum(0), wide - wide.mean(0, keepdims=True)
+def wide(x):
+    # x in the widest dtype of its kind, so NumPy rounds once, at the end
+    x = np.asarray(x)
+    for kind, dtype in ((jnp.floating, np.float64), (jnp.integer, np.int64)):
+        if jnp.issubdtype(x.dtype, kind):
+            return x.astype(dtype)
+    return x
+
+
+def vmap_psum_numpy(x):
+    # integers wrap around as they do on the devices
+    return wide(x).sum(0).astype(np.asarray(x).dtype)
+
+
+def vmap_center_numpy(x):
+    x = np.asarray(x)
+    rows = wide(x)
+    return (rows - rows.mean(0, keepdims=True)).astype(x.dtype)
 # [end:numpy]
 
 
@@ -129,12 +190,12 @@ def main():
     # names a platform.
     jax.config.update("jax_platforms", os.environ.get("JAX_PLATFORMS", "cpu"))
     jax.config.update("jax_num_cpu_devices", N_DEVICES)
-    mesh = make_mesh((N_DEVICES,), ("i",))
+    mesh = make_mesh((N_DEVICES,), (AXIS,))
     rng = np.random.default_rng(0)
     # k = 4 examples per device; integers with a power-of-two row count (32):
     # sums and means are exact, so every form must match exactly.
     x = rng.integers(-8, 9, size=(N_DEVICES * 4, 3)).astype(np.float32)
-    want_total, want_centred = batching_numpy(x)
+    want_total, want_centred = vmap_psum_numpy(x), vmap_center_numpy(x)
     results = {
         "pmap(vmap)": batching_pmap(x, N_DEVICES),
         "shard_map + vmap": batching_shard_map(x, mesh),
@@ -161,7 +222,11 @@ def main():
 
     print(f"x: float32{list(x.shape)}, {x.shape[0] // N_DEVICES} examples on each "
           f"of {N_DEVICES} devices")
-    print("psum over ('i', 'example') ->", want_total.tolist())
+    print("psum over ('i', 'example')    ->", np.asarray(results["jit"][0]).tolist())
+    print("column sums of x, by NumPy     ->", x.sum(0).tolist())
+    print("row 0 centred (x[0] - mean)    ->",
+          np.asarray(results["shard_map + vmap"][1])[0].tolist(),
+          "=", (x[0] - x.mean(0)).tolist())
     print("vmap(shard_map): each device computes 8 examples; with "
           "spmd_axis_name='i', 2")
     print("ok: pmap(vmap), shard_map + vmap, vmap(vmap) on one device and jit agree "

@@ -14,8 +14,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 
 import collectives as cx
-from collectives._facts.attention import attention_program
 from collectives.hlo import collective_stats
+from collectives.recipes.ring_attention import attention_program
 from collectives.testing import assert_forms_agree
 from collectives.testing.strategies import recipe_cases
 
@@ -74,7 +74,7 @@ def test_gradient_through_the_ring_equals_dense_attention_gradient(causal):
     def loss(attend, q, k, v):
         return jnp.sum(attend(q, k, v) * weights)
 
-    dense = functools.partial(attention_program, axes=None, causal=causal)
+    dense = functools.partial(attention_program, causal=causal)
     got = jax.jit(jax.value_and_grad(functools.partial(loss, ring), (0, 1, 2)))(q, k, v)
     want = jax.value_and_grad(functools.partial(loss, dense), (0, 1, 2))(q, k, v)
     for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want),
@@ -108,7 +108,7 @@ def test_stable_where_a_naive_float16_softmax_overflows():
     assert bool(jnp.isfinite(e).all())
     assert not bool(jnp.isfinite(e.sum(-1)).any())  # the denominator overflows
     naive = jnp.einsum("hst,thd->shd", e / e.sum(-1, keepdims=True), v)
-    dense32 = attention_program(*(x.astype(np.float32) for x in (q, k, v)), axes=None)
+    dense32 = attention_program(*(x.astype(np.float32) for x in (q, k, v)))
     assert not np.allclose(naive, dense32, atol=0.1)  # naive float16 is wrong
 
     mesh = cx.make_mesh((8,), "i")

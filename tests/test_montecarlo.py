@@ -12,9 +12,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 
 import collectives as cx
-from collectives._facts import montecarlo as mc
-from collectives._facts import threefry as _threefry
 from collectives.hlo import collective_stats
+from collectives.recipes import monte_carlo as mc
 from collectives.testing import assert_forms_agree
 from collectives.testing.strategies import collective_axes
 from collectives.testing.strategies import meshes
@@ -27,6 +26,38 @@ Z = 6.0  # confidence intervals: +- 6 standard errors (two-sided tail 2e-9)
 
 def _key_data(keys):
     return np.asarray(jax.random.key_data(keys))
+
+
+def _random_bits(key, size, *, partitionable=True):
+    """``jax.random.bits(key, (size,), uint32)`` in NumPy, from the recipe
+    file's threefry2x32. Partitionable: hash the 64-bit counter ``(hi, lo)`` of
+    each element. Not: hash the counters ``iota(size)`` (padded to even) cut
+    in halves, and concatenate the two output words."""
+    if partitionable:
+        counts = np.arange(size, dtype=np.uint64)
+        y0, y1 = mc.threefry2x32(key, (counts >> np.uint64(32)).astype(np.uint32),
+                                 counts.astype(np.uint32))
+        return y0 ^ y1
+    counts = np.arange(size + size % 2, dtype=np.uint32)
+    counts[size:] = 0  # an odd count is padded with one zero
+    half = counts.shape[0] // 2
+    y0, y1 = mc.threefry2x32(key, counts[:half], counts[half:])
+    return np.concatenate([y0, y1])[:size]
+
+
+def _uniform(key, size, *, partitionable=True):
+    """``jax.random.uniform(key, (size,))`` (float32 in ``[0, 1)``) in NumPy."""
+    bits = _random_bits(key, size, partitionable=partitionable)
+    one = np.uint32(np.float32(1.0).view(np.uint32))
+    return ((bits >> np.uint32(9)) | one).view(np.float32) - np.float32(1.0)
+
+
+def _old_split(key, n):
+    """``jax.random.split(key, n)`` without ``jax_threefry_partitionable``:
+    the counters ``iota(2 n)`` cut in halves."""
+    counts = np.arange(2 * n, dtype=np.uint32)
+    y0, y1 = mc.threefry2x32(key, counts[:n], counts[n:])
+    return np.concatenate([y0, y1]).reshape(n, 2)
 
 
 @FEW
@@ -79,9 +110,9 @@ def test_chain_and_device_keys_equal_split_and_the_numpy_stream(mesh, data):
     chains, devices = (np.asarray(a) for a in f())
     n = axes.size
     np.testing.assert_array_equal(chains, _key_data(jax.random.split(key, n * k)))
-    np.testing.assert_array_equal(chains, _key_data(mc.global_chain_keys(key, n * k)))
-    np.testing.assert_array_equal(chains, _threefry.fold_in(_key_data(key),
-                                                            np.arange(n * k)))
+    np.testing.assert_array_equal(chains, _key_data(mc.all_chain_keys(key, n * k)))
+    np.testing.assert_array_equal(chains, mc.fold_in_numpy(_key_data(key),
+                                                           np.arange(n * k)))
     np.testing.assert_array_equal(devices, _key_data(jax.random.split(key, n)))
 
 
@@ -95,7 +126,7 @@ def test_chain_keys_under_pmap_match_shard_map():
 
 def _law_after_steps(n_steps):
     """Exact distribution of a chain started at 0 after n_steps (transition matrix
-    of the integer test in _montecarlo._step: accept iff u * den < num * 2**24)."""
+    of the integer test in the recipe file's step: accept iff u * den < num * 2**24)."""
     h, scale = mc.HALF_WIDTH, 2 ** 24
     n = 2 * h
     moves = np.zeros((n + 1, n + 1))
@@ -163,8 +194,8 @@ def test_sharded_rng_compiles_without_collective_permute():
             f = jax.jit(lambda key, x: x + jax.random.uniform(key, x.shape))
             stats = collective_stats(f, key, x)
             results[partitionable] = np.asarray(f(key, x))
-        want = np.arange(24.0, dtype=np.float32) + _threefry.uniform(
-            raw, (24,), partitionable=partitionable)
+        want = np.arange(24.0, dtype=np.float32) + _uniform(
+            raw, 24, partitionable=partitionable)
         np.testing.assert_array_equal(results[partitionable], want)
         if partitionable:
             # Each device hashes its own counters: no communication at all.
@@ -180,12 +211,11 @@ def test_sharded_rng_compiles_without_collective_permute():
 
 def test_split_equals_fold_in_only_under_the_partitionable_stream():
     key = jax.random.key(5)
-    folded = _key_data(mc.global_chain_keys(key, 6))
+    folded = _key_data(mc.all_chain_keys(key, 6))
     np.testing.assert_array_equal(_key_data(jax.random.split(key, 6)), folded)
     with jax.threefry_partitionable(False):
         old = _key_data(jax.random.split(key, 6))
-    np.testing.assert_array_equal(old, _threefry.split(_key_data(key), 6,
-                                                       partitionable=False))
+    np.testing.assert_array_equal(old, _old_split(_key_data(key), 6))
     assert not np.array_equal(old, folded)
 
 

@@ -25,38 +25,31 @@ dtype. The jit form of both recipes is plain dense attention on the global
 arrays; XLA decides the communication.
 
 Mesh axes other than the sequence axes shard the heads.
+
+The bodies, global programs and NumPy oracles are ``recipes/ring_attention.py``'s
+and ``recipes/all_to_all_attention.py``'s; this module adds the facts the
+library needs about them, and the public body functions validate their
+arguments before calling the files' bodies.
 """
 
 from __future__ import annotations
 
 import functools
-import math
-from typing import Any
 
-import jax
-import jax.numpy as jnp
 import numpy as np
-from jax import lax
 
-from collectives import _compat
 from collectives._costs import block_bytes
 from collectives._costs import per_device_bytes
 from collectives._facts.permute import body_axis_size
-from collectives._facts.permute import ring_shift
-from collectives._facts.ring import Shift
-from collectives._facts.ring import stepwise_shift
 from collectives._layout import Axes
 from collectives._layout import make_spec
 from collectives._recipe import Recipe
 from collectives._registry import register
 from collectives.hlo import Expectation
+from collectives.recipes import all_to_all_attention as a2a_file
+from collectives.recipes import ring_attention as ring_file
 
 _FLOAT = frozenset({"float"})
-
-
-def _acc_dtype(dtype) -> Any:
-    """The dtype scores and softmax statistics are computed in (>= float32)."""
-    return jnp.promote_types(dtype, jnp.float32)
 
 
 def _check_qkv(q, k, v, what: str) -> None:
@@ -65,87 +58,6 @@ def _check_qkv(q, k, v, what: str) -> None:
             f"{what}: expected q, k, v of one shape [seq, heads, head_dim], got "
             f"q {q.shape}, k {k.shape}, v {v.shape}. Fix: pass three 3-D arrays of "
             "the same shape (split a fused qkv projection first).")
-
-
-# -- the online softmax ------------------------------------------------------
-# Stats per head and query: m [h, s] running max, total [h, s] running sum
-# of exp(score - m), o [h, s, d] running sum of exp(score - m) * v.
-
-def _scores(q, k, mask):
-    # q: [s, h, d], k: [t, h, d] -> [h, s, t], scaled; masked entries -inf
-    scores = jnp.einsum("shd,thd->hst", q, k) / math.sqrt(q.shape[-1])
-    return scores if mask is None else jnp.where(mask, scores, -jnp.inf)
-
-
-def _first_block(q, k, v, mask):
-    """The stats of one block, the first one seen (every row has a finite
-    score: the own block holds the diagonal)."""
-    scores = _scores(q, k, mask)
-    m = scores.max(-1)
-    p = jnp.exp(scores - m[..., None])
-    return m, p.sum(-1), jnp.einsum("hst,thd->hsd", p, v)
-
-
-def _add_block(stats, q, k, v, mask):
-    """Fold one more key/value block into the stats (log-sum-exp rescaling)."""
-    m, total, o = stats
-    scores = _scores(q, k, mask)
-    m_new = jnp.maximum(m, scores.max(-1))  # finite: m is
-    rescale = jnp.exp(m - m_new)
-    p = jnp.exp(scores - m_new[..., None])  # exp(-inf) = 0 where masked
-    return (m_new, total * rescale + p.sum(-1),
-            o * rescale[..., None] + jnp.einsum("hst,thd->hsd", p, v))
-
-
-def _finish(stats, dtype):
-    _, total, o = stats
-    return jnp.transpose(o / total[..., None], (1, 0, 2)).astype(dtype)  # [s, h, d]
-
-
-def _causal_mask(q_block: int, k_block: int, rows: int):
-    # query position p sees key position t when t <= p
-    q_pos = q_block * rows + jnp.arange(rows)
-    k_pos = k_block * rows + jnp.arange(rows)
-    return (q_pos[:, None] >= k_pos[None, :])[None]  # [1, s, t]: all heads
-
-
-def _match_vma(tree):
-    """Mark every leaf varying over the union of the leaves' axes, so the
-    scan carry has one type in and out under ``check_vma``."""
-    leaves = jax.tree_util.tree_leaves(tree)
-    axes = frozenset().union(*(_compat.vma(leaf) for leaf in leaves))
-
-    def mark(x):
-        missing = tuple(sorted(axes - _compat.vma(x)))
-        return _compat.pvary(x, missing) if missing else x
-
-    return jax.tree_util.tree_map(mark, tree)
-
-
-def _ring_attention(q, k, v, axis, causal: bool, shift: Shift):
-    n = lax.axis_size(axis)
-    me = lax.axis_index(axis)
-    rows = q.shape[0]
-    acc = _acc_dtype(q.dtype)
-    qf = q.astype(acc)
-
-    def mask(src):
-        return _causal_mask(me, src, rows) if causal else None
-
-    # step 0: the own block (for causal, the diagonal block)
-    stats = _first_block(qf, k.astype(acc), v.astype(acc), mask(me))
-
-    def step(carry, i):
-        k, v, stats = carry
-        # one ppermute each: now the K and V blocks of device me - i
-        k, v = shift(k, axis, 1), shift(v, axis, 1)
-        stats = _add_block(stats, qf, k.astype(acc), v.astype(acc),
-                           mask((me - i) % n))
-        return _match_vma((k, v, stats)), None
-
-    carry = _match_vma((k, v, stats))
-    (_, _, stats), _ = lax.scan(step, carry, jnp.arange(1, n), unroll=True)
-    return _finish(stats, q.dtype)
 
 
 def ring_attention(q, k, v, axis, *, causal: bool = False):
@@ -186,16 +98,7 @@ def ring_attention(q, k, v, axis, *, causal: bool = False):
     """
     _check_qkv(q, k, v, "ring_attention")
     body_axis_size(axis, "ring_attention")
-    return _ring_attention(q, k, v, axis, causal, ring_shift)
-
-
-def _attend_dense(q, k, v, causal: bool):
-    """Dense attention on whole sequences, [S, h, d] each, in >= float32."""
-    acc = _acc_dtype(q.dtype)
-    rows = q.shape[0]
-    mask = _causal_mask(0, 0, rows) if causal else None
-    stats = _first_block(q.astype(acc), k.astype(acc), v.astype(acc), mask)
-    return _finish(stats, q.dtype)
+    return ring_file.ring_attention_body(q, k, v, axis, causal)
 
 
 def _heads_error(heads: int, n: int, axis, what: str) -> ValueError:
@@ -244,41 +147,21 @@ def all_to_all_attention(q, k, v, axis, *, causal: bool = False):
     n = body_axis_size(axis, "all_to_all_attention")
     if q.shape[1] % n:
         raise _heads_error(q.shape[1], n, axis, "all_to_all_attention")
-    return _all_to_all_attention(q, k, v, axis, causal)
-
-
-def _all_to_all_attention(q, k, v, axis, causal: bool):
-    def to_heads(x):
-        # [s, H, d] sequence block -> [n*s, H/n, d]: whole sequence, H/n heads
-        return lax.all_to_all(x, axis, split_axis=1, concat_axis=0, tiled=True)
-
-    out = _attend_dense(to_heads(q), to_heads(k), to_heads(v), causal)
-    # [n*s, H/n, d] -> [s, H, d]: back to this device's sequence block
-    return lax.all_to_all(out, axis, split_axis=0, concat_axis=1, tiled=True)
+    return a2a_file.all_to_all_attention_body(q, k, v, axis, causal)
 
 
 # -- recipes ---------------------------------------------------------------
 # Global view: q, k, v [S, H, D], S sharded over the recipe's axes, H over the
 # other mesh axes; output [S, H, D] sharded the same way.
 
-def attention_program(q, k, v, *, axes: Axes, causal: bool = False):
-    # dense attention on the global arrays; jit partitions it
-    del axes
-    return _attend_dense(q, k, v, causal)
-
-
-def attention_oracle(q, k, v, *, axes: Axes, causal: bool = False):
-    """Dense softmax attention in float64 (stable: the row max is subtracted)."""
-    del axes
-    dtype = np.result_type(q)
-    q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
-    scores = np.einsum("shd,thd->hst", q, k) / math.sqrt(q.shape[-1])
-    if causal:
-        seq = q.shape[0]
-        scores = np.where(np.tri(seq, dtype=bool)[None], scores, -np.inf)
-    p = np.exp(scores - scores.max(-1, keepdims=True))
-    out = np.einsum("hst,thd->shd", p / p.sum(-1, keepdims=True), v)
-    return out.astype(dtype)
+def _global(fn, **kwargs):
+    """A file's ``fn(q, k, v, **kwargs)`` as a recipe's ``program`` or
+    ``oracle``: attention on the global arrays needs no axes."""
+    @functools.wraps(fn)
+    def on_axes(q, k, v, *, axes: Axes):
+        del axes
+        return fn(q, k, v, **kwargs)
+    return on_axes
 
 
 def _specs(axes: Axes):
@@ -344,21 +227,28 @@ def _check_recipe_args(heads_split: bool, what: str):
     return validate
 
 
+def _bound(fn, **kwargs):
+    """``fn`` with keyword arguments fixed, still ``fn`` to ``inspect.unwrap``
+    (``python -m collectives show`` prints the file's source)."""
+    @functools.wraps(fn)
+    def bound(*args, **more):
+        return fn(*args, **kwargs, **more)
+    return bound
+
+
 def _ring_recipe(name: str, summary: str, causal: bool) -> Recipe:
-    def body(q, k, v, *, axis):
-        # q, k, v: [s, h, d] sequence blocks -> [s, h, d]
-        return _ring_attention(q, k, v, axis, causal, ring_shift)
-
-    def pmap_body(q, k, v, *, axis):
-        return _ring_attention(q, k, v, axis, causal, stepwise_shift)
-
+    # q, k, v: [s, h, d] sequence blocks -> [s, h, d]
+    body = _bound(ring_file.ring_attention_body, causal=causal)
     return register(Recipe(
         name=name, summary=summary, family="strategy", source="ring_attention.py",
         exact=False,  # softmax: exp rounds, and the ring sums in another order
         hlo=_ring_fact,
-        body=body, pmap_body=pmap_body,
-        program=functools.partial(attention_program, causal=causal),
-        oracle=functools.partial(attention_oracle, causal=causal),
+        body=body,
+        # pmap maps mesh axes after the first with vmap: one axis per ppermute
+        pmap_body=_bound(ring_file.ring_attention_body, causal=causal,
+                         shift=ring_file.stepwise_shift),
+        program=_global(ring_file.attention_program, causal=causal),
+        oracle=_global(ring_file.attention_numpy, causal=causal),
         in_specs=_specs, out_specs=lambda axes: _specs(axes)[0],
         example_shapes=_shapes(heads_per_device=False), arg_names=("q", "k", "v"),
         count_terms=_n_terms, dtype_kinds=_FLOAT, validate=_check_recipe_args(False,
@@ -375,17 +265,15 @@ ring_attention_causal_recipe = _ring_recipe(
     causal=True)
 
 
-def _all_to_all_body(q, k, v, *, axis):
-    # q, k, v: [s, H, d] sequence blocks -> [S, H/n, d] head groups -> [s, H, d]
-    return _all_to_all_attention(q, k, v, axis, False)
-
-
 all_to_all_attention_recipe = register(Recipe(
     name="all_to_all_attention", family="strategy", source="all_to_all_attention.py",
     exact=False,  # softmax: exp rounds on any input
     hlo=_all_to_all_fact,
     summary="sequence-sharded attention: all_to_all to heads, local attention, back",
-    body=_all_to_all_body, program=attention_program, oracle=attention_oracle,
+    # q, k, v: [s, H, d] sequence blocks -> [S, H/n, d] head groups -> [s, H, d]
+    body=a2a_file.all_to_all_attention_body,
+    program=_global(a2a_file.attention_program),
+    oracle=_global(a2a_file.attention_numpy),
     in_specs=_specs, out_specs=lambda axes: _specs(axes)[0],
     example_shapes=_shapes(heads_per_device=True), arg_names=("q", "k", "v"),
     count_terms=_n_terms, dtype_kinds=_FLOAT,

@@ -15,6 +15,10 @@ collective over a vmapped axis in its body (JAX 0.8 to 0.12 raise a
 ``ValueError`` or an ``AssertionError`` from the varying-axes check), so the
 two recipes here run with ``check_vma=False``. Collectives over mesh axes
 inside a ``vmap`` in the body are fine either way.
+
+The bodies, global programs and NumPy oracles, and the nested ``vmap`` of
+:func:`vmap_axes`, are ``recipes/vmap_batching.py``'s; this module adds the
+facts the library needs about them.
 """
 
 from __future__ import annotations
@@ -26,7 +30,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 
 from collectives import _recipe
 from collectives._costs import fixed
@@ -35,12 +38,11 @@ from collectives._layout import AxisArg
 from collectives._layout import axis_tuple
 from collectives._layout import grid_shape
 from collectives._layout import make_spec
-from collectives._numpy import mean_dtype
-from collectives._numpy import widen
 from collectives._recipe import Recipe
 from collectives._registry import register
+from collectives.recipes import vmap_batching as file
 
-EXAMPLE_AXIS = "example"
+EXAMPLE_AXIS = file.EXAMPLE
 """The name the batching recipes give their per-device ``vmap`` axis."""
 
 
@@ -81,9 +83,7 @@ def vmap_axes(fn: Callable[..., Any], axis_names: str | Sequence[str], *,
         raise ValueError(
             f"axis_names: expected distinct axis names, got {axis_names!r}. Fix: "
             "name each mapped axis once, e.g. ('i', 'j').")
-    for name in reversed(names):
-        fn = jax.vmap(fn, in_axes=in_axes, out_axes=out_axes, axis_name=name)
-    return fn
+    return file.vmap_axes(fn, names, in_axes=in_axes, out_axes=out_axes)
 
 
 def vmap_form(recipe: Recipe, *args: Any, mesh: jax.sharding.Mesh | None = None,
@@ -129,43 +129,14 @@ def _vmap_callable(recipe: Recipe, axes: Axes) -> Callable[..., Any]:
                              in_axes=_recipe.stacked_in_axes(recipe, axes)))
 
 
-# -- vmap_psum: one psum over the device axes and the vmapped axis ----------------
-
-def vmap_psum_body(x, *, axis):
-    # x: [k, m] on each device. vmap maps its k rows under the name "example";
-    # one psum over (*axis, "example") adds every row of every device, and the
-    # result no longer varies along "example" (out_axes=None): [m] everywhere.
-    names = (*axis_tuple(axis), EXAMPLE_AXIS)
-    return jax.vmap(lambda row: lax.psum(row, names), axis_name=EXAMPLE_AXIS,
-                    out_axes=None)(x)
-
-
-def vmap_psum_program(x, *, axes: Axes):
-    # x: [n*k, m] global: the sum of all rows; jit all-reduces the partial sums
-    return x.sum(0, dtype=x.dtype)
-
-
-def vmap_psum_oracle(x, *, axes: Axes):
-    return widen(x).sum(0).astype(x.dtype)
-
-
-# -- vmap_center: each row minus the mean row of the global batch -----------------
-
-def vmap_center_body(x, *, axis):
-    # x: [k, m] on each device -> [k, m]: row - pmean over (*axis, "example"),
-    # the mean of all n*k rows; the output stays mapped along "example".
-    names = (*axis_tuple(axis), EXAMPLE_AXIS)
-    return jax.vmap(lambda row: row - lax.pmean(row, names),
-                    axis_name=EXAMPLE_AXIS)(x)
-
-
-def vmap_center_program(x, *, axes: Axes):
-    return x - x.mean(0, keepdims=True)
-
-
-def vmap_center_oracle(x, *, axes: Axes):
-    wide = widen(x)
-    return (wide - wide.mean(0, keepdims=True)).astype(mean_dtype(x.dtype))
+def _global(fn):
+    """A file's ``fn(x)`` as a recipe's ``program`` or ``oracle``: a sum or
+    mean over all rows needs no axes."""
+    @functools.wraps(fn)
+    def on_axes(x, *, axes: Axes):
+        del axes
+        return fn(x)
+    return on_axes
 
 
 def _unsupported_reason(axes: Axes) -> str | None:
@@ -198,7 +169,9 @@ vmap_psum = register(Recipe(
     name="vmap_psum",
     source="vmap_batching.py", hlo=fixed({"all-reduce": 1}),
     summary="one psum over the device axes and a vmapped batch axis at once",
-    body=vmap_psum_body, program=vmap_psum_program, oracle=vmap_psum_oracle,
+    # x: [k, m] on each device -> [m], the sum of every row of every device
+    body=file.vmap_psum_body, program=_global(file.vmap_psum_program),
+    oracle=_global(file.vmap_psum_numpy),
     out_specs=lambda axes: make_spec(axes.others_entry),
     dtype_kinds=frozenset({"float", "int"}), **_COMMON))
 
@@ -206,6 +179,8 @@ vmap_center = register(Recipe(
     name="vmap_center",
     source="vmap_batching.py", hlo=fixed({"all-reduce": 1}),
     summary="each row minus the mean row over devices and a vmapped batch axis",
-    body=vmap_center_body, program=vmap_center_program, oracle=vmap_center_oracle,
+    # x: [k, m] on each device -> [k, m], each row minus the global mean row
+    body=file.vmap_center_body, program=_global(file.vmap_center_program),
+    oracle=_global(file.vmap_center_numpy),
     out_specs=lambda axes: make_spec(axes.entry, axes.others_entry),
     dtype_kinds=frozenset({"float"}), **_COMMON))

@@ -12,39 +12,40 @@ across pmap, shard_map, jit and one device. Under the default
 
 The ``metropolis`` recipe runs a random-walk Metropolis sampler whose target
 has a known mean and variance, with integer arithmetic only, so a NumPy
-re-implementation of JAX's random stream (``_threefry``) reproduces every
-sample exactly.
+re-implementation of JAX's random stream reproduces every sample exactly.
+
+The key derivation, the sampler, the body, the global program and the NumPy
+oracle (threefry2x32 included) are ``recipes/monte_carlo.py``'s; this module
+adds the facts the library needs about them, and the public key functions
+validate their arguments before calling the file's.
 """
 
 from __future__ import annotations
 
-import jax
-import jax.numpy as jnp
+import functools
+
 import numpy as np
-from jax import lax
 
 from collectives._costs import fixed
-from collectives._facts import threefry as _threefry
 from collectives._layout import Axes
 from collectives._layout import make_spec
 from collectives._recipe import Recipe
 from collectives._registry import register
+from collectives.recipes import monte_carlo as file
 
-SEED = 0
+SEED = file.SEED
 """The global key of the ``metropolis`` recipe is ``jax.random.key(SEED)``."""
 
-HALF_WIDTH = 8
+HALF_WIDTH = file.HALF_WIDTH
 """The target lives on ``{-8, ..., 8}``: ``Binomial(16, 1/2) - 8``."""
 
-TARGET_MEAN = 0.0
-TARGET_VARIANCE = HALF_WIDTH / 2
+TARGET_MEAN = file.TARGET_MEAN
+TARGET_VARIANCE = file.TARGET_VARIANCE
 """``Binomial(2h, 1/2)`` has variance ``2h / 4``."""
 
-N_STEPS = 128
+N_STEPS = file.N_STEPS
 """Metropolis steps per chain; the chain's second eigenvalue is about 0.90,
 so 128 steps from any start leave the variance within 1e-4 of the target."""
-
-_U_BITS = 24  # bits of each random word used for the acceptance test
 
 
 def device_key(key, axis):
@@ -76,7 +77,7 @@ def device_key(key, axis):
       >>> bool((per_device == jax.random.key_data(jax.random.split(key, 8))).all())
       True
     """
-    return jax.random.fold_in(key, lax.axis_index(axis))
+    return file.device_key(key, axis)
 
 
 def chain_keys(key, axis, n_local: int):
@@ -118,91 +119,17 @@ def chain_keys(key, axis, n_local: int):
         raise ValueError(
             f"n_local: expected the number of chains per device (a positive int), "
             f"got {n_local!r}. Fix: pass e.g. x_block.shape[0].")
-    first = lax.axis_index(axis) * n_local
-    return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(
-        key, first + jnp.arange(n_local, dtype=jnp.int32))
+    return file.chain_keys(key, axis, int(n_local))
 
 
-def global_chain_keys(key, n_chains: int):
-    """The keys :func:`chain_keys` gives all chains, computed without devices."""
-    return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(
-        key, jnp.arange(n_chains, dtype=jnp.int32))
-
-
-# -- the sampler ---------------------------------------------------------------
-
-def _step(s, bits, xp):
-    """One Metropolis step for ``Binomial(2h, 1/2) - h``, integers only.
-
-    Propose ``s + 1`` or ``s - 1`` (bit 0 of ``bits``); accept with
-    probability ``min(1, target(new) / target(s))``, testing a 24-bit
-    uniform ``u`` as ``u * den < num * 2**24`` so that NumPy and XLA agree
-    exactly.
-    """
-    n = 2 * HALF_WIDTH
-    up = (bits & 1) == 1
-    u = (bits >> (32 - _U_BITS)).astype(xp.int32)
-    j = s + HALF_WIDTH  # in [0, 2h]
-    num = xp.where(up, n - j, j)
-    den = xp.where(up, j + 1, n - j + 1)
-    accept = u * den < num * (1 << _U_BITS)
-    return s + xp.where(accept, xp.where(up, 1, -1), 0).astype(xp.int32)
-
-
-def initial_states(x0, xp=jnp):
-    """Chain starts: ``x0`` rounded and clipped into the support, as int32."""
-    return xp.clip(xp.round(x0), -HALF_WIDTH, HALF_WIDTH).astype(xp.int32)
-
-
-def run_chain(key, s0):
-    """``N_STEPS`` Metropolis steps from ``s0`` (int32, any shape) with ``key``."""
-    bits = jax.random.bits(key, (N_STEPS, *s0.shape), jnp.uint32)
-    final, _ = lax.scan(lambda s, b: (_step(s, b, jnp), None), s0, bits)
-    return final
-
-
-def run_chain_numpy(keys: np.ndarray, s0: np.ndarray) -> np.ndarray:
-    """:func:`run_chain` in NumPy for a batch: ``keys[C, 2]`` raw, ``s0[C, ...]``."""
-    size = int(np.prod(s0.shape[1:], dtype=np.int64))
-    counts = np.arange(N_STEPS * size, dtype=np.uint32)
-    y0, y1 = _threefry.threefry2x32(keys[:, None, :], np.zeros_like(counts), counts)
-    bits = (y0 ^ y1).reshape(s0.shape[0], N_STEPS, *s0.shape[1:])
-    s = s0.astype(np.int32)
-    for t in range(N_STEPS):
-        s = _step(s, bits[:, t], np)
-    return s
-
-
-# -- the metropolis recipe -------------------------------------------------------
-
-def metropolis_body(x0, *, axis):
-    # x0: [k, ...] chain starts on each device -> per-chain final states
-    # [k, ...] and the mean and variance over all chains, on every device
-    keys = chain_keys(jax.random.key(SEED), axis, x0.shape[0])
-    samples = jax.vmap(run_chain)(keys, initial_states(x0))
-    values = samples.astype(jnp.float32)
-    mean = lax.pmean(values.mean(0), axis)
-    var = lax.pmean(((values - mean[None]) ** 2).mean(0), axis)
-    return mean, var, samples
-
-
-def metropolis_program(x0, *, axes: Axes):
-    # x0: [C, ...] global; the same keys from arange(C), no axis_index
-    keys = global_chain_keys(jax.random.key(SEED), x0.shape[0])
-    samples = jax.vmap(run_chain)(keys, initial_states(x0))
-    values = samples.astype(jnp.float32)
-    mean = values.mean(0)
-    return mean, ((values - mean[None]) ** 2).mean(0), samples
-
-
-def metropolis_oracle(x0, *, axes: Axes):
-    key = np.asarray(jax.random.key_data(jax.random.key(SEED)))
-    keys = _threefry.fold_in(key, np.arange(x0.shape[0]))
-    samples = run_chain_numpy(keys, initial_states(x0, np))
-    values = samples.astype(np.float64)
-    mean = values.mean(0)
-    var = ((values - mean) ** 2).mean(0)
-    return mean.astype(np.float32), var.astype(np.float32), samples
+def _global(fn):
+    """A file's ``fn(x0)`` as a recipe's ``program`` or ``oracle``: the keys
+    come from the chain index, not the mesh."""
+    @functools.wraps(fn)
+    def on_axes(x0, *, axes: Axes):
+        del axes
+        return fn(x0)
+    return on_axes
 
 
 def _n_terms(axes: Axes) -> int:
@@ -218,7 +145,10 @@ def _n_terms(axes: Axes) -> int:
 metropolis = register(Recipe(
     name="metropolis", source="monte_carlo.py", hlo=fixed({"all-reduce": 2}),
     summary="Metropolis chains, keys by fold_in(axis_index); mean/var by pmean",
-    body=metropolis_body, program=metropolis_program, oracle=metropolis_oracle,
+    # x0: [k, ...] chain starts on each device -> mean [...], var [...] over all
+    # chains (replicated) and the final states [k, ...]
+    body=file.metropolis_body, program=_global(file.metropolis_program),
+    oracle=_global(file.metropolis_numpy),
     in_specs=lambda axes: (make_spec(axes.entry),),
     out_specs=lambda axes: (make_spec(), make_spec(), make_spec(axes.entry)),
     example_shapes=lambda axes, dims: ((axes.size * dims[0], *dims[1:]),),
