@@ -24,7 +24,6 @@ from collectives import _layout
 from collectives.hlo import collective_stats
 from collectives.testing import assert_forms_agree
 from collectives.testing.strategies import recipe_cases
-from helpers import RECIPE_FILES
 from helpers import runnable_configs
 
 NAMES = list(cx.RECIPES)
@@ -235,18 +234,6 @@ def test_the_pmap_form_checks_declared_replication(name):
         broken.pmap(*args, mesh=mesh, axis=axis)
 
 
-# -- the recipe's file and gallery page -----------------------------------------
-
-@pytest.mark.parametrize("name", NAMES)
-def test_its_recipe_file_is_present_executed_and_in_the_gallery(name):
-    recipe = cx.RECIPES[name]
-    assert recipe.source is not None, (
-        f"{name} declares no source: pass source='<file>.py' (its standalone "
-        "file in recipes/) to its Recipe")
-    # tests/test_recipe_files.py runs every file in RECIPE_FILES standalone,
-    # and the docs gallery renders a page for each (docs/_ext/gallery.py).
-    files = {path.name: path for path in RECIPE_FILES}
-    assert recipe.source in files, f"{name}: recipes/{recipe.source} does not exist"
-    assert name in files[recipe.source].read_text(), (
-        f"{name}: recipes/{recipe.source} never names {name!r}; say in its "
-        "docstring which registered recipe it shows")
+# The recipe's file: tests/test_one_implementation.py follows each recipe's
+# body, program and oracle to its file in recipes/ and breaks the file's
+# collectives; tests/test_recipe_files.py runs every file standalone.

@@ -4,12 +4,10 @@
 import ast
 import os
 
-import numpy as np
 import pytest
 
 import collectives as cx
 from helpers import RECIPE_FILES
-from helpers import load_recipe
 from helpers import run_python
 
 ALLOWED_IMPORTS = {"jax", "numpy", "functools", "math", "os", "time", "__future__"}
@@ -76,31 +74,3 @@ def test_recipe_runs_standalone(path, tmp_path):
     result = run_python(str(path), cwd=tmp_path, python=RECIPE_PYTHON,
                         env=WITHOUT_PACKAGE)
     assert "ok:" in result.stdout, result.stdout
-
-
-def test_recipe_files_agree_with_the_library_oracles():
-    mesh = cx.make_mesh((8,), "i")
-    rng = np.random.default_rng(7)
-    x = rng.integers(-8, 9, size=(64, 3)).astype(np.float32)
-    reductions = load_recipe("reductions")
-    got = reductions.reductions_shard_map(x, mesh)
-    for name, value in zip(("psum", "pmean", "pmax", "pmin"), got, strict=True):
-        np.testing.assert_array_equal(value, cx.RECIPES[name].reference(x))
-    gather = load_recipe("all_gather")
-    tiled, stacked = gather.all_gather_jit(x, mesh)
-    np.testing.assert_array_equal(tiled, cx.RECIPES["all_gather"].reference(x))
-    np.testing.assert_array_equal(stacked,
-                                  cx.RECIPES["all_gather_stacked"].reference(x))
-    scatter = load_recipe("psum_scatter")
-    np.testing.assert_array_equal(scatter.psum_scatter_shard_map(x, mesh),
-                                  cx.RECIPES["psum_scatter"].reference(x))
-    wide = np.tile(x, (1, 8))
-    a2a = load_recipe("all_to_all")
-    np.testing.assert_array_equal(a2a.all_to_all_pmap(wide, 8),
-                                  cx.RECIPES["all_to_all"].reference(wide))
-    perm = load_recipe("ppermute")
-    np.testing.assert_array_equal(perm.ring_shift_jit(x, mesh),
-                                  cx.RECIPES["ppermute_ring"].reference(x))
-    index = load_recipe("axis_index")
-    np.testing.assert_array_equal(index.add_index_shard_map(x, mesh),
-                                  cx.RECIPES["axis_index"].reference(x))

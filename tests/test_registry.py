@@ -1,9 +1,11 @@
-"""The registry is the one list: a recipe registered anywhere reaches the CLI's
-``list`` and ``check``, the hypothesis strategies and the conformance suite
+"""The registry is the one list: a recipe added as CONTRIBUTING.md says (its
+recipe file and its facts module) reaches the CLI's ``list`` and ``check``,
+the gallery, the bench, the hypothesis strategies and the conformance suite
 with no other edit."""
 
 import dataclasses
 import re
+import shutil
 import textwrap
 
 import pytest
@@ -13,70 +15,166 @@ from collectives._registry import register
 from helpers import ROOT
 from helpers import run_python
 
-THROWAWAY = textwrap.dedent('''
-    """A recipe defined outside the package: twice the psum of the blocks."""
+RECIPE_FILE = textwrap.dedent('''
+    """Twice the psum: a recipe added as CONTRIBUTING.md says.
+
+    Registered as: ``collectives.RECIPES["throwaway_double_psum"]``.
+    Devices: 8 (simulated on CPU by ``main()``).
+    JAX versions checked: the one the suite runs.
+    """
+
+    import os
+
+    import jax
     import numpy as np
     from jax import lax
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
 
-    from collectives import Recipe
+
+    # [start:body]
+    def double_psum_body(x, axis="i"):
+        # x: [k, m] on each device -> [k, m], the same on every device
+        return 2 * lax.psum(x, axis)
+    # [end:body]
+
+
+    # [start:pmap]
+    def double_psum_pmap(x, n):
+        out = jax.pmap(double_psum_body, axis_name="i")(x.reshape(n, -1, *x.shape[1:]))
+        return np.asarray(out)[0]
+    # [end:pmap]
+
+
+    # [start:shard_map]
+    def double_psum_shard_map(x, mesh):
+        return jax.jit(jax.shard_map(double_psum_body, mesh=mesh, in_specs=P("i"),
+                                     out_specs=P()))(x)
+    # [end:shard_map]
+
+
+    # [start:jit]
+    def double_psum_program(x, n):
+        return 2 * x.reshape(n, -1, *x.shape[1:]).sum(0, dtype=x.dtype)
+
+
+    def double_psum_jit(x, mesh):
+        return jax.jit(lambda x: double_psum_program(x, mesh.shape["i"]),
+                       in_shardings=NamedSharding(mesh, P("i")),
+                       out_shardings=NamedSharding(mesh, P()))(x)
+    # [end:jit]
+
+
+    # [start:numpy]
+    def double_psum_numpy(x, n):
+        wide = np.asarray(x, np.float64).reshape(n, -1, *x.shape[1:])
+        return (2 * wide.sum(0)).astype(x.dtype)
+    # [end:numpy]
+
+
+    def main():
+        jax.config.update("jax_platforms", os.environ.get("JAX_PLATFORMS", "cpu"))
+        jax.config.update("jax_num_cpu_devices", 8)
+        mesh = jax.make_mesh((8,), ("i",), axis_types=(jax.sharding.AxisType.Auto,))
+        x = np.arange(16.0, dtype=np.float32).reshape(8, 2)
+        want = double_psum_numpy(x, 8)
+        for got in (double_psum_pmap(x, 8), double_psum_shard_map(x, mesh),
+                    double_psum_jit(x, mesh)):
+            np.testing.assert_array_equal(np.asarray(got), want)
+        print("2 * column sums:", want.tolist())
+        print("ok: every form is twice the psum")
+
+
+    if __name__ == "__main__":
+        main()
+''')
+
+FACTS = textwrap.dedent('''
+    """The facts of recipes/throwaway.py."""
+    from jax import lax
+
     from collectives._costs import one_collective
+    from collectives._layout import by_axis_size
     from collectives._layout import grid_shape
     from collectives._layout import make_spec
-    from collectives._numpy import blocks
+    from collectives._recipe import BenchSpec
+    from collectives._recipe import Recipe
     from collectives._registry import register
+    from collectives.recipes import throwaway as file
 
     register(Recipe(
-        name="throwaway_double_psum", summary="2 * psum, a recipe from outside",
-        body=lambda x, *, axis: 2 * lax.psum(x, axis),
-        program=lambda x, *, axes: 2 * blocks(x, axes.size).sum(0, dtype=x.dtype),
-        oracle=lambda x, *, axes: (2 * blocks(x, axes.size).sum(0)).astype(x.dtype),
+        name="throwaway_double_psum", summary="2 * psum, a recipe added in a test",
+        source="throwaway.py", body=file.double_psum_body,
+        program=by_axis_size(file.double_psum_program),
+        oracle=by_axis_size(file.double_psum_numpy),
         in_specs=lambda axes: (make_spec(axes.entry, axes.others_entry),),
         out_specs=lambda axes: make_spec(None, axes.others_entry),
         example_shapes=lambda axes, dims: (grid_shape(axes, dims),),
-        count_terms=lambda axes: axes.size + 1, dtype_kinds=frozenset({"float", "int"}),
-        hlo=one_collective("all-reduce"), source="reductions.py"))
-
-    def pytest_configure(config):
-        del config  # imported as a plugin (-p) so it registers before collection
+        count_terms=lambda axes: axes.size + 1, dtype_kinds=frozenset({"float"}),
+        hlo=one_collective("all-reduce"),
+        bench=BenchSpec(lambda x, axis, n: lax.psum(x, axis), "all-reduce")))
 ''')
+
+_NOT_COPIED = shutil.ignore_patterns(
+    ".git", "__pycache__", ".hypothesis", ".pytest_cache", ".ruff_cache", ".tox",
+    "*.egg-info", "_build", "_generated")
 
 
 @pytest.fixture(scope="module")
-def plugin_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("throwaway")
-    (path / "throwaway_recipe.py").write_text(THROWAWAY)
-    return path
+def checkout(tmp_path_factory):
+    """A copy of the repository with one recipe added as CONTRIBUTING.md says:
+    its recipe file and its facts module, and no other edit."""
+    root = tmp_path_factory.mktemp("throwaway") / "repo"
+    shutil.copytree(ROOT, root, symlinks=True, ignore=_NOT_COPIED)
+    (root / "recipes" / "throwaway.py").write_text(RECIPE_FILE)
+    (root / "collectives" / "_facts" / "throwaway.py").write_text(FACTS)
+    return root
 
 
-def _env(plugin_dir):
-    return {"PYTHONPATH": f"{plugin_dir}:{ROOT}", "JAX_NUM_CPU_DEVICES": "8"}
-
-
-def test_a_new_recipe_reaches_list_and_check(plugin_dir):
-    script = ("import throwaway_recipe\n"
-              "from collectives._cli import main\n"
-              "main(['list']); raise SystemExit(main(['check', "
-              "'throwaway_double_psum']))")
-    out = run_python("-c", script, cwd=ROOT, env=_env(plugin_dir)).stdout
+def test_a_new_recipe_reaches_list_check_the_gallery_and_the_bench(checkout):
+    script = textwrap.dedent("""
+        import sys
+        from pathlib import Path
+        sys.path.insert(0, "docs/_ext")
+        import gallery
+        from collectives._cli import main
+        main(["list"])
+        paths = sorted(Path("recipes").glob("*.py"))
+        for title, members in gallery.sections(paths):
+            for path, names in members:
+                print("gallery:", title, path.name, names)
+        main(["bench", "-c", "throwaway_double_psum", "-b", "1K", "-e", "1K",
+              "--budget", "0", "-r", "2", "--no-memory", "-q"])
+        raise SystemExit(main(["check", "throwaway_double_psum"]))
+    """)
+    out = run_python("-c", script, cwd=checkout, env=_ENV).stdout
     assert re.search(r"^throwaway_double_psum +2 \* psum", out, re.M), out
+    assert "gallery: Patterns throwaway.py ['throwaway_double_psum']" in out, out
+    bench_rows = re.findall(r"^throwaway_double_psum .*", out, re.M)
+    assert any("shard_map" in row for row in bench_rows), out
     rows = re.findall(r"^throwaway_double_psum +\S+ +\S+ +float32 .* ok$", out, re.M)
     assert len(rows) == 4, out  # check's four mesh configurations
     assert "4 agree, 0 disagree" in out, out
+    standalone = run_python("recipes/throwaway.py", cwd=checkout, env=_ENV).stdout
+    assert "ok: every form is twice the psum" in standalone
 
 
-def test_a_new_recipe_reaches_the_conformance_suite(plugin_dir):
-    args = ("-m", "pytest", "-p", "throwaway_recipe", "-p", "no:cacheprovider",
-            "tests/test_conformance.py", "-q")
-    collected = run_python(*args, "--collect-only", "-k", "throwaway_double_psum",
-                           cwd=ROOT, env=_env(plugin_dir)).stdout
-    ids = [line for line in collected.splitlines() if "throwaway_double_psum" in line]
-    assert len(ids) >= 5, collected
-    # Run the value, cost-model and retrace checks on it.
+def test_a_new_recipe_reaches_the_conformance_suite(checkout):
+    args = ("-m", "pytest", "-p", "no:cacheprovider", "-n", "0", "-q",
+            "tests/test_conformance.py", "tests/test_one_implementation.py")
+    collected = run_python(*args, "--collect-only", "-k", "throwaway",
+                           cwd=checkout, env=_ENV).stdout
+    ids = [line for line in collected.splitlines() if "throwaway" in line]
+    assert len(ids) >= 12, collected
+    # The value, cost-model and retrace checks, and the recipe-file checks.
     ran = run_python(
-        *args, "-k", "throwaway_double_psum and (oracle or cost_model or retrace)",
-        cwd=ROOT, env=_env(plugin_dir)).stdout
-    assert re.search(r"\b[5-9] passed|\b\d\d passed", ran), ran
+        *args, "-k", "throwaway and (oracle or cost_model or retrace or file)",
+        cwd=checkout, env=_ENV).stdout
+    assert re.search(r"\b([6-9]|\d\d) passed", ran), ran
     assert "failed" not in ran, ran
+
+
+_ENV = {"JAX_PLATFORMS": "cpu"}
 
 
 def test_a_new_recipe_reaches_the_strategies():

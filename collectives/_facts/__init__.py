@@ -1,35 +1,40 @@
-"""Every recipe, registered in the order :data:`collectives.RECIPES` lists them.
+"""Every recipe's facts, registered in the order :data:`collectives.RECIPES`
+lists them.
 
-Importing this package imports each recipe module once, in the order below:
-the core collectives first (their names are a contract), then the patterns
-built from them, then the parallelism strategies. That order is the
-registry's order; a new recipe module is added here, and nowhere else.
+Each module here imports the algorithms of one recipe file
+(``collectives.recipes.<file>``, the files in ``recipes/``) and registers
+them with what the library needs to know about them: layouts, validation,
+cost model, tolerance, bench and diagram facts.
+
+Importing this package imports the modules named in :data:`ORDER` first:
+the core collectives (their names are a contract), then the patterns built
+from them, then the parallelism strategies. A module not named there (a new
+recipe's facts block) is imported after them, in name order, so adding a
+recipe takes its recipe file and its facts module, and no edit here.
 """
-# ruff: noqa: I001  (the import order is the registration order)
 
-# The core collectives, in contract order.
-from collectives._facts import reduce  # psum pmean pmax pmin
-from collectives._facts import gather  # all_gather(_stacked) psum_scatter
-from collectives._facts import all_to_all  # all_to_all
-from collectives._facts import permute  # ppermute_ring axis_index
+import importlib
+import pkgutil
 
-# Patterns built from the collectives.
-from collectives._facts import ring
-from collectives._facts import halo
-from collectives._facts import matmul
-from collectives._facts import mlp
-from collectives._facts import grads
-from collectives._facts import batching
-from collectives._facts import montecarlo
+ORDER: tuple[str, ...] = (
+    # The core collectives, in contract order.
+    "reduce",  # psum pmean pmax pmin
+    "gather",  # all_gather(_stacked) psum_scatter
+    "all_to_all",  # all_to_all
+    "permute",  # ppermute_ring axis_index
+    # Patterns built from the collectives.
+    "ring", "halo", "matmul", "mlp", "grads", "batching", "montecarlo",
+    # Parallelism strategies.
+    "training", "fsdp", "pipeline", "attention", "moe",
+)
+"""The facts modules whose order is fixed; the rest follow in name order."""
 
-# Parallelism strategies.
-from collectives._facts import training
-from collectives._facts import fsdp
-from collectives._facts import pipeline
-from collectives._facts import attention
-from collectives._facts import moe
 
-__all__ = [
-    "all_to_all", "attention", "batching", "fsdp", "gather", "grads", "halo",
-    "matmul", "mlp", "moe", "montecarlo", "permute", "pipeline", "reduce", "ring",
-    "training"]
+def _import_all() -> None:
+    found = {info.name for info in pkgutil.iter_modules(__path__)
+             if not info.name.startswith("_")}
+    for name in (*ORDER, *sorted(found - set(ORDER))):
+        importlib.import_module(f"{__name__}.{name}")
+
+
+_import_all()
