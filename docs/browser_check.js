@@ -96,6 +96,18 @@
     }
     images.push(img.src);
   }
+  // A parallelism strategy's recipe page shows the per-device body where its
+  // collectives are called, and its diagram traced from a real run.
+  if (document.querySelector(".strategy-page")) {
+    if (!document.querySelector("section#the-per-device-body pre")) {
+      problems.push("strategy page without its per-device body");
+    }
+    const diagram = document.querySelector("figure.strategy-diagram img");
+    if (!diagram) problems.push("strategy page without its diagram");
+    else if (diagram.complete && diagram.naturalWidth === 0) {
+      problems.push(`strategy diagram did not load: ${diagram.getAttribute("src")}`);
+    }
+  }
   // Private names of the package (the source listings are exempt: Python side).
   const article = document.querySelector(".bd-article") || document.body;
   const privates = [...new Set(article.innerText.match(/collectives\._\w+/g) || [])];

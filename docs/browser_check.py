@@ -16,6 +16,8 @@ default). The check fails (exit status 1, one line per problem) on:
 * an internal link to a page that does not exist, or to an anchor that is
   not on its page;
 * an image that did not load;
+* a parallelism strategy's recipe page without its per-device body or its
+  diagram;
 * a private name of the package (``collectives._...``) outside the source
   listings.
 

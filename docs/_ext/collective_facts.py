@@ -225,7 +225,51 @@ def _row(cells: list[str], code_first: bool = False) -> nodes.row:
     return row
 
 
+class StrategyDiagram(SphinxDirective):
+    """``{strategy-diagram} FILE``: the diagram of the strategy in
+    ``recipes/FILE.py``, traced from a real run of that file's functions by
+    ``collectives._strategy_diagrams.FILE`` (``trace``, ``draw``, ``text``,
+    ``CAPTION``), written as SVG to ``_generated/diagrams/``."""
+
+    required_arguments = 1
+
+    def run(self) -> list[nodes.Node]:
+        import importlib
+
+        stem = self.arguments[0]
+        try:
+            module = importlib.import_module(f"collectives._strategy_diagrams.{stem}")
+            record = module.trace()
+            out = Path(self.env.srcdir) / "_generated" / "diagrams"
+            out.mkdir(parents=True, exist_ok=True)
+            module.draw(record, str(out / f"strategy-{stem}.svg"))
+        except Exception as error:  # a build warning (an error under -W)
+            return [self.state.document.reporter.warning(
+                f"strategy-diagram {stem}: {type(error).__name__}: {error}",
+                line=self.lineno)]
+        image = nodes.image(uri=f"/_generated/diagrams/strategy-{stem}.svg",
+                            alt=module.text(record))
+        image["classes"].append("strategy-diagram")
+        reference = nodes.reference("", "", image,
+                                    refuri=f"../../_generated/diagrams/strategy-{stem}.svg")
+        caption = nodes.caption("", module.CAPTION)
+        figure = nodes.figure("", reference, caption)
+        figure["classes"].append("strategy-diagram")
+        figure["ids"].append(f"strategy-diagram-{stem.replace('_', '-')}")
+        return [figure]
+
+
+def strategy_diagram_files() -> set[str]:
+    """The recipe files (stems) that have a strategy diagram."""
+    import pkgutil
+
+    from collectives import _strategy_diagrams
+
+    return {info.name for info in pkgutil.iter_modules(_strategy_diagrams.__path__)}
+
+
 def setup(app: Sphinx) -> dict:
+    app.add_directive("strategy-diagram", StrategyDiagram)
     app.add_directive("collective-diagram", CollectiveDiagram)
     app.add_directive("collective-diagrams", CollectiveDiagrams)
     app.add_directive("collective-costs", CollectiveCosts)

@@ -181,7 +181,8 @@ def _literalinclude(rel: str, region: str) -> list[str]:
             f':end-before: "# [end:{region}]"', "```"]
 
 
-def _page(path: Path, run: dict, diagrams: list[str], rel: str) -> str:
+def _page(path: Path, run: dict, diagrams: list[str], rel: str,
+          names: list[str], family: str | None, strategy_diagram: bool) -> str:
     text = path.read_text()
     tree = ast.parse(text)
     title, body = docstring_markdown(ast.get_docstring(tree) or path.stem)
@@ -191,12 +192,39 @@ def _page(path: Path, run: dict, diagrams: list[str], rel: str) -> str:
              f"`python recipes/{name}.py` (it needs only jax and numpy"
              f"{' and optax' if 'Requires: optax.' in text else ''}).", "",
              body, ""]
+    if family == "strategy":
+        # (docs/browser_check.js asserts that such a page shows its per-device
+        # body and its strategy diagram)
+        lines += ["```{container} strategy-page", "",
+                  "{bdg-primary}`parallelism strategy`", "```", ""]
+        if not strategy_diagram:
+            logger.warning(f"recipes/{name}.py holds a parallelism strategy but "
+                           "has no diagram: add collectives/_strategy_diagrams/"
+                           f"{name}.py (trace, draw, text, CAPTION)",
+                           location=str(path))
+    if strategy_diagram:
+        lines += ["## What the strategy does, step by step", "",
+                  "Traced from a real run of this file's functions when this "
+                  "page was built (click the figure for full size):", "",
+                  "```{strategy-diagram} " + name, "```", ""]
     if diagrams:
         lines += ["## What the collectives do to the shards", ""]
         for collective in diagrams:
             lines += ["```{collective-diagram} " + collective, "```", ""]
     regions = _regions(text)
-    for region in (r for r in regions if r not in FORMS):
+    if names and "body" not in regions:
+        logger.warning(f"recipes/{name}.py holds the recipe(s) {', '.join(names)} "
+                       "but no '# [start:body]' region: tag the per-device body "
+                       "its pmap and shard_map forms run",
+                       location=str(path))
+    if "body" in regions:
+        lines += ["## The per-device body", "",
+                  "Where the collectives are called: the code each device runs "
+                  "in the `shard_map` and `pmap` forms. "
+                  + (f"The library runs these same functions for "
+                     f"{', '.join(f'`RECIPES[{n!r}]`' for n in names)}."
+                     if names else ""), "", *_literalinclude(rel, "body"), ""]
+    for region in (r for r in regions if r not in FORMS and r != "body"):
         lines += [f"## `{region}`", "", *_literalinclude(rel, region), ""]
     forms = [r for r in FORMS if r in regions]
     if forms:
@@ -306,7 +334,8 @@ def generate(app: Sphinx) -> None:
     out = srcdir / "_generated" / "gallery"
     cache_dir = out / ".cache"
     cache_dir.mkdir(parents=True, exist_ok=True)
-    paths = sorted(recipes.glob("*.py"))
+    # (recipes/__init__.py makes the folder the package collectives.recipes)
+    paths = sorted(p for p in recipes.glob("*.py") if p.name != "__init__.py")
     if not paths:
         logger.warning(f"gallery: no recipe files in {recipes}")
         return
@@ -322,6 +351,15 @@ def generate(app: Sphinx) -> None:
     for name in stale:
         (out / name).unlink()
     diagrams = diagrams_by_file()
+    names = {path.stem: recipe_names for _, members in sections(paths)
+             for path, recipe_names in members}
+    from collective_facts import strategy_diagram_files
+
+    import collectives
+
+    families = {Path(recipe.source).stem: recipe.family
+                for recipe in collectives.RECIPES.values()}
+    strategy_diagrams = strategy_diagram_files()
     for path, run in runs.items():
         if run["returncode"] != 0 or "ok:" not in run["stdout"]:
             logger.warning(
@@ -331,7 +369,9 @@ def generate(app: Sphinx) -> None:
                 location=None)
         rel = os.path.relpath(path, out)
         _write_if_changed(out / f"{path.stem}.md",
-                          _page(path, run, diagrams.get(path.stem, []), rel))
+                          _page(path, run, diagrams.get(path.stem, []), rel,
+                                names.get(path.stem, []), families.get(path.stem),
+                                path.stem in strategy_diagrams))
     # Card thumbnails: each file's first diagram, drawn now so that the
     # gallery page finds the image whichever page Sphinx reads first.
     from collective_facts import draw

@@ -1,0 +1,269 @@
+"""All-to-all attention's head/sequence resharding, traced from a real run.
+
+:func:`trace` runs ``recipes/all_to_all_attention.py``'s shard_map form
+(``all_to_all_attention_shard_map``, i.e. ``all_to_all_attention_body`` under
+``jax.shard_map``) on marker inputs, with the file module's ``lax`` swapped
+for a tap (:mod:`._tap`, restored afterwards) whose ``all_to_all`` calls the
+real one and then reports, with ``jax.experimental.io_callback``, each
+device's ``lax.axis_index``, input block and output block. The body makes
+four calls, in this order: ``to_heads`` of q, of k and of v, then the
+all-to-all that brings the attention output back.
+
+The markers say which (sequence position, head) every element is: with
+``code = t * heads + h``, ``q[t, h, 0]``, ``k[t, h, 1]`` and ``v[t, h, 0]``
+hold the code (the other of channels 0, 1 is 0), so channel 0 + channel 1 of
+any block names its elements. Channels ``2 + t`` of q and k are a large
+one-hot of the position, so each query's softmax puts all its weight (in
+float32, exactly) on its own key: the attention output at ``(t, h)`` is
+``v[t, h]``, and the output blocks carry the same codes. Decoding each
+reported block gives, per call, which device holds each (position, head)
+going in and coming out.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import jax
+import numpy as np
+from jax.sharding import PartitionSpec as P
+
+from collectives._devices import make_mesh
+from collectives._strategy_diagrams._tap import tapped
+from collectives.hlo import collective_stats
+from collectives.recipes import all_to_all_attention as a2a_file
+
+AXIS = "i"
+CALLS = ("q", "k", "v", "output")  # the body's all_to_all calls, in order
+MISSING, SEVERAL = -1, -2  # held by no device / by more than one
+_DIMS = ("seq", "heads", "head_dim")
+_ONE_HOT = 30.0  # score gap 30**2 / sqrt(head_dim): exp(-gap) is 0 in float32
+
+CAPTION = (
+    "All-to-all attention on 8 devices: which device holds each (sequence "
+    "position, head) of q, k, v before the first all-to-alls, between them "
+    "(where attention runs on whole sequences) and of the output after the "
+    "last. Recorded from a real run of recipes/all_to_all_attention.py's "
+    "all_to_all_attention_body under shard_map, its lax.all_to_all tapped "
+    "with io_callback, on inputs whose channel 0 or 1 holds the code of "
+    "(position, head).")
+
+
+@dataclass(frozen=True, eq=False)
+class AllToAllAttentionTrace:
+    """Who held what around each ``all_to_all`` of one run of the body.
+
+    ``held_in[c, t, h]`` / ``held_out[c, t, h]``: the device whose block held
+    element (position ``t``, head ``h``) entering / leaving call ``c`` (see
+    :data:`CALLS`); ``MISSING`` or ``SEVERAL`` if none or more than one did.
+    """
+
+    n_devices: int
+    seq: int
+    heads: int
+    calls: tuple[str, ...]
+    split_axis: tuple[int, ...]  # per call, as the body passed it
+    concat_axis: tuple[int, ...]
+    block_in: tuple[tuple[int, ...], ...]  # per call, one device's block shape
+    block_out: tuple[tuple[int, ...], ...]
+    held_in: np.ndarray  # [call, seq, heads]
+    held_out: np.ndarray  # [call, seq, heads]
+    matches_oracle: bool  # the run's output equals attention_numpy's
+    all_to_alls: int  # in the compiled program of the untapped body
+    all_to_all_bytes: float  # bytes each device sends in them
+
+
+def _markers(seq: int, heads: int):
+    """q, k, v ``[seq, heads, seq + 2]``: channel 0 (q, v) or 1 (k) holds
+    ``t * heads + h``, channels ``2 + t`` of q and k a large one-hot of ``t``."""
+    t, h = np.meshgrid(np.arange(seq), np.arange(heads), indexing="ij")
+    code = (t * heads + h).astype(np.float32)
+    q, k, v = (np.zeros((seq, heads, seq + 2), np.float32) for _ in range(3))
+    q[..., 0], k[..., 1], v[..., 0] = code, code, code
+    one_hot = _ONE_HOT * np.eye(seq, dtype=np.float32)[:, None, :]
+    q[..., 2:] += one_hot
+    k[..., 2:] += one_hot
+    return q, k, v
+
+
+def _holders(blocks: dict[int, np.ndarray], seq: int, heads: int) -> np.ndarray:
+    """``[seq, heads]``: the device whose block carries each element's code."""
+    held = np.full((seq, heads), MISSING)
+    for device, block in blocks.items():
+        codes = np.rint(block[..., 0] + block[..., 1]).astype(int).ravel()
+        for t, h in {divmod(c, heads) for c in codes if 0 <= c < seq * heads}:
+            held[t, h] = device if held[t, h] == MISSING else SEVERAL
+    return held
+
+
+def trace(n_devices: int = 8, rows: int = 2,
+          heads_per_device: int = 1) -> AllToAllAttentionTrace:
+    """Run the file's shard_map form on ``n_devices`` devices (``rows``
+    positions and ``heads_per_device * n_devices`` heads) and record who holds
+    each (position, head) around its all-to-alls."""
+    seq, heads = n_devices * rows, n_devices * heads_per_device
+    mesh = make_mesh((n_devices,), AXIS)
+    q, k, v = _markers(seq, heads)
+    with tapped(a2a_file, "all_to_all") as tap:
+        out = np.asarray(a2a_file.all_to_all_attention_shard_map(q, k, v, mesh))
+    if len(tap.sites) != len(CALLS):
+        raise AssertionError(f"expected {len(CALLS)} all_to_all calls in the body, "
+                             f"got {len(tap.sites)}")
+    held_in, held_out, block_in, block_out = [], [], [], []
+    for site in range(len(CALLS)):
+        runs = tap.by_device(site)
+        if sorted(runs) != list(range(n_devices)) or any(
+                len(r) != 1 for r in runs.values()):
+            raise AssertionError(f"call {site}: expected one report per device, got "
+                                 f"{ {d: len(r) for d, r in runs.items()} }")
+        ins = {d: r[0].inputs[0] for d, r in runs.items()}
+        outs = {d: r[0].outputs[0] for d, r in runs.items()}
+        held_in.append(_holders(ins, seq, heads))
+        held_out.append(_holders(outs, seq, heads))
+        block_in.append(tuple(ins[0].shape))
+        block_out.append(tuple(outs[0].shape))
+    want = a2a_file.attention_numpy(q, k, v)
+    body = jax.shard_map(functools.partial(a2a_file.all_to_all_attention_body,
+                                           axis=AXIS),
+                         mesh=mesh, in_specs=(P(AXIS),) * 3, out_specs=P(AXIS))
+    stats = collective_stats(jax.jit(body), q, k, v)
+    arrays = [np.array(held_in), np.array(held_out)]
+    for array in arrays:
+        array.flags.writeable = False
+    return AllToAllAttentionTrace(
+        n_devices=n_devices, seq=seq, heads=heads, calls=CALLS,
+        split_axis=tuple(int(s.params.get("split_axis", s.params.get("arg0", -1)))
+                         for s in tap.sites),
+        concat_axis=tuple(int(s.params.get("concat_axis", s.params.get("arg1", -1)))
+                          for s in tap.sites),
+        block_in=tuple(block_in), block_out=tuple(block_out),
+        held_in=arrays[0], held_out=arrays[1],
+        matches_oracle=bool(np.allclose(out, want, rtol=1e-6, atol=1e-6)),
+        all_to_alls=stats.count("all-to-all"),
+        all_to_all_bytes=float(stats.bytes("all-to-all")))
+
+
+def panels(record: AllToAllAttentionTrace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``[seq, heads]`` holders: q entering the first all-to-all (before), q
+    leaving it (between: where attention runs), the output leaving the last
+    (after)."""
+    return record.held_in[0], record.held_out[0], record.held_out[-1]
+
+
+PANEL_TITLES = ("before: q, k, v as given",
+                "between: attention runs here",
+                "after: the output")
+
+
+def _move(record: AllToAllAttentionTrace, call: int) -> str:
+    return (f"split {_DIMS[record.split_axis[call]]}, "
+            f"concat {_DIMS[record.concat_axis[call]]}")
+
+
+def _cell(device: int) -> str:
+    return {MISSING: ".", SEVERAL: "*"}.get(device, str(device))
+
+
+def text(record: AllToAllAttentionTrace) -> str:
+    """The three layouts as a plain-text table: the device holding each
+    (position, head)."""
+    n, heads = record.n_devices, record.heads
+    width = max(2, len(str(n - 1)) + 1)
+    lines = [f"All-to-all attention, {n} devices, {record.seq} positions x "
+             f"{heads} heads: the device holding each (position, head)"]
+    lines.append("  pos | " + " | ".join(
+        f"{title.split(':')[0]:<{width * heads}}" for title in PANEL_TITLES))
+    lines.append("      | " + " | ".join(
+        "".join(f"{h:>{width}}" for h in range(heads)) for _ in PANEL_TITLES))
+    grids = panels(record)
+    for t in range(record.seq):
+        lines.append(f"{t:>5} | " + " | ".join(
+            "".join(f"{_cell(int(g[t, h])):>{width}}" for h in range(heads))
+            for g in grids))
+    lines.append(f"before -> between: all_to_all of q, k, v ({_move(record, 0)}), "
+                 f"block {record.block_in[0]} -> {record.block_out[0]}; "
+                 "attention_program on whole sequences")
+    lines.append(f"between -> after: all_to_all of the output ({_move(record, -1)}), "
+                 f"block {record.block_in[-1]} -> {record.block_out[-1]}")
+    lines.append(f"compiled body: {record.all_to_alls} all-to-alls, "
+                 f"{record.all_to_all_bytes:g} bytes per device; output "
+                 f"{'equals' if record.matches_oracle else 'DIFFERS FROM'} "
+                 "attention_numpy")
+    return "\n".join(lines)
+
+
+def _colour(device: int):
+    import matplotlib
+
+    if device < 0:
+        return (1.0, 1.0, 1.0) if device == MISSING else (0.3, 0.3, 0.3)
+    red, green, blue, _ = matplotlib.colormaps["tab10"](device % 10)
+    return (0.4 + 0.6 * red, 0.4 + 0.6 * green, 0.4 + 0.6 * blue)
+
+
+def draw(record: AllToAllAttentionTrace, path) -> None:
+    """Write the SVG: three panels (before, between, after), heads across,
+    positions down, each cell coloured by the device holding it."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Patch
+    from matplotlib.patches import Rectangle
+
+    seq, heads, n = record.seq, record.heads, record.n_devices
+    fig = Figure(figsize=(10, 7.2))
+    axes = fig.subplots(1, 3, gridspec_kw=dict(wspace=0.75))
+    fig.subplots_adjust(left=0.08, right=0.99, top=0.83, bottom=0.16)
+    for ax, grid, title in zip(axes, panels(record), PANEL_TITLES, strict=True):
+        for t in range(seq):
+            for h in range(heads):
+                ax.add_patch(Rectangle((h, t), 1, 1,
+                                       facecolor=_colour(int(grid[t, h])),
+                                       edgecolor="white", linewidth=0.8))
+        for device in range(n):  # one label per device, at its cells' centre
+            ts, hs = np.nonzero(grid == device)
+            if ts.size:
+                ax.text(hs.mean() + 0.5, ts.mean() + 0.5, str(device), ha="center",
+                        va="center", fontsize=13, weight="bold")
+        ax.set_xlim(0, heads)
+        ax.set_ylim(seq, 0)
+        ax.set_aspect("equal")
+        ax.set_xticks(np.arange(heads) + 0.5, [str(h) for h in range(heads)],
+                      fontsize=10.5)
+        ax.set_yticks(np.arange(0, seq, 2) + 0.5, [str(t) for t in range(0, seq, 2)],
+                      fontsize=10.5)
+        ax.tick_params(length=0)
+        for side in ax.spines.values():
+            side.set_visible(False)
+        ax.set_xlabel("head", fontsize=11)
+        ax.set_title(title.replace(": ", ":\n"), fontsize=12)
+    axes[0].set_ylabel("sequence position", fontsize=11)
+    moves = [_move(record, call).replace(", ", ",\n") for call in (0, -1)]
+    first, last = (f"all_to_all \u00d73\n(q, k, v)\n{moves[0]}",
+                   f"all_to_all\n(output)\n{moves[1]}")
+    for left, right, label in ((axes[0], axes[1], first), (axes[1], axes[2], last)):
+        x0 = left.get_position().x1
+        x1 = right.get_position().x0
+        y = 0.5 * (left.get_position().y0 + left.get_position().y1)
+        fig.patches.append(matplotlib.patches.FancyArrowPatch(
+            (x0 + 0.005, y), (x1 - 0.005, y), transform=fig.transFigure,
+            arrowstyle="-|>", mutation_scale=22, linewidth=2, color="#444444"))
+        fig.text(0.5 * (x0 + x1), y + 0.025, label,
+                 ha="center", va="bottom", fontsize=10.5)
+    fig.suptitle(f"All-to-all attention on {n} devices: who holds each "
+                 "(position, head)", fontsize=14, weight="bold", y=0.975)
+    fig.text(0.5, 0.915, "attention_program needs whole sequences: between the "
+             "all-to-alls device d holds every position of head block d",
+             ha="center", fontsize=11, color="#333333")
+    handles = [Patch(facecolor=_colour(d), edgecolor="white", label=f"device {d}")
+               for d in range(n)]
+    fig.legend(handles=handles, loc="lower center", ncol=min(n, 8), fontsize=10.5,
+               frameon=False, bbox_to_anchor=(0.5, 0.055), handlelength=1.2,
+               columnspacing=1.0)
+    fig.text(0.5, 0.015, f"compiled body: {record.all_to_alls} all-to-alls, "
+             f"{record.all_to_all_bytes:g} bytes sent per device; output "
+             f"{'equals' if record.matches_oracle else 'differs from'} the NumPy "
+             "oracle", ha="center", fontsize=10.5, color="#333333")
+    fig.savefig(path, format="svg")
