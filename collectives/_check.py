@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import inspect
 import time
+import warnings
 from collections.abc import Callable
 from collections.abc import Iterable
 from collections.abc import Mapping
@@ -18,6 +20,7 @@ from collectives._arrays import dtype_kind
 from collectives._compare import forms_agree
 from collectives._devices import MESH_NAMES
 from collectives._devices import make_mesh
+from collectives._layout import Axes
 from collectives._recipe import Recipe
 from collectives._recipe import UnsupportedDtypeError
 from collectives._registry import RECIPES
@@ -25,7 +28,9 @@ from collectives._tolerance import can_fail
 from collectives._tolerance import tolerance
 
 MeshConfig = tuple[tuple[int, ...], tuple[str, ...], Any]
-FormsFor = Callable[[Any, jax.sharding.Mesh, Any], Mapping[str, Callable[..., Any]]]
+FormsFor = Callable[[Any, Axes], Mapping[str, Callable[..., Any]]]
+"""``forms(recipe, axes)``: the callables ``check`` compares for one row, given
+axes that the row's arguments were validated for."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,9 +99,12 @@ def check(
         (:attr:`Recipe.exact`) must then match the oracle bit for bit in the
         dtypes it keeps exact (:meth:`Recipe.draws_exact`); the others, whose
         own arithmetic rounds (a mean, a softmax), keep the tolerance policy.
-      forms: ``forms(recipe, mesh, axis)`` gives the callables to compare
-        (default: ``recipe.forms(mesh, axis)``); the multi-process launcher
-        passes forms that feed each process its own part of the data.
+      forms: ``forms(recipe, axes)`` gives the callables to compare for one
+        row, whose arguments were validated once for ``axes`` (default:
+        ``recipe.bound_forms(axes)``); the multi-process launcher passes
+        forms that feed each process its own part of the data. (A hook
+        written for ``forms(recipe, mesh, axis)`` still works, with a
+        DeprecationWarning.)
       on_report: called with each passing row, its inputs and the
         :class:`~collectives.testing.Agreement` (e.g. to save the results).
       progress: called with each result as soon as it is known.
@@ -118,7 +126,7 @@ def check(
         if name not in RECIPES:
             raise KeyError(
                 f"no recipe named {name!r}; known recipes: {', '.join(RECIPES)}.")
-    forms_for = forms or (lambda recipe, mesh, axis: recipe.forms(mesh, axis))
+    forms_for = _forms_hook(forms)
     rows = []
     for name in chosen:
         recipe = RECIPES[name]
@@ -138,15 +146,16 @@ def check(
                         raise UnsupportedDtypeError(_inexact_dtype(recipe, dtype))
                     args = recipe.example_args(mesh, axis, dtype=dtype, seed=seed,
                                                exact=exact)
-                    recipe._prepare(args, mesh, axis)  # its own refusals first
+                    # its own refusals first; the one validation of this row
+                    axes = recipe.validated_axes(args, mesh, axis)
                     n_terms = recipe.count_terms(axes)
                     if not bitwise and not can_fail(dtype, n_terms):
                         raise UnsupportedDtypeError(
                             _cannot_fail(recipe, n_terms, dtype))
                     tol = {"rtol": 0, "atol": 0} if bitwise else {}
                     report = forms_agree(
-                        forms_for(recipe, mesh, axis), args, recipe=recipe,
-                        mesh=mesh, axis=axis, n_terms=n_terms, **tol)
+                        forms_for(recipe, axes), args, recipe=recipe,
+                        axes=axes, n_terms=n_terms, **tol)
                     ok, detail = True, ""
                     done, error = report.forms, max(report.max_error.values())
                 except (ImportError, UnsupportedDtypeError) as err:
@@ -168,6 +177,22 @@ def check(
                 if progress is not None:
                     progress(row)
     return rows
+
+
+def _forms_hook(forms: Callable[..., Any] | None) -> FormsFor:
+    """``check``'s ``forms`` argument as ``forms(recipe, axes)``."""
+    if forms is None:
+        return lambda recipe, axes: recipe.bound_forms(axes)
+    try:
+        inspect.signature(forms).bind(None, None)
+    except TypeError:  # an older hook: forms(recipe, mesh, axis)
+        warnings.warn(
+            "check(forms=...): a hook forms(recipe, mesh, axis) is deprecated; "
+            "take forms(recipe, axes) (axes.mesh, axes.axis) and return "
+            "recipe.bound_forms(axes) or your own callables.", DeprecationWarning,
+            stacklevel=3)
+        return lambda recipe, axes: forms(recipe, axes.mesh, axes.axis)
+    return forms
 
 
 def _inexact_dtype(recipe: Recipe, dtype: Any) -> str:
@@ -320,7 +345,7 @@ def print_run(args: argparse.Namespace, *, forms: FormsFor | None = None) -> Non
     mesh = make_mesh(shape, MESH_NAMES[: len(shape)])
     axis = axis_from_args(args)
     inputs = recipe.example_args(mesh, axis, dtype=args.dtype, exact=True)
-    bound = (forms or (lambda r, m, a: r.forms(m, a)))(recipe, mesh, axis)
+    bound = _forms_hook(forms)(recipe, recipe.validated_axes(inputs, mesh, axis))
     np.set_printoptions(linewidth=100, threshold=200)
     for name, value in zip(recipe.arg_names, inputs, strict=True):
         print(f"{name} =\n{value}\n")

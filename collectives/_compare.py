@@ -12,6 +12,7 @@ import jax
 import numpy as np
 
 from collectives._arrays import dtype_kind
+from collectives._layout import Axes
 from collectives._layout import AxisArg
 from collectives._recipe import FORMS
 from collectives._recipe import Recipe
@@ -157,13 +158,14 @@ def _result_dtype(results: Mapping[str, Any]) -> np.dtype:
     return np.asarray(leaves[0]).dtype
 
 
-def _bind_forms(recipe_or_forms: Any, mesh: Any, axis: Any
-                ) -> tuple[dict[str, Callable[..., Any]], Recipe | None]:
-    """The forms to run, and the recipe if there is one."""
+def _bind_forms(recipe_or_forms: Any, args: Sequence[Any], mesh: Any, axis: Any
+                ) -> tuple[dict[str, Callable[..., Any]], Recipe | None, Axes | None]:
+    """The forms to run, and the recipe and the axes its arguments were
+    validated for (once, here), if there is a recipe."""
     if isinstance(recipe_or_forms, Recipe):
         recipe = recipe_or_forms
-        forms = dict(recipe.forms(mesh=mesh, axis=axis))
-        return forms, recipe
+        axes = recipe.validated_axes(args, mesh, axis)
+        return recipe.bound_forms(axes), recipe, axes
     if not isinstance(recipe_or_forms, Mapping):
         raise TypeError(
             "recipe_or_forms: expected a collectives.Recipe or a mapping of form "
@@ -183,7 +185,7 @@ def _bind_forms(recipe_or_forms: Any, mesh: Any, axis: Any
             "assert_forms_agree: mesh= and axis= configure a Recipe's forms; your "
             "own callables must bind their mesh themselves. Fix: drop mesh=/axis=, "
             "or pass e.g. functools.partial(f, mesh=mesh).")
-    return forms, None
+    return forms, None, None
 
 
 def _describe_tolerance(dtype: np.dtype, rtol: float, atol: float, *,
@@ -266,22 +268,27 @@ def assert_forms_agree(
       AssertionError: forms: jit disagrees with the reference.
         jit vs reference, output: 2 of 2 elements differ; worst at index (1,): ...
     """
-    forms, recipe = _bind_forms(recipe_or_forms, mesh, axis)
-    return forms_agree(forms, args, recipe=recipe, mesh=mesh, axis=axis,
+    forms, recipe, axes = _bind_forms(recipe_or_forms, args, mesh, axis)
+    return forms_agree(forms, args, recipe=recipe, axes=axes,
                        rtol=rtol, atol=atol, n_terms=n_terms)
 
 
 def forms_agree(forms: Mapping[str, Callable[..., Any]], args: Sequence[Any], *,
-                recipe: Recipe | None,
-                mesh: jax.sharding.Mesh | None = None, axis: AxisArg = None,
+                recipe: Recipe | None, axes: Axes | None = None,
                 rtol: float | None = None, atol: float | None = None,
                 n_terms: int | None = None) -> Agreement:
     """:func:`assert_forms_agree` on bound ``forms``: those of ``recipe``
     itself, or others computing it (the multi-process launcher's), compared
-    under the recipe's tolerance facts."""
+    under the recipe's tolerance facts. With a ``recipe``, ``axes`` are those
+    :meth:`Recipe.validated_axes` returned for ``args``."""
     label = "forms" if recipe is None else f"recipe {recipe.name!r}"
+    if recipe is not None and axes is None:
+        raise ValueError(
+            f"forms_agree: recipe {recipe.name!r} needs the axes its arguments "
+            "were validated for. Fix: pass axes=recipe.validated_axes(args, "
+            "mesh, axis).")
     if recipe is not None and n_terms is None:
-        n_terms = recipe.count_terms(recipe.axes(mesh, axis))
+        n_terms = recipe.count_terms(axes)
     n_terms = 1 if n_terms is None else n_terms
     order = [n for n in (*FORMS, *forms) if n in forms and n != REFERENCE]
     order = list(dict.fromkeys(order)) + ([REFERENCE] if REFERENCE in forms else [])
@@ -300,7 +307,7 @@ def forms_agree(forms: Mapping[str, Callable[..., Any]], args: Sequence[Any], *,
     has_reference = REFERENCE in results
     terms = None
     if atol is None and recipe is not None and has_reference:
-        terms = recipe.term_magnitudes(*args, mesh=mesh, axis=axis)
+        terms = recipe.run("magnitudes", args, axes)
     if atol is not None:
         atol = float(atol)
     elif terms is None:

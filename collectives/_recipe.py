@@ -262,27 +262,22 @@ class Recipe:
           ReplicationError: an output declared replicated differs between
             device copies.
         """
-        axes = self._prepare(args, mesh, axis)
-        out = _pmap_callable(self, axes)(*stack_args(self, axes, args))
-        return jax.tree_util.tree_map(jnp.asarray,
-                                      unstack_outputs(self, axes, out, "pmap"))
+        return self.run("pmap", args, self.validated_axes(args, mesh, axis))
 
     def shard_map(self, *args: Any, mesh: jax.sharding.Mesh | None = None,
                   axis: AxisArg = None) -> Any:
         """Run the body under ``jax.jit(jax.shard_map(...))``; global view in/out."""
-        axes = self._prepare(args, mesh, axis)
-        return _build(self, "shard_map", axes)(*self.place(*args, axes=axes))
+        return self.run("shard_map", args, self.validated_axes(args, mesh, axis))
 
     def jit(self, *args: Any, mesh: jax.sharding.Mesh | None = None,
             axis: AxisArg = None) -> Any:
         """Run the global program under ``jax.jit`` with ``NamedSharding``."""
-        axes = self._prepare(args, mesh, axis)
-        return _build(self, "jit", axes)(*self.place(*args, axes=axes))
+        return self.run("jit", args, self.validated_axes(args, mesh, axis))
 
     def reference(self, *args: Any, mesh: jax.sharding.Mesh | None = None,
                   axis: AxisArg = None) -> Any:
         """The NumPy oracle on the host: what every form must return."""
-        return self._on_host(self.oracle, args, mesh, axis)
+        return self.run("reference", args, self.validated_axes(args, mesh, axis))
 
     def term_magnitudes(self, *args: Any, mesh: jax.sharding.Mesh | None = None,
                         axis: AxisArg = None) -> Any:
@@ -290,13 +285,41 @@ class Recipe:
         ``None`` where the recipe declares none."""
         if self.magnitudes is None:
             return None
-        return self._on_host(self.magnitudes, args, mesh, axis)
+        return self.run("magnitudes", args, self.validated_axes(args, mesh, axis))
 
-    def _on_host(self, fn: Callable[..., Any], args: Sequence[Any],
-                 mesh: jax.sharding.Mesh | None, axis: AxisArg) -> Any:
-        """``fn`` (the oracle or a fact like it) on validated host copies."""
-        axes = self._prepare(args, mesh, axis)
-        return fn(*jax.tree_util.tree_map(canonical, args), axes=axes)
+    def run(self, form: str, args: Sequence[Any], axes: Axes) -> Any:
+        """Run one form on arguments :meth:`validated_axes` accepted for ``axes``.
+
+        The forms above validate, then call this; a caller that runs several
+        forms on the same arguments (``check``, the comparison) validates
+        once and calls this for each.
+
+        Args:
+          form: ``"pmap"``, ``"shard_map"``, ``"jit"``, ``"reference"`` (the
+            oracle) or ``"magnitudes"`` (the ``magnitudes`` fact, or None).
+          args: the global-view arguments.
+          axes: what :meth:`validated_axes` returned for them.
+        """
+        if form == "pmap":
+            out = pmap_callable(self, axes)(*stack_args(self, axes, args))
+            return jax.tree_util.tree_map(jnp.asarray,
+                                          unstack_outputs(self, axes, out, "pmap"))
+        if form in ("shard_map", "jit"):
+            return _build(self, form, axes)(*self._placed(args, axes))
+        host = {"reference": self.oracle, "magnitudes": self.magnitudes}
+        if form not in host:
+            raise ValueError(
+                f"form: expected one of {', '.join((*FORMS, *host))}, got {form!r}.")
+        if host[form] is None:
+            return None
+        return host[form](*jax.tree_util.tree_map(canonical, args), axes=axes)
+
+    def bound_forms(self, axes: Axes) -> dict[str, Callable[..., Any]]:
+        """The three forms and the oracle for arguments already validated
+        for ``axes`` (:meth:`validated_axes`): callables that do not validate
+        again."""
+        return {form: functools.partial(_run_unpacked, self, form, axes)
+                for form in (*FORMS, "reference")}
 
     # -- helpers other modules build on ------------------------------------
 
@@ -338,6 +361,9 @@ class Recipe:
             fit the recipe's specs.
         """
         self._check_args(args, axes)
+        return self._placed(args, axes)
+
+    def _placed(self, args: Sequence[Any], axes: Axes) -> tuple[Any, ...]:
         specs = self.in_specs(axes)
         return tuple(jax.device_put(arg, _layout.shardings(axes.mesh, spec))
                      for arg, spec in zip(args, specs, strict=True))
@@ -365,8 +391,16 @@ class Recipe:
             lambda shape: random_array(rng, shape, dtype, exact=exact),
             shape_tree, is_leaf=is_shape) for shape_tree in shapes)
 
-    def _prepare(self, args: Sequence[Any], mesh: jax.sharding.Mesh | None,
-                 axis: AxisArg) -> Axes:
+    def validated_axes(self, args: Sequence[Any],
+                       mesh: jax.sharding.Mesh | None = None,
+                       axis: AxisArg = None) -> Axes:
+        """Resolve ``mesh`` and ``axis``, and check that the recipe runs over
+        them and that ``args`` fit it: the one validation :meth:`run` relies on.
+
+        Raises:
+          TypeError, ValueError: a clear message naming the argument, the
+            value and the fix.
+        """
         axes = self.axes(mesh, axis)
         problem = self.unsupported_reason(axes)
         if problem is not None:
@@ -388,7 +422,7 @@ class Recipe:
         for index, (arg, spec, name) in enumerate(
                 zip(args, in_specs, self.arg_names, strict=True)):
             self._check_structure(index, arg, spec, name, axes)
-            _map_leaves(arg, spec,
+            map_leaves(arg, spec,
                         lambda leaf, s, where: self._check_leaf(leaf, s, where, axes),
                         f"{self.name}: argument {name}")
 
@@ -429,8 +463,12 @@ class Recipe:
                 "inputs.")
 
 
-def _map_leaves(arg: Any, spec: Any, fn: Callable[[Any, P, str], Any],
-                what: str) -> Any:
+def _run_unpacked(recipe: Recipe, form: str, axes: Axes, *args: Any) -> Any:
+    return recipe.run(form, args, axes)
+
+
+def map_leaves(arg: Any, spec: Any, fn: Callable[[Any, P, str], Any],
+               what: str) -> Any:
     """``fn(leaf, leaf_spec, where)`` over one argument's leaves, tree kept."""
     pairs, treedef = jax.tree_util.tree_flatten_with_path(arg)
     specs = _layout.leaf_specs(spec, arg, what)
@@ -445,7 +483,7 @@ def stack_args(recipe: Recipe, axes: Axes, args: Sequence[Any],
     fully replicated leaves as they are, for ``in_axes=None``)."""
     if stack_leaf is None:
         stack_leaf = functools.partial(_stack_leaf, mesh=axes.mesh)
-    return [_map_leaves(arg, spec, lambda leaf, s, _: stack_leaf(leaf, s),
+    return [map_leaves(arg, spec, lambda leaf, s, _: stack_leaf(leaf, s),
                         f"{recipe.name}: argument {name}")
             for arg, spec, name in zip(args, recipe.in_specs(axes), recipe.arg_names,
                                        strict=True)]
@@ -488,7 +526,9 @@ def stacked_in_axes(recipe: Recipe, axes: Axes) -> tuple[Any, ...]:
 
 
 @functools.cache
-def _pmap_callable(recipe: Recipe, axes: Axes) -> Callable[..., Any]:
+def pmap_callable(recipe: Recipe, axes: Axes) -> Callable[..., Any]:
+    """The cached ``jax.pmap`` (nested ``vmap`` for further mesh axes) of the
+    recipe's body over ``axes``; it takes :func:`stack_args`'s arguments."""
     mesh = axes.mesh
     names = tuple(mesh.axis_names)
     in_axes = stacked_in_axes(recipe, axes)
@@ -522,5 +562,5 @@ def clear_caches() -> None:
     keep memory bounded.
     """
     _build.cache_clear()
-    _pmap_callable.cache_clear()
+    pmap_callable.cache_clear()
     jax.clear_caches()

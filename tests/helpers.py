@@ -32,8 +32,8 @@ def jit_form_replaced(change):
     form's outputs passed through ``change`` (a wrong form to catch)."""
     import jax
 
-    def forms_for(recipe, mesh, axis):
-        forms = dict(recipe.forms(mesh, axis))
+    def forms_for(recipe, axes):
+        forms = dict(recipe.bound_forms(axes))
         jit = forms["jit"]
         forms["jit"] = lambda *args: jax.tree_util.tree_map(change, jit(*args))
         return forms

@@ -1,6 +1,7 @@
 """``python -m collectives``: list, show, run, check."""
 
 import jax.numpy as jnp
+import pytest
 
 import collectives as cx
 from helpers import jit_form_replaced
@@ -103,3 +104,28 @@ def test_run_prints_every_form():
 def test_unknown_recipe_in_show():
     result = run_python("-m", "collectives", "show", "psumm", check=False)
     assert result.returncode == 2 and "Known recipes" in result.stderr
+
+
+def test_a_forms_hook_of_the_older_signature_still_works_with_a_warning():
+    def older(recipe, mesh, axis):
+        return recipe.forms(mesh, axis)
+
+    one = [((8,), ("i",), None)]
+    with pytest.warns(DeprecationWarning, match=r"forms\(recipe, axes\)"):
+        (row,) = cx.check(["psum"], configs=one, forms=older)
+    assert row.ok and not row.skipped
+
+
+def test_check_validates_each_row_once(monkeypatch):
+    calls = []
+    recipe = cx.RECIPES["psum"]
+    original = type(recipe).validated_axes
+
+    def counting(self, *args, **kwargs):
+        calls.append(self.name)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(recipe), "validated_axes", counting)
+    rows = cx.check(["psum"], configs=[((8,), ("i",), None)])
+    assert len(rows) == 1 and rows[0].ok
+    assert calls == ["psum"], calls

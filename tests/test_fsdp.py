@@ -185,8 +185,8 @@ def test_a_ten_percent_error_where_a_gradient_cancels_is_caught():
         flat = np.abs(grad).ravel()
         index = np.unravel_index(np.argsort(flat)[flat.size // 2], grad.shape)
 
-        def one_off(recipe, mesh, axis, name=name, index=index):
-            forms = dict(recipe.forms(mesh, axis))
+        def one_off(recipe, axes, name=name, index=index):
+            forms = dict(recipe.bound_forms(axes))
             jit = forms["jit"]
 
             def off(*args):

@@ -98,7 +98,7 @@ def test_placed_forms_emit_exactly_one_expected_collective(name, form, shape,
 
 
 def _pmap_stats(recipe, axes, args):
-    fn = _recipe._pmap_callable(recipe, axes)
+    fn = _recipe.pmap_callable(recipe, axes)
     (spec,) = recipe.in_specs(axes)
     stacked = _layout.to_stacked(np.asarray(args[0]), axes.mesh, spec)
     return collective_stats(fn, stacked)

@@ -90,8 +90,8 @@ def test_breaking_the_collectives_in_the_file_fails_check(module_name, monkeypat
             mesh, axis = runnable_configs(cx.RECIPES[name])[0]
             config = (tuple(mesh.shape.values()), tuple(mesh.axis_names), axis)
             rows = cx.check([name], configs=[config],
-                            forms=lambda recipe, mesh, axis: {
-                                key: fn for key, fn in recipe.forms(mesh, axis).items()
+                            forms=lambda recipe, axes: {
+                                key: fn for key, fn in recipe.bound_forms(axes).items()
                                 if key in ("shard_map", "reference")})
             assert rows and not any(row.ok for row in rows), (
                 f"{name} still agrees with its collectives removed from "

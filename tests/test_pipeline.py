@@ -51,8 +51,9 @@ def test_forms_equal_the_layers_in_sequence(data):
     sequential = jax.jit(jax.value_and_grad(sequential_loss))(stage_params, x, y)
     forms = {form: functools.partial(_returning, report.results[form])
              for form in cx.FORMS}
-    forms_agree({**forms, "reference": lambda *args: sequential},
-                (stage_params, x, y), recipe=RECIPE, mesh=case.mesh, axis=case.axis)
+    args = (stage_params, x, y)
+    forms_agree({**forms, "reference": lambda *args: sequential}, args,
+                recipe=RECIPE, axes=RECIPE.validated_axes(args, case.mesh, case.axis))
 
 
 def _returning(result, *args):

@@ -116,7 +116,7 @@ def vmap_form(recipe: Recipe, *args: Any, mesh: jax.sharding.Mesh | None = None,
       >>> bool(np.array_equal(got, r.reference(x)))
       True
     """
-    axes = recipe._prepare(args, mesh, axis)
+    axes = recipe.validated_axes(args, mesh, axis)
     out = _vmap_callable(recipe, axes)(*_recipe.stack_args(recipe, axes, args))
     return jax.tree_util.tree_map(
         jnp.asarray, _recipe.unstack_outputs(recipe, axes, out, "vmap"))

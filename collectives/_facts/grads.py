@@ -88,7 +88,7 @@ def on_axes(fn):
 
 # -- dp_grads -------------------------------------------------------------------
 
-def _shapes(axes: Axes, dims):
+def grads_shapes(axes: Axes, dims):
     # Power-of-two rows per device and outputs keep every scaling exact.
     rows = axes.size * 2 ** (dims[0] - 1)
     features = dims[1] if len(dims) > 1 else 2
@@ -105,7 +105,7 @@ def _n_terms(axes: Axes) -> int:
     return 4 * (4 * axes.size + 8)
 
 
-def _check_args(axes: Axes, args) -> None:
+def check_grads_args(axes: Axes, args) -> None:
     params, x, y = args
     if not isinstance(params, dict) or set(params) != {"w", "b"}:
         keys = sorted(params) if isinstance(params, dict) else ""
@@ -135,8 +135,8 @@ dp_grads = register(Recipe(
     oracle=on_axes(file.dp_grads_numpy),
     in_specs=lambda axes: (make_spec(), make_spec(axes.entry), make_spec(axes.entry)),
     out_specs=lambda axes: make_spec(),
-    example_shapes=_shapes, arg_names=("params", "x", "y"), count_terms=_n_terms,
-    dtype_kinds=frozenset({"float"}), validate=_check_args,
+    example_shapes=grads_shapes, arg_names=("params", "x", "y"), count_terms=_n_terms,
+    dtype_kinds=frozenset({"float"}), validate=check_grads_args,
     # x^T r sums products past bfloat16's and float16's exact integers
     exact_dtypes=WIDE_FLOATS,
     pmap_body=file.dp_grads_pmap_body))

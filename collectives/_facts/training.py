@@ -41,8 +41,8 @@ import jax
 import numpy as np
 
 from collectives._costs import per_device_bytes
-from collectives._facts.grads import _check_args
-from collectives._facts.grads import _shapes
+from collectives._facts.grads import check_grads_args
+from collectives._facts.grads import grads_shapes
 from collectives._layout import Axes
 from collectives._layout import make_spec
 from collectives._recipe import WIDE_FLOATS
@@ -99,7 +99,7 @@ class _FromFile:
 
 
 def _check_dtypes(axes: Axes, args) -> None:
-    _check_args(axes, args)
+    check_grads_args(axes, args)
     dtypes = {np.dtype(jax.dtypes.result_type(v)).name for v in args[0].values()}
     if "float16" in dtypes:
         raise UnsupportedDtypeError(
@@ -138,7 +138,7 @@ dp_adam = register(Recipe(
     program=_FromFile("train_program"), oracle=_FromFile("train_numpy"),
     in_specs=lambda axes: (make_spec(), make_spec(axes.entry), make_spec(axes.entry)),
     out_specs=lambda axes: (make_spec(), make_spec()),
-    example_shapes=_shapes, arg_names=("params", "x", "y"), count_terms=_n_terms,
+    example_shapes=grads_shapes, arg_names=("params", "x", "y"), count_terms=_n_terms,
     dtype_kinds=frozenset({"float"}), validate=_check_dtypes, family="strategy",
     exact=False,  # Adam divides by a square root: rounds on any input
     exact_dtypes=WIDE_FLOATS,  # float16 is refused

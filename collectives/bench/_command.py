@@ -21,7 +21,7 @@ from collectives.bench._overhead import OVERHEAD_COLLECTIVES
 from collectives.bench._overhead import run_overhead
 from collectives.bench._schema import SCHEMA_ID
 from collectives.bench._stats import Stopping
-from collectives.bench._sweep import _dtype_name
+from collectives.bench._sweep import dtype_name_of
 from collectives.bench._sweep import machine_info
 from collectives.bench._sweep import parse_size
 from collectives.bench._sweep import run
@@ -144,7 +144,7 @@ def _overhead_doc(names: Sequence[str], args: argparse.Namespace,
         budget=OVERHEAD_BUDGET if args.budget is None else args.budget,
         min_samples=samples, max_samples=max(samples, args.max_samples))
     rows = run_overhead(tuple(names), axes, size=args.overhead_size,
-                        dtype=_dtype_name(args.dtype), stopping=stopping,
+                        dtype=dtype_name_of(args.dtype), stopping=stopping,
                         min_time=args.min_time, progress=say)
     machine = machine_info()
     print(f"# collectives bench --overhead: {machine['devices']} "
@@ -157,7 +157,7 @@ def _overhead_doc(names: Sequence[str], args: argparse.Namespace,
     return {
         "schema": SCHEMA_ID, "machine": machine,
         "settings": {**settings(names, ["shard_map", "jit", "pmap"],
-                                _dtype_name(args.dtype), [args.overhead_size],
+                                dtype_name_of(args.dtype), [args.overhead_size],
                                 stopping, warmup=1, iters=1, min_time=args.min_time),
                      "overhead_size": args.overhead_size},
         "results": [], "skipped": [], "fit": [], "ring_vs_native": [],

@@ -105,7 +105,7 @@ def _row(case: _cases.Case, form: str, timing: Timing, wrong: int,
     }
 
 
-def _dtype_name(dtype: Any) -> str:
+def dtype_name_of(dtype: Any) -> str:
     try:
         return np.dtype(jax.dtypes.canonicalize_dtype(dtype)).name
     except TypeError:
@@ -172,7 +172,7 @@ def run(collectives: Sequence[str] = DEFAULT_COLLECTIVES,
       []
     """
     _check_names(collectives, forms)
-    dtype_name = _dtype_name(dtype)
+    dtype_name = dtype_name_of(dtype)
     axes = _cases.RECIPES["psum"].axes(make_mesh((jax.device_count(),), "i"))
     stopping = Stopping(precision=precision, budget=budget, min_samples=samples,
                         max_samples=max(samples, max_samples))

@@ -21,7 +21,7 @@ import numpy as np
 
 from collectives import _check
 from collectives._check import CheckResult
-from collectives.distributed._forms import process_forms
+from collectives.distributed._forms import bound_process_forms
 
 
 def check_across_processes(
@@ -44,7 +44,7 @@ def check_across_processes(
     Raises:
       KeyError: a name is not a registered recipe.
     """
-    return _check.check(names, forms=process_forms, on_report=_recorder(save),
+    return _check.check(names, forms=bound_process_forms, on_report=_recorder(save),
                         **options)
 
 
@@ -94,7 +94,8 @@ def cmd_check(argv: Sequence[str]) -> tuple[int, str]:
     args = check_parser().parse_args(list(argv))
     print(_where())
     save: dict[str, np.ndarray] | None = {} if args.save else None
-    rows = _check.print_check(args, forms=process_forms, on_report=_recorder(save))
+    rows = _check.print_check(args, forms=bound_process_forms,
+                              on_report=_recorder(save))
     if save is not None:
         out = Path(args.save)
         out.mkdir(parents=True, exist_ok=True)
@@ -108,5 +109,5 @@ def cmd_run(argv: Sequence[str]) -> tuple[int, str]:
     """Run the ``run`` target; returns (exit code, one-line summary)."""
     args = run_parser().parse_args(list(argv))
     print(_where())
-    _check.print_run(args, forms=process_forms)
+    _check.print_run(args, forms=bound_process_forms)
     return 0, f"{args.name}: every form ran"

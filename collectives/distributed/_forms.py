@@ -30,6 +30,7 @@ from jax.sharding import PartitionSpec as P
 from collectives import _arrays
 from collectives import _layout
 from collectives import _recipe
+from collectives._layout import Axes
 from collectives._layout import AxisArg
 from collectives._recipe import Recipe
 
@@ -152,20 +153,36 @@ def process_forms(recipe: Recipe, mesh: jax.sharding.Mesh | None = None,
       >>> bool(np.array_equal(forms["pmap"](x), forms["reference"](x)))
       True
     """
-    bound = dict(mesh=mesh, axis=axis)
+    recipe.axes(mesh, axis)  # a bad mesh or axis fails here, not at the call
+
+    def validating(form: str) -> Callable[..., Any]:
+        def run(*args: Any) -> Any:
+            axes = recipe.validated_axes(args, mesh, axis)
+            return bound_process_forms(recipe, axes)[form](*args)
+        return run
+    return {form: validating(form) for form in ("pmap", "shard_map", "jit",
+                                                "reference")}
+
+
+def bound_process_forms(recipe: Recipe, axes: Axes) -> dict[str, Callable[..., Any]]:
+    """:func:`process_forms` for arguments already validated for ``axes``
+    (:meth:`Recipe.validated_axes`): the hook ``check`` runs across processes,
+    one validation per row."""
     return {
-        "pmap": functools.partial(_pmap_form, recipe, **bound),
-        "shard_map": functools.partial(_compiled_form, recipe, "shard_map", **bound),
-        "jit": functools.partial(_compiled_form, recipe, "jit", **bound),
-        "reference": functools.partial(recipe.reference, **bound),
+        "pmap": functools.partial(_pmap_form, recipe, axes),
+        "shard_map": functools.partial(_compiled_form, recipe, "shard_map", axes),
+        "jit": functools.partial(_compiled_form, recipe, "jit", axes),
+        "reference": functools.partial(_reference, recipe, axes),
     }
 
 
-def _compiled_form(recipe: Recipe, form: str, *args: Any,
-                   mesh: jax.sharding.Mesh | None, axis: AxisArg) -> Any:
-    axes = recipe._prepare(args, mesh, axis)
+def _reference(recipe: Recipe, axes: Axes, *args: Any) -> Any:
+    return recipe.run("reference", args, axes)
+
+
+def _compiled_form(recipe: Recipe, form: str, axes: Axes, *args: Any) -> Any:
     placed = tuple(
-        _recipe._map_leaves(arg, spec,
+        _recipe.map_leaves(arg, spec,
                            lambda leaf, s, _: place(leaf, NamedSharding(axes.mesh, s)),
                            f"{recipe.name}: argument {name}")
         for arg, spec, name in zip(args, recipe.in_specs(axes), recipe.arg_names,
@@ -188,9 +205,7 @@ def _pmap_rows(mesh: jax.sharding.Mesh) -> slice:
     return slice(mine[0], mine[-1] + 1)
 
 
-def _pmap_form(recipe: Recipe, *args: Any, mesh: jax.sharding.Mesh | None,
-               axis: AxisArg) -> Any:
-    axes = recipe._prepare(args, mesh, axis)
+def _pmap_form(recipe: Recipe, axes: Axes, *args: Any) -> Any:
     rows = _pmap_rows(axes.mesh)
 
     def local_stack(leaf: Any, spec: P) -> np.ndarray:
@@ -205,7 +220,7 @@ def _pmap_form(recipe: Recipe, *args: Any, mesh: jax.sharding.Mesh | None,
         return _align_copies(gather(leaf), axes.mesh, spec, recipe.count_terms(axes))
 
     stacked = _recipe.stack_args(recipe, axes, args, local_stack)
-    out = _recipe._pmap_callable(recipe, axes)(*stacked)
+    out = _recipe.pmap_callable(recipe, axes)(*stacked)
     return _recipe.unstack_outputs(recipe, axes, out, "pmap", host=gathered)
 
 

@@ -29,7 +29,7 @@ MESH_SHAPES_3D: tuple[tuple[int, ...], ...] = ((2, 2, 2),)
 
 
 @functools.cache
-def _mesh(shape: tuple[int, ...], names: tuple[str, ...] = MESH_NAMES) -> Mesh:
+def cached_mesh(shape: tuple[int, ...], names: tuple[str, ...] = MESH_NAMES) -> Mesh:
     return make_mesh(shape, names[: len(shape)])
 
 
@@ -101,12 +101,12 @@ def meshes(max_devices: int | None = None, ndim: int | None = None, *,
                 f"meshes(max_devices={max_devices}, ndim={ndim}): no mesh shape of "
                 f"{pool} fits in {limit} device(s). Fix: simulate more devices "
                 "(pytest --cpu-devices 8) or pass shapes= that fit.")
-        return _mesh(draw(st.sampled_from(fits)), axis_names)
+        return cached_mesh(draw(st.sampled_from(fits)), axis_names)
 
     return draw_mesh()
 
 
-def _axis_options(mesh: Mesh) -> list[Any]:
+def axis_options(mesh: Mesh) -> list[Any]:
     names = tuple(mesh.axis_names)
     options: list[Any] = [None, *names]
     if len(names) > 1:
@@ -117,7 +117,7 @@ def _axis_options(mesh: Mesh) -> list[Any]:
 def collective_axes(mesh: Mesh) -> st.SearchStrategy[Any]:
     """An ``axis`` argument for ``mesh``: ``None`` (all axes), one axis name,
     or a tuple of axis names in either order."""
-    return st.sampled_from(_axis_options(mesh))
+    return st.sampled_from(axis_options(mesh))
 
 
 def _entry(names: Sequence[str]) -> str | tuple[str, ...] | None:
@@ -168,7 +168,7 @@ def partition_specs(draw: st.DrawFn, mesh: Mesh, ndim: int) -> P:
     return P(*spec)
 
 
-def _check_spec(mesh: Mesh, spec: Any, where: str) -> P:
+def checked_spec(mesh: Mesh, spec: Any, where: str) -> P:
     if not isinstance(spec, P):
         raise TypeError(f"{where}: expected a jax.sharding.PartitionSpec, got "
                         f"{spec!r}.")
@@ -218,7 +218,7 @@ def sharded_shapes(mesh: Mesh, spec: P, ndim: int | None = None, *,
       ...     assert len(shape) == 2 and shape[0] % 8 == 0
       >>> check()
     """
-    spec = _check_spec(mesh, spec, "sharded_shapes")
+    spec = checked_spec(mesh, spec, "sharded_shapes")
     rank = max(len(spec), 1) if ndim is None else ndim
     if isinstance(rank, bool) or not isinstance(rank, int) or rank < len(spec):
         raise ValueError(f"sharded_shapes(ndim={ndim!r}): expected an int >= "

@@ -38,9 +38,9 @@ from collectives._tolerance import can_fail
 from collectives.testing._layouts import MESH_NAMES
 from collectives.testing._layouts import MESH_SHAPES
 from collectives.testing._layouts import MESH_SHAPES_3D
-from collectives.testing._layouts import _axis_options
-from collectives.testing._layouts import _check_spec
-from collectives.testing._layouts import _mesh
+from collectives.testing._layouts import axis_options
+from collectives.testing._layouts import cached_mesh
+from collectives.testing._layouts import checked_spec
 from collectives.testing._layouts import collective_axes
 from collectives.testing._layouts import meshes
 from collectives.testing._layouts import partition_specs
@@ -145,7 +145,7 @@ def sharded_arrays(draw: st.DrawFn, *,
             spec = draw(spec)
         elif callable(spec) and not isinstance(spec, P):
             spec = spec(mesh)
-        spec = _check_spec(mesh, spec, "sharded_arrays(spec=...)")
+        spec = checked_spec(mesh, spec, "sharded_arrays(spec=...)")
         rank = max(len(spec), 1) if ndim is None else ndim
     shape = draw(sharded_shapes(mesh, spec, rank, min_block=min_block,
                                 max_block=max_block))
@@ -196,8 +196,8 @@ def recipe_cases(draw: st.DrawFn, recipe: Recipe, *,
     candidates = [
         (mesh, axis, dtype)
         for shape in MESH_SHAPES if int(np.prod(shape)) <= limit
-        for mesh in [_mesh(shape)]
-        for axis in _axis_options(mesh)
+        for mesh in [cached_mesh(shape)]
+        for axis in axis_options(mesh)
         for axes in [recipe.axes(mesh, axis)]
         if recipe.unsupported_reason(axes) is None
         for dtype in usable

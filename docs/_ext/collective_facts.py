@@ -250,8 +250,9 @@ class StrategyDiagram(SphinxDirective):
         image = nodes.image(uri=f"/_generated/diagrams/strategy-{stem}.svg",
                             alt=module.text(record))
         image["classes"].append("strategy-diagram")
+        # (a click opens it full size; the gallery pages sit two folders down)
         reference = nodes.reference("", "", image,
-                                    refuri=f"../../_generated/diagrams/strategy-{stem}.svg")
+                                    refuri=f"../../_images/strategy-{stem}.svg")
         caption = nodes.caption("", module.CAPTION)
         figure = nodes.figure("", reference, caption)
         figure["classes"].append("strategy-diagram")

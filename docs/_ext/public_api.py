@@ -35,12 +35,21 @@ from sphinx.util.nodes import make_refnode
 logger = logging.getLogger(__name__)
 
 
+# The recipe files (``collectives.recipes``, the files in ``recipes/``) are
+# documented whole, one gallery page each (docs/_ext/gallery.py), not here.
+GALLERY_PACKAGES = ("recipes",)
+
+
 def public_modules(package: str) -> list[str]:
-    """The package and its submodules whose dotted paths have no ``_`` part."""
+    """The package and its submodules whose dotted paths have no ``_`` part,
+    less the recipe files the gallery documents."""
     root = importlib.import_module(package)
     found = [package]
     for info in pkgutil.walk_packages(root.__path__, prefix=package + "."):
-        if not any(part.startswith("_") for part in info.name.split(".")):
+        parts = info.name.split(".")
+        if parts[1] in GALLERY_PACKAGES:
+            continue
+        if not any(part.startswith("_") for part in parts):
             found.append(info.name)
     return sorted(found)
 
