@@ -55,6 +55,8 @@ from collectives._layout import Axes
 from collectives._layout import ReplicationError
 from collectives._memory import compiled_memory
 from collectives._memory import device_bytes
+from collectives._parallelism import StrategyRow
+from collectives._parallelism import strategy_table
 from collectives._recipe import FAMILIES
 from collectives._recipe import FORMS
 from collectives._recipe import BenchSpec
@@ -62,8 +64,6 @@ from collectives._recipe import DiagramSpec
 from collectives._recipe import Recipe
 from collectives._recipe import UnsupportedDtypeError
 from collectives._registry import RECIPES
-from collectives._strategies import StrategyRow
-from collectives._strategies import strategy_table
 from collectives.hlo import CollectiveStats
 from collectives.hlo import collective_stats
 

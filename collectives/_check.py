@@ -96,7 +96,7 @@ def check(
         :func:`standard_configs`.
       seed: seed for the random inputs.
       exact: small-integer inputs. Every recipe declared exact
-        (:attr:`Recipe.exact`) must then match the oracle bit for bit in the
+        (:attr:`Recipe.bitwise`) must then match the oracle bit for bit in the
         dtypes it keeps exact (:meth:`Recipe.draws_exact`); the others, whose
         own arithmetic rounds (a mean, a softmax), keep the tolerance policy.
       forms: ``forms(recipe, axes)`` gives the callables to compare for one
@@ -141,14 +141,14 @@ def check(
                 start = time.perf_counter()
                 report, skipped = None, False
                 try:
-                    bitwise = exact and recipe.exact
+                    bitwise = exact and recipe.bitwise
                     if exact and not recipe.draws_exact(dtype):
                         raise UnsupportedDtypeError(_inexact_dtype(recipe, dtype))
                     args = recipe.example_args(mesh, axis, dtype=dtype, seed=seed,
                                                exact=exact)
                     # its own refusals first; the one validation of this row
                     axes = recipe.validated_axes(args, mesh, axis)
-                    n_terms = recipe.count_terms(axes)
+                    n_terms = recipe.n_terms(axes)
                     if not bitwise and not can_fail(dtype, n_terms):
                         raise UnsupportedDtypeError(
                             _cannot_fail(recipe, n_terms, dtype))

@@ -288,7 +288,7 @@ def forms_agree(forms: Mapping[str, Callable[..., Any]], args: Sequence[Any], *,
             "were validated for. Fix: pass axes=recipe.validated_axes(args, "
             "mesh, axis).")
     if recipe is not None and n_terms is None:
-        n_terms = recipe.count_terms(axes)
+        n_terms = recipe.n_terms(axes)
     n_terms = 1 if n_terms is None else n_terms
     order = [n for n in (*FORMS, *forms) if n in forms and n != REFERENCE]
     order = list(dict.fromkeys(order)) + ([REFERENCE] if REFERENCE in forms else [])

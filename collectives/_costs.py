@@ -1,6 +1,6 @@
 """Cost-model facts that recipes declare: what each compiled form contains.
 
-A recipe's ``hlo`` fact is ``hlo(axes, args, form)`` returning the
+A recipe's ``cost_model`` is ``cost_model(axes, args, form)`` returning the
 :class:`collectives.hlo.Expectation` its compiled program must meet; the
 builders here cover the common shapes of that fact.
 """

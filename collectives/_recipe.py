@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import warnings
 from collections.abc import Callable
 from collections.abc import Sequence
 from typing import Any
@@ -95,7 +96,9 @@ class BenchSpec:
     jit_target: bool = False
 
 
-HloFact = Callable[[Axes, tuple[Any, ...], str], "Expectation | Sequence[Expectation]"]
+CostModel = Callable[[Axes, tuple[Any, ...], str],
+                     "Expectation | Sequence[Expectation]"]
+"""``cost_model(axes, args, form)``: what the compiled form must contain."""
 
 def _no_terms(axes: Axes) -> int:
     del axes
@@ -111,6 +114,9 @@ def _any_axes(axes: Axes) -> str | None:
 class Recipe:
     """A collective written once and run in every form against an oracle.
 
+    The algorithm (``body``, ``program``, ``oracle``) comes from the recipe's
+    file in ``recipes/``; the rest are the facts the library needs about it.
+
     Attributes:
       name: the registry name, e.g. ``"psum"``.
       summary: one line for ``python -m collectives list``.
@@ -124,43 +130,38 @@ class Recipe:
       example_shapes: ``example_shapes(axes, dims)`` gives one shape (or
         shape tree) per argument that the recipe accepts, built from the small
         positive ints ``dims`` (at least two).
+      family: one of :data:`collectives.FAMILIES`; ``"core"`` recipes are the
+        contract names and come first in :data:`collectives.RECIPES`.
+      recipe_file: its file in ``recipes/`` (e.g. ``"reductions.py"``), where
+        ``body``, ``program`` and ``oracle`` are written; executed by the
+        tests and rendered in the gallery.
+
+      *Inputs*
+
       arg_names: the argument names used in error messages.
-      count_terms: ``count_terms(axes)`` is how many rounded operations feed each
-        output element (0 for pure data movement); it scales the tolerance.
-      dtype_kinds: the dtype kinds the recipe accepts (``float``, ``int``, ``bool``,
-        ``complex``).
+      dtype_kinds: the dtype kinds the recipe accepts (``float``, ``int``,
+        ``bool``, ``complex``).
       validate: optional extra check, ``validate(axes, args)``, that raises a
         ``ValueError`` for inputs the specs alone cannot rule out.
-      check_vma: passed to ``jax.shard_map``.
       unsupported_reason: ``unsupported_reason(axes)`` returns ``None`` when
         the recipe can run over these axes, else a sentence saying what it
         needs (e.g. "needs a 2-D mesh: a data axis and a model axis"); the
         forms raise it as a ``ValueError`` and ``check`` skips such
         configurations.
+
+      *Forms*
+
       pmap_body: the body for the pmap form where legacy pmap code differs
         from shard_map code (default: ``body``). Under pmap, mesh axes after
         the first are mapped with ``vmap``, which batches some collectives
         (gathers, scatters, permutes) only one axis at a time, and pmap has
         no varying/invariant types.
-      family: one of :data:`collectives.FAMILIES`; ``"core"`` recipes are the contract
-        names and come first in :data:`collectives.RECIPES`.
-      hlo: the cost model, ``hlo(axes, args, form)`` for ``form`` in
-        ``("shard_map", "jit")``: the :class:`collectives.hlo.Expectation`
-        the compiled program of that form must meet on the placed ``args``
-        (or a sequence of them, any of which is accepted, where the
-        compiler's choice depends on the backend). The conformance suite
-        compiles every recipe and checks it.
-      source: the file in the repository's ``recipes/`` folder that shows the
-        recipe standalone, e.g. ``"reductions.py"``; it is executed by the
-        tests and rendered in the gallery.
-      diagram: how :func:`collectives.diagram` draws it (a
-        :class:`DiagramSpec`), or ``None`` for recipes it does not draw.
-      bench: how the benchmark times it (a :class:`BenchSpec`), or ``None``
-        for recipes it does not time.
-      exact: whether exact-valued inputs (small integers, see
-        :meth:`example_args`) give the oracle's result bit for bit in every
-        form; ``False`` where the recipe's own arithmetic rounds (a mean over
-        an odd batch, a softmax), so the tolerance policy applies instead.
+      check_vma: passed to ``jax.shard_map``.
+
+      *Tolerance*
+
+      n_terms: ``n_terms(axes)`` is how many rounded operations feed each
+        output element (0 for pure data movement); it scales the tolerance.
       magnitudes: optional, for a recipe whose arithmetic multiplies its
         inputs: ``magnitudes(*args, axes=...)`` returns, for each output
         element (the oracle's output structure), the root-sum-square of
@@ -171,6 +172,10 @@ class Recipe:
         result that cancels to near zero keeps an error of that size.
         ``None``: the largest ``|input|`` for every element (a collective
         adds its inputs).
+      bitwise: whether exact-valued inputs (small integers, see
+        :meth:`example_args`) give the oracle's result bit for bit in every
+        form; ``False`` where the recipe's own arithmetic rounds (a mean over
+        an odd batch, a softmax), so the tolerance policy applies instead.
       exact_dtypes: the dtypes whose exact-valued inputs keep every
         intermediate value of the recipe an integer in range and held
         exactly, the only dtypes drawn exact-valued cases use
@@ -181,8 +186,26 @@ class Recipe:
         MLP's four matmuls and squared loss) leaves bfloat16's 8-bit and
         float16's 11-bit significands, and float16's range, so it names the
         wide dtypes.
+
+      *Cost model and presentation*
+
+      cost_model: ``cost_model(axes, args, form)`` for ``form`` in
+        ``("shard_map", "jit")``: the :class:`collectives.hlo.Expectation`
+        the compiled program of that form must meet on the placed ``args``
+        (or a sequence of them, any of which is accepted, where the
+        compiler's choice depends on the backend). The conformance suite
+        compiles every recipe and checks it.
+      diagram: how :func:`collectives.diagram` draws it (a
+        :class:`DiagramSpec`), or ``None`` for recipes it does not draw.
+      bench: how the benchmark times it (a :class:`BenchSpec`), or ``None``
+        for recipes it does not time.
+
+    The older names ``count_terms``, ``hlo``, ``source`` and ``exact`` (of
+    ``n_terms``, ``cost_model``, ``recipe_file`` and ``bitwise``) are still
+    accepted, with a DeprecationWarning, for one release.
     """
 
+    # the contract: the algorithm (from the recipe file) and its layouts
     name: str
     summary: str
     body: Callable[..., Any]
@@ -191,19 +214,23 @@ class Recipe:
     in_specs: Callable[[Axes], tuple[Any, ...]]
     out_specs: Callable[[Axes], Any]
     example_shapes: Callable[[Axes, Sequence[int]], tuple[Any, ...]]
+    family: str = "pattern"
+    recipe_file: str | None = None
+    # inputs
     arg_names: tuple[str, ...] = ("x",)
-    count_terms: Callable[[Axes], int] = _no_terms
     dtype_kinds: frozenset[str] = KINDS
     validate: Callable[[Axes, Sequence[Any]], None] | None = None
-    check_vma: bool = True
     unsupported_reason: Callable[[Axes], str | None] = _any_axes
+    # forms
     pmap_body: Callable[..., Any] | None = None
-    family: str = "pattern"
-    hlo: HloFact | None = None
-    source: str | None = None
-    exact: bool = True
-    exact_dtypes: frozenset[str] | None = None
+    check_vma: bool = True
+    # tolerance
+    n_terms: Callable[[Axes], int] = _no_terms
     magnitudes: Callable[..., Any] | None = None
+    bitwise: bool = True
+    exact_dtypes: frozenset[str] | None = None
+    # cost model and presentation
+    cost_model: CostModel | None = None
     diagram: DiagramSpec | None = None
     bench: BenchSpec | None = None
 
@@ -228,23 +255,23 @@ class Recipe:
         return (dtype_kind(name) in self.dtype_kinds
                 and (self.exact_dtypes is None or name in self.exact_dtypes))
 
-    def expected_hlo(self, form: str, axes: Axes, args: Sequence[Any]
+    def expected_costs(self, form: str, axes: Axes, args: Sequence[Any]
                      ) -> tuple[Expectation, ...]:
         """The expectations the ``form``'s compiled program may meet (any one).
 
         Raises:
-          ValueError: the recipe declares no ``hlo`` fact, or ``form`` is not a
+          ValueError: the recipe declares no ``cost_model``, or ``form`` is not a
             placed form.
         """
         if form not in ("shard_map", "jit"):
             raise ValueError(
                 f"form: expected 'shard_map' or 'jit', got {form!r}; the pmap "
                 "form is pinned by its own test.")
-        if self.hlo is None:
+        if self.cost_model is None:
             raise ValueError(
-                f"{self.name}: declares no hlo fact. Fix: pass hlo=... to its "
+                f"{self.name}: declares no cost model. Fix: pass cost_model=... to its "
                 "Recipe (see CONTRIBUTING.md).")
-        found = self.hlo(axes, tuple(args), form)
+        found = self.cost_model(axes, tuple(args), form)
         return (found,) if isinstance(found, Expectation) else tuple(found)
 
     # -- the public forms -------------------------------------------------
@@ -461,6 +488,50 @@ class Recipe:
                 f"{what} has shape {shape} with no elements; the forms need at "
                 "least one element on every device. Fix: skip the call for empty "
                 "inputs.")
+
+
+_RENAMED = {"count_terms": "n_terms", "hlo": "cost_model", "source": "recipe_file",
+            "exact": "bitwise"}
+"""Older names of Recipe fields, accepted for one release."""
+
+
+def _accepting_older_names(init: Callable[..., None]) -> Callable[..., None]:
+    @functools.wraps(init)
+    def __init__(self: Recipe, *args: Any, **kwargs: Any) -> None:
+        for old, new in _RENAMED.items():
+            if old in kwargs:
+                warnings.warn(f"Recipe({old}=...) is deprecated: pass {new}=...",
+                              DeprecationWarning, stacklevel=2)
+                if new in kwargs:
+                    raise TypeError(f"Recipe: got both {old}= and {new}=. Fix: "
+                                    f"pass only {new}=.")
+                kwargs[new] = kwargs.pop(old)
+        init(self, *args, **kwargs)
+    return __init__
+
+
+def _older_name(old: str, new: str) -> property:
+    def get(self: Recipe) -> Any:
+        warnings.warn(f"Recipe.{old} is deprecated: read Recipe.{new}",
+                      DeprecationWarning, stacklevel=2)
+        return getattr(self, new)
+    return property(get, doc=f"Deprecated: the older name of :attr:`{new}`.")
+
+
+Recipe.__init__ = _accepting_older_names(Recipe.__init__)  # type: ignore[method-assign]
+for _old, _new in _RENAMED.items():
+    setattr(Recipe, _old, _older_name(_old, _new))
+
+
+def _expected_hlo(self: Recipe, form: str, axes: Axes, args: Sequence[Any]
+                  ) -> tuple[Expectation, ...]:
+    """Deprecated: the older name of :meth:`Recipe.expected_costs`."""
+    warnings.warn("Recipe.expected_hlo is deprecated: call Recipe.expected_costs",
+                  DeprecationWarning, stacklevel=2)
+    return self.expected_costs(form, axes, args)
+
+
+Recipe.expected_hlo = _expected_hlo  # type: ignore[attr-defined]
 
 
 def _run_unpacked(recipe: Recipe, form: str, axes: Axes, *args: Any) -> Any:

@@ -189,11 +189,12 @@ def main():
                                           err_msg=f"{op} ({form} form)")
     print(f"x: float32{list(x.shape)} on {N_DEVICES} devices, blocks of "
           f"{x.shape[0] // N_DEVICES} rows")
-    print("column sums of x      :", x.sum(0).tolist())
-    print("psum, row sums        :", np.asarray(results["shard_map"][0]).sum(0).tolist(),
-          "(the same numbers: a psum adds every block)")
-    print("pmax, first row       :", np.asarray(results["shard_map"][2])[0].tolist())
-    print("max of rows 0, 2, ..  :", x[::2].max(0).tolist())
+    psum, pmax = (np.asarray(results["shard_map"][i]) for i in (0, 2))
+    # each device's block is rows 2d, 2d+1: the psum's row 0 adds rows 0, 2, 4..
+    print("psum, row 0              :", psum[0].tolist())
+    print("x[0::2].sum(0), by hand  :", x[0::2].sum(0).tolist())
+    print("pmax, row 0              :", pmax[0].tolist())
+    print("x[0::2].max(0), by hand  :", x[0::2].max(0).tolist())
     print("ok: pmap, shard_map and jit agree with NumPy for psum, pmean, pmax, pmin")
 
 

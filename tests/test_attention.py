@@ -35,7 +35,7 @@ def test_forms_match_oracle(name, data):
     recipe = cx.RECIPES[name]
     case = data.draw(recipe_cases(recipe, dtypes=("float32",)))
     assert_forms_agree(recipe, *case.args, mesh=case.mesh, axis=case.axis,
-                       n_terms=recipe.count_terms(recipe.axes(case.mesh, case.axis)))
+                       n_terms=recipe.n_terms(recipe.axes(case.mesh, case.axis)))
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -49,7 +49,7 @@ def test_compiled_collectives_meet_the_declared_fact(name, form, shape, names, a
     args = recipe.example_args(mesh, axis, dims=(2, 1, 3))
     placed = recipe.place(*args, axes=axes)
     stats = collective_stats(recipe.compiled(form, axes), *placed)
-    (fact,) = recipe.expected_hlo(form, axes, args)
+    (fact,) = recipe.expected_costs(form, axes, args)
     assert fact.mismatch(stats) is None
     block = args[0].nbytes // (axes.size * axes.others_size)
     if form == "jit":  # the dense program: XLA all-gathers K and V

@@ -52,7 +52,7 @@ def test_drawn_exact_cases_match_the_oracle_bit_for_bit(name, data):
     # rounds (a mean, a softmax): then the tolerance policy for its n_terms.
     recipe = cx.RECIPES[name]
     case = data.draw(recipe_cases(recipe, max_dim=2))
-    exact = recipe.exact
+    exact = recipe.bitwise
     assert_forms_agree(recipe, *case.args, mesh=case.mesh, axis=case.axis,
                        **({"rtol": 0, "atol": 0} if exact else {}))
 
@@ -151,8 +151,8 @@ def test_rejects_unaccepted_dtypes(name):
 @pytest.mark.parametrize("form", FORMS)
 def test_compiled_collectives_match_the_declared_cost_model(name, form):
     recipe = cx.RECIPES[name]
-    assert recipe.hlo is not None, (
-        f"{name} declares no hlo fact: pass hlo=... (what each compiled form "
+    assert recipe.cost_model is not None, (
+        f"{name} declares no hlo fact: pass cost_model=... (what each compiled form "
         "contains) to its Recipe")
     configs = runnable_configs(recipe)
     for mesh, axis in {id(c): c for c in (configs[0], configs[-1])}.values():
@@ -161,7 +161,7 @@ def test_compiled_collectives_match_the_declared_cost_model(name, form):
         stats = collective_stats(recipe.compiled(form, axes),
                                  *recipe.place(*args, axes=axes))
         problems = [e.mismatch(stats)
-                    for e in recipe.expected_hlo(form, axes, args)]
+                    for e in recipe.expected_costs(form, axes, args)]
         assert None in problems, (
             f"{name} {form} on mesh {dict(mesh.shape)} axis={axis!r}: {problems}")
 

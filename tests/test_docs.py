@@ -137,7 +137,7 @@ def test_readme_snippet_prints_the_psum_the_landing_page_shows():
 def test_every_recipe_file_tags_the_forms_the_gallery_shows_in_tabs():
     import collectives as cx
 
-    sources = {recipe.source for recipe in cx.RECIPES.values()}
+    sources = {recipe.recipe_file for recipe in cx.RECIPES.values()}
     for path in RECIPE_FILES:
         text = path.read_text()
         # a file that holds registered recipes shows their per-device body

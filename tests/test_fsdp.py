@@ -126,12 +126,12 @@ def test_atol_scales_with_the_terms_a_gradient_cancels_from():
     report = assert_forms_agree(recipe, *args, mesh=mesh)
     got = np.asarray(report.results["jit"][1]["w1"])[5, 1]
     want = report.results["reference"][1]["w1"][5, 1]
-    rtol, unit = tolerance("float32", recipe.count_terms(recipe.axes(mesh)))
+    rtol, unit = tolerance("float32", recipe.n_terms(recipe.axes(mesh)))
     assert want == -24571.5 and abs(got - want) > rtol * abs(want) + unit * 8
     with pytest.raises(AssertionError, match=r"w1'\]: 1 of 64 elements differ"):
         assert_forms_agree({"jit": recipe.forms(mesh)["jit"],
                             "reference": recipe.reference}, *args,
-                           n_terms=recipe.count_terms(recipe.axes(mesh)))
+                           n_terms=recipe.n_terms(recipe.axes(mesh)))
 
 
 @settings(max_examples=examples(10))
@@ -286,7 +286,7 @@ def test_compiled_collectives_meet_the_cost_model(form, name, shape, axis):
     args = recipe.example_args(mesh, axis)
     stats = collective_stats(recipe.compiled(form, axes),
                              *recipe.place(*args, axes=axes))
-    problems = [e.mismatch(stats) for e in recipe.expected_hlo(form, axes, args)]
+    problems = [e.mismatch(stats) for e in recipe.expected_costs(form, axes, args)]
     assert None in problems, problems
     if form == "shard_map":
         # No full parameter is all-reduced: the only all-reduces are the

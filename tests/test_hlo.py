@@ -36,7 +36,7 @@ def _kinds(recipe, form, axes, args) -> set[str | None]:
     XLA's CPU pipeline does not fuse all-reduce + dynamic-slice into a
     reduce-scatter)."""
     found = set()
-    for expected in recipe.expected_hlo(form, axes, args):
+    for expected in recipe.expected_costs(form, axes, args):
         assert len(expected.counts) <= 1, expected
         found.add(next(iter(expected.counts), None))
     return found

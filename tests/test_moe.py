@@ -156,7 +156,7 @@ def test_compiled_collectives_meet_the_declared_fact(form, shape, names, axis):
     args = recipe.example_args(mesh, axis, dims=(2, 3))
     stats = collective_stats(recipe.compiled(form, axes),
                              *recipe.place(*args, axes=axes))
-    (fact,) = recipe.expected_hlo(form, axes, args)
+    (fact,) = recipe.expected_costs(form, axes, args)
     assert fact.mismatch(stats) is None
     assert stats.count("all-to-all") == 2 and stats.count("all-reduce") == 1
 

@@ -32,21 +32,21 @@ def _defined_in(fn):
 
 
 def _file_module(recipe):
-    return f"collectives.recipes.{Path(recipe.source).stem}"
+    return f"collectives.recipes.{Path(recipe.recipe_file).stem}"
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_its_body_program_and_oracle_are_its_recipe_files(name):
     recipe = cx.RECIPES[name]
-    assert recipe.source in {path.name for path in RECIPE_FILES}, (
-        f"{name}: source={recipe.source!r} is not a file in recipes/")
+    assert recipe.recipe_file in {path.name for path in RECIPE_FILES}, (
+        f"{name}: source={recipe.recipe_file!r} is not a file in recipes/")
     for role in ROLES:
         fn = getattr(recipe, role)
         if fn is None:
             continue
         assert _defined_in(fn) == _file_module(recipe), (
             f"{name}.{role} is defined in {_defined_in(fn)}, not in "
-            f"recipes/{recipe.source}: write it there, and adapt it in the facts "
+            f"recipes/{recipe.recipe_file}: write it there, and adapt it in the facts "
             "block with collectives._layout.by_axis_size or on_axes")
 
 

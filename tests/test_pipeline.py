@@ -47,7 +47,7 @@ def test_forms_equal_the_layers_in_sequence(data):
     report = assert_forms_agree(RECIPE, stage_params, x, y, mesh=case.mesh,
                                 axis=case.axis)
     # the single-device program as the reference, under the recipe's own
-    # tolerance facts (count_terms, magnitudes)
+    # tolerance facts (n_terms, magnitudes)
     sequential = jax.jit(jax.value_and_grad(sequential_loss))(stage_params, x, y)
     forms = {form: functools.partial(_returning, report.results[form])
              for form in cx.FORMS}
@@ -110,7 +110,7 @@ def test_recipe_meets_its_cost_model(form):
     args = RECIPE.example_args(mesh, "i")
     stats = collective_stats(RECIPE.compiled(form, axes),
                              *RECIPE.place(*args, axes=axes))
-    (expected,) = RECIPE.expected_hlo(form, axes, args)
+    (expected,) = RECIPE.expected_costs(form, axes, args)
     assert expected.mismatch(stats) is None
 
 

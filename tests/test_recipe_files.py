@@ -17,7 +17,7 @@ def test_every_recipe_file_shows_a_registered_recipe_or_a_sharp_edge():
     # A file no recipe names as its source must be a sharp-edge or migration
     # page (they show pitfalls, not registered recipes) or a multi-process or
     # sharding demo.
-    sources = {recipe.source for recipe in cx.RECIPES.values()}
+    sources = {recipe.recipe_file for recipe in cx.RECIPES.values()}
     for path in RECIPE_FILES:
         if path.name not in sources:
             assert path.stem.startswith(("sharp_edges_", "migrate_", "multi_process",

@@ -104,14 +104,14 @@ FACTS = textwrap.dedent('''
 
     register(Recipe(
         name="throwaway_double_psum", summary="2 * psum, a recipe added in a test",
-        source="throwaway.py", body=file.double_psum_body,
+        recipe_file="throwaway.py", body=file.double_psum_body,
         program=by_axis_size(file.double_psum_program),
         oracle=by_axis_size(file.double_psum_numpy),
         in_specs=lambda axes: (make_spec(axes.entry, axes.others_entry),),
         out_specs=lambda axes: make_spec(None, axes.others_entry),
         example_shapes=lambda axes, dims: (grid_shape(axes, dims),),
-        count_terms=lambda axes: axes.size + 1, dtype_kinds=frozenset({"float"}),
-        hlo=one_collective("all-reduce"),
+        n_terms=lambda axes: axes.size + 1, dtype_kinds=frozenset({"float"}),
+        cost_model=one_collective("all-reduce"),
         bench=BenchSpec(lambda x, axis, n: lax.psum(x, axis), "all-reduce")))
 ''')
 
@@ -177,7 +177,7 @@ def test_a_new_recipe_reaches_the_conformance_suite(checkout):
 _ENV = {"JAX_PLATFORMS": "cpu"}
 
 
-def test_a_new_recipe_reaches_the_strategies():
+def test_a_new_recipe_reaches_the_hypothesis_strategies():
     from hypothesis import given
     from hypothesis import settings
 
@@ -243,3 +243,26 @@ def test_the_registry_lists_core_recipes_first_then_by_family():
     families = [recipe.family for recipe in cx.RECIPES.values()]
     order = {family: index for index, family in enumerate(cx.FAMILIES)}
     assert families == sorted(families, key=order.__getitem__)
+
+
+def test_the_older_field_names_still_work_with_a_warning():
+    psum = cx.RECIPES["psum"]
+    renamed = {"count_terms": "n_terms", "hlo": "cost_model",
+               "source": "recipe_file", "exact": "bitwise"}
+    fields = {f.name: getattr(psum, f.name) for f in dataclasses.fields(psum)}
+    for old, new in renamed.items():
+        given = {name: value for name, value in fields.items() if name != new}
+        with pytest.warns(DeprecationWarning,
+                          match=rf"Recipe\({old}=\.\.\.\) is deprecated: pass {new}="):
+            recipe = cx.Recipe(**given, **{old: fields[new]})
+        assert getattr(recipe, new) == fields[new]
+        with pytest.warns(DeprecationWarning, match=rf"Recipe\.{old} is deprecated"):
+            assert getattr(recipe, old) == fields[new]
+    with pytest.raises(TypeError, match="both hlo= and cost_model="), \
+            pytest.warns(DeprecationWarning):
+        cx.Recipe(**fields, hlo=fields["cost_model"])
+    axes = psum.axes(cx.make_mesh((8,), "i"))
+    placed = psum.place(*psum.example_args(axes.mesh), axes=axes)
+    with pytest.warns(DeprecationWarning, match="Recipe.expected_hlo is deprecated"):
+        older = psum.expected_hlo("shard_map", axes, placed)
+    assert older == psum.expected_costs("shard_map", axes, placed)

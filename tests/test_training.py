@@ -44,7 +44,7 @@ def one_device(params, x, y, optimizer, n_steps=N_STEPS):
 def test_every_form_equals_one_device_adam(shape, axis):
     mesh = cx.make_mesh(shape, ("i", "j")[:len(shape)])
     args = RECIPE.example_args(mesh, axis, dims=(3, 3, 2), seed=5)
-    n_terms = RECIPE.count_terms(RECIPE.axes(mesh, axis))
+    n_terms = RECIPE.n_terms(RECIPE.axes(mesh, axis))
     report = assert_forms_agree(RECIPE, *args, mesh=mesh, axis=axis)
     want = one_device(*args, optax.adam(LR))
     rtol, atol = tolerance("float32", n_terms)
@@ -88,7 +88,7 @@ def test_the_n_times_gradient_trap_with_an_optimiser():
     # Adam hides it: m / (sqrt(v) + eps) does not see the factor (only eps
     # does, 1e-8 against gradients of order 1), so training "works".
     adam = optax.adam(LR)
-    rtol, atol = tolerance("float32", RECIPE.count_terms(RECIPE.axes(mesh)))
+    rtol, atol = tolerance("float32", RECIPE.n_terms(RECIPE.axes(mesh)))
     _, want = one_device(params, x, y, adam)
     for trap in (False, True):
         got = _train_shard_map(params, x, y, mesh, adam, trap=trap, n_steps=N_STEPS)

@@ -63,12 +63,12 @@ def _check(axes: Axes, args) -> None:
 
 
 all_to_all = register(Recipe(
-    name="all_to_all", family="core", source="all_to_all.py",
+    name="all_to_all", family="core", recipe_file="all_to_all.py",
     bench=BenchSpec(
         lambda x, axis, n: lax.all_to_all(x, axis, 1, 0, tiled=True), "all-to-all",
         default=True),
     diagram=DiagramSpec(dims=(1, 1)),
-    hlo=one_collective("all-to-all"),
+    cost_model=one_collective("all-to-all"),
     summary="rows-sharded to columns-sharded: each device swaps chunks with all",
     body=file.all_to_all_body, program=on_axes(file.all_to_all_program),
     oracle=on_axes(file.all_to_all_numpy),
@@ -106,9 +106,9 @@ def _check_blocks(axes: Axes, args) -> None:
 
 
 all_to_all_blocks = register(Recipe(
-    name="all_to_all_blocks", family="core", source="all_to_all_blocks.py",
+    name="all_to_all_blocks", family="core", recipe_file="all_to_all_blocks.py",
     diagram=DiagramSpec(dims=(1,)),
-    hlo=one_collective("all-to-all"),
+    cost_model=one_collective("all-to-all"),
     summary="exchange: each device sends chunk j of its block to device j (dim 0)",
     body=blocks_file.all_to_all_blocks_body,
     program=by_axis_size(blocks_file.all_to_all_blocks_program),

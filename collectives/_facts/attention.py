@@ -240,9 +240,9 @@ def _ring_recipe(name: str, summary: str, causal: bool) -> Recipe:
     # q, k, v: [s, h, d] sequence blocks -> [s, h, d]
     body = _bound(ring_file.ring_attention_body, causal=causal)
     return register(Recipe(
-        name=name, summary=summary, family="strategy", source="ring_attention.py",
-        exact=False,  # softmax: exp rounds, and the ring sums in another order
-        hlo=_ring_fact,
+        name=name, summary=summary, family="strategy", recipe_file="ring_attention.py",
+        bitwise=False,  # softmax: exp rounds, and the ring sums in another order
+        cost_model=_ring_fact,
         body=body,
         # pmap maps mesh axes after the first with vmap: one axis per ppermute
         pmap_body=_bound(ring_file.ring_attention_body, causal=causal,
@@ -251,7 +251,7 @@ def _ring_recipe(name: str, summary: str, causal: bool) -> Recipe:
         oracle=_global(ring_file.attention_numpy, causal=causal),
         in_specs=_specs, out_specs=lambda axes: _specs(axes)[0],
         example_shapes=_shapes(heads_per_device=False), arg_names=("q", "k", "v"),
-        count_terms=_n_terms, dtype_kinds=_FLOAT, validate=_check_recipe_args(False,
+        n_terms=_n_terms, dtype_kinds=_FLOAT, validate=_check_recipe_args(False,
         name)))
 
 
@@ -266,9 +266,10 @@ ring_attention_causal_recipe = _ring_recipe(
 
 
 all_to_all_attention_recipe = register(Recipe(
-    name="all_to_all_attention", family="strategy", source="all_to_all_attention.py",
-    exact=False,  # softmax: exp rounds on any input
-    hlo=_all_to_all_fact,
+    name="all_to_all_attention", family="strategy",
+    recipe_file="all_to_all_attention.py",
+    bitwise=False,  # softmax: exp rounds on any input
+    cost_model=_all_to_all_fact,
     summary="sequence-sharded attention: all_to_all to heads, local attention, back",
     # q, k, v: [s, H, d] sequence blocks -> [S, H/n, d] head groups -> [s, H, d]
     body=a2a_file.all_to_all_attention_body,
@@ -276,5 +277,5 @@ all_to_all_attention_recipe = register(Recipe(
     oracle=_global(a2a_file.attention_numpy),
     in_specs=_specs, out_specs=lambda axes: _specs(axes)[0],
     example_shapes=_shapes(heads_per_device=True), arg_names=("q", "k", "v"),
-    count_terms=_n_terms, dtype_kinds=_FLOAT,
+    n_terms=_n_terms, dtype_kinds=_FLOAT,
     validate=_check_recipe_args(True, "all_to_all_attention")))

@@ -158,7 +158,7 @@ def _rows_terms(axes: Axes) -> int:
 
 _COMMON = dict(
     in_specs=lambda axes: (make_spec(axes.entry, axes.others_entry),),
-    example_shapes=_shapes, count_terms=_rows_terms,
+    example_shapes=_shapes, n_terms=_rows_terms,
     unsupported_reason=_unsupported_reason,
     # Collectives over a vmapped axis fail shard_map's varying-axes check on
     # JAX 0.8-0.12 (see the module docstring); the pmap form checks the
@@ -167,7 +167,7 @@ _COMMON = dict(
 
 vmap_psum = register(Recipe(
     name="vmap_psum",
-    source="vmap_batching.py", hlo=fixed({"all-reduce": 1}),
+    recipe_file="vmap_batching.py", cost_model=fixed({"all-reduce": 1}),
     summary="one psum over the device axes and a vmapped batch axis at once",
     # x: [k, m] on each device -> [m], the sum of every row of every device
     body=file.vmap_psum_body, program=_global(file.vmap_psum_program),
@@ -177,7 +177,7 @@ vmap_psum = register(Recipe(
 
 vmap_center = register(Recipe(
     name="vmap_center",
-    source="vmap_batching.py", hlo=fixed({"all-reduce": 1}),
+    recipe_file="vmap_batching.py", cost_model=fixed({"all-reduce": 1}),
     summary="each row minus the mean row over devices and a vmapped batch axis",
     # x: [k, m] on each device -> [k, m], each row minus the global mean row
     body=file.vmap_center_body, program=_global(file.vmap_center_program),

@@ -34,7 +34,6 @@ validate, then call the file.
 
 from __future__ import annotations
 
-import functools
 import math
 
 import jax
@@ -42,16 +41,18 @@ from jax.sharding import PartitionSpec as P
 
 from collectives._costs import per_device_bytes
 from collectives._facts.mlp import Params
+from collectives._facts.mlp import body_of
 from collectives._facts.mlp import data_and_model_axes
 from collectives._facts.mlp import loss_and_grads_specs
 from collectives._facts.mlp import magnitudes_of
-from collectives._facts.mlp import mlp_terms
+from collectives._facts.mlp import mlp_n_terms
 from collectives._facts.mlp import needs_data_and_model_axes
-from collectives._facts.mlp import on_axes
+from collectives._facts.mlp import program_of
 from collectives._facts.mlp import term_norms
 from collectives._facts.permute import body_axis_size
 from collectives._layout import Axes
 from collectives._layout import axis_tuple
+from collectives._layout import on_axes
 from collectives._recipe import WIDE_FLOATS
 from collectives._recipe import Recipe
 from collectives._registry import register
@@ -197,26 +198,6 @@ def _shapes(model: bool):
     return shapes
 
 
-def _body(model: bool, one_axis_at_a_time: bool):
-    """The file's ``value_and_grad_per_device`` over ``axis``: ``(data,
-    model)``, or the data axes alone."""
-    @functools.wraps(file.value_and_grad_per_device)
-    def body(params, x, y, *, axis):
-        data, model_axis = axis if model else (axis, None)
-        return file.value_and_grad_per_device(params, x, y, data, model_axis,
-                                              one_axis_at_a_time)
-    return body
-
-
-def _program(model: bool):
-    @functools.wraps(file.value_and_grad_program)
-    def program(params, x, y, *, axes: Axes):
-        data, model_axis = data_and_model_axes(axes, model)
-        return file.value_and_grad_program(params, x, y, axes.mesh, data,
-                                           model_axis)
-    return program
-
-
 def _block_bytes(params, n: int, t: int) -> dict[str, int]:
     """Bytes of each parameter's block on one device (FSDP over ``n``, and the
     Megatron pair's parameters also over ``t``)."""
@@ -227,7 +208,7 @@ def _block_bytes(params, n: int, t: int) -> dict[str, int]:
 _PAIR = frozenset({"w2", "b2", "w3"})
 
 
-def _hlo(model: bool):
+def _cost_model(model: bool):
     """The collectives each form compiles to.
 
     As written (the StableHLO, and what other backends may keep): per layer
@@ -291,15 +272,18 @@ _FLOAT = frozenset({"float"})
 def _recipe(name: str, summary: str, model: bool) -> Recipe:
     in_specs, out_specs = _specs(model)
     return Recipe(
-        name=name, summary=summary, body=_body(model, False),
-        pmap_body=_body(model, True), program=_program(model),
+        name=name, summary=summary,
+        body=body_of(file.value_and_grad_per_device, model, False),
+        pmap_body=body_of(file.value_and_grad_per_device, model, True),
+        program=program_of(file.value_and_grad_program, model),
         oracle=on_axes(file.value_and_grad_numpy),
         in_specs=in_specs, out_specs=out_specs, example_shapes=_shapes(model),
-        arg_names=("params", "x", "y"), count_terms=mlp_terms, dtype_kinds=_FLOAT,
+        arg_names=("params", "x", "y"), n_terms=mlp_n_terms, dtype_kinds=_FLOAT,
         unsupported_reason=_needs_two_axes if model else lambda axes: None,
-        check_vma=not model, family="strategy", hlo=_hlo(model), source="fsdp.py",
+        check_vma=not model, family="strategy", cost_model=_cost_model(model),
+        recipe_file="fsdp.py",
         # the MLP's four matmuls and squared loss (see dp_mlp)
-        exact=False, exact_dtypes=WIDE_FLOATS,
+        bitwise=False, exact_dtypes=WIDE_FLOATS,
         magnitudes=magnitudes_of(file.forward_backward))
 
 

@@ -57,12 +57,12 @@ def _scatter_shapes(axes: Axes, dims):
 
 
 all_gather = register(Recipe(
-    name="all_gather", family="core", source="all_gather.py",
+    name="all_gather", family="core", recipe_file="all_gather.py",
     bench=BenchSpec(
         lambda x, axis, n: lax.all_gather(x, axis, tiled=True), "all-gather",
         bare_check_vma=False, default=True, jit_target=True),
     diagram=DiagramSpec(),
-    hlo=one_collective("all-gather"),
+    cost_model=one_collective("all-gather"),
     summary="every device gets the whole array (tiled)",
     body=gather_file.all_gather_body,
     program=on_axes(gather_file.all_gather_program),
@@ -71,11 +71,11 @@ all_gather = register(Recipe(
     example_shapes=_shapes, pmap_body=gather_file.all_gather_pmap_body))
 
 all_gather_stacked = register(Recipe(
-    name="all_gather_stacked", family="core", source="all_gather.py",
+    name="all_gather_stacked", family="core", recipe_file="all_gather.py",
     bench=BenchSpec(lambda x, axis, n: lax.all_gather(x, axis),
                     "all-gather", bare_check_vma=False),
     diagram=DiagramSpec(),
-    hlo=one_collective("all-gather"),
+    cost_model=one_collective("all-gather"),
     summary="every device gets all blocks stacked on a new axis (untiled)",
     body=gather_file.all_gather_stacked_body,
     program=by_axis_size(gather_file.all_gather_stacked_program),
@@ -84,17 +84,17 @@ all_gather_stacked = register(Recipe(
     pmap_body=gather_file.all_gather_stacked_pmap_body))
 
 psum_scatter = register(Recipe(
-    name="psum_scatter", family="core", source="psum_scatter.py",
+    name="psum_scatter", family="core", recipe_file="psum_scatter.py",
     bench=BenchSpec(
         lambda x, axis, n: lax.psum_scatter(x, axis, scatter_dimension=0, tiled=True),
         "reduce-scatter", default=True, jit_target=True),
     diagram=DiagramSpec(dims=(1, 1), relation="combine"),
-    hlo=one_collective("reduce-scatter", cpu_jit="all-reduce"),
+    cost_model=one_collective("reduce-scatter", cpu_jit="all-reduce"),
     summary="sum over devices, each device keeps its slice (reduce-scatter)",
     body=scatter_file.psum_scatter_body,
     program=by_axis_size(scatter_file.psum_scatter_program),
     oracle=by_axis_size(scatter_file.psum_scatter_numpy), in_specs=_in_specs,
     out_specs=lambda axes: make_spec(axes.entry, axes.others_entry),
-    example_shapes=_scatter_shapes, count_terms=lambda axes: axes.size,
+    example_shapes=_scatter_shapes, n_terms=lambda axes: axes.size,
     dtype_kinds=frozenset({"float", "int", "complex"}), validate=_check_scatter,
     pmap_body=scatter_file.psum_scatter_pmap_body))

@@ -129,13 +129,13 @@ def check_grads_args(axes: Axes, args) -> None:
 
 
 dp_grads = register(Recipe(
-    name="dp_grads", source="dp_grads.py", hlo=fixed({"all-reduce": 1}),
+    name="dp_grads", recipe_file="dp_grads.py", cost_model=fixed({"all-reduce": 1}),
     summary="data-parallel gradient of a linear model's MSE: grads averaged by pmean",
     body=file.dp_grads_body, program=on_axes(file.dp_grads_program),
     oracle=on_axes(file.dp_grads_numpy),
     in_specs=lambda axes: (make_spec(), make_spec(axes.entry), make_spec(axes.entry)),
     out_specs=lambda axes: make_spec(),
-    example_shapes=grads_shapes, arg_names=("params", "x", "y"), count_terms=_n_terms,
+    example_shapes=grads_shapes, arg_names=("params", "x", "y"), n_terms=_n_terms,
     dtype_kinds=frozenset({"float"}), validate=check_grads_args,
     # x^T r sums products past bfloat16's and float16's exact integers
     exact_dtypes=WIDE_FLOATS,

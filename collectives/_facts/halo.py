@@ -105,14 +105,14 @@ def _on_global(periodic: bool):
 def _stencil_recipe(name: str, summary: str, periodic: bool) -> Recipe:
     adapt = _on_global(periodic)
     return register(Recipe(
-        name=name, source="halo_exchange.py",
-        hlo=fixed({"collective-permute": 2}), summary=summary,
+        name=name, recipe_file="halo_exchange.py",
+        cost_model=fixed({"collective-permute": 2}), summary=summary,
         body=functools.partial(file.stencil_body, periodic=periodic),
         pmap_body=functools.partial(file.stencil_body, periodic=periodic,
                                     shift=file.stepwise_shift),
         program=adapt(file.stencil_program), oracle=adapt(file.stencil_numpy),
         in_specs=lambda axes: (_rows_spec(axes),), out_specs=_rows_spec,
-        example_shapes=_halo_shapes, count_terms=lambda axes: 3,
+        example_shapes=_halo_shapes, n_terms=lambda axes: 3,
         dtype_kinds=frozenset({"float", "int", "complex"})))
 
 

@@ -287,14 +287,15 @@ def _allgather_recipe(name: str, summary: str, overlap: str | None) -> Recipe:
     return register(Recipe(
         name=name, summary=summary, body=body,
         pmap_body=functools.partial(body, stepwise=True),
-        source="collective_matmul.py", hlo=_matmul_fact("all-gather", overlap),
+        recipe_file="collective_matmul.py",
+        cost_model=_matmul_fact("all-gather", overlap),
         program=_on_global(file.matmul_program), oracle=_on_global(file.matmul_numpy),
         in_specs=_allgather_specs, out_specs=lambda axes: P(None, axes.entry),
         example_shapes=_allgather_shapes(even=overlap == "bidirectional"),
         validate=_validate(name, False, overlap),
         arg_names=("x", "w"), dtype_kinds=_KINDS,
         # each element sums K <= 3 products in the example shapes
-        count_terms=lambda axes: 4))
+        n_terms=lambda axes: 4))
 
 
 def _scatter_recipe(name: str, summary: str, overlap: str | None) -> Recipe:
@@ -302,14 +303,15 @@ def _scatter_recipe(name: str, summary: str, overlap: str | None) -> Recipe:
     return register(Recipe(
         name=name, summary=summary, body=body,
         pmap_body=functools.partial(body, stepwise=True),
-        source="collective_matmul.py", hlo=_matmul_fact("reduce-scatter", overlap),
+        recipe_file="collective_matmul.py",
+        cost_model=_matmul_fact("reduce-scatter", overlap),
         program=_on_global(file.matmul_program), oracle=_on_global(file.matmul_numpy),
         in_specs=_scatter_specs, out_specs=lambda axes: P(axes.entry),
         example_shapes=_scatter_shapes(even=overlap == "bidirectional"),
         validate=_validate(name, True, overlap),
         arg_names=("x", "w"), dtype_kinds=_KINDS,
         # n partial sums of k <= 3 products each
-        count_terms=lambda axes: 4 * axes.size))
+        n_terms=lambda axes: 4 * axes.size))
 
 
 allgather_matmul_recipe = _allgather_recipe(

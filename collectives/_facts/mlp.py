@@ -47,6 +47,7 @@ from collectives._costs import per_device_bytes
 from collectives._facts.permute import body_axis_size
 from collectives._layout import Axes
 from collectives._layout import axis_tuple
+from collectives._layout import on_axes
 from collectives._recipe import WIDE_FLOATS
 from collectives._recipe import Recipe
 from collectives._registry import register
@@ -286,16 +287,6 @@ def magnitudes_of(forward_backward: Callable[..., Any]) -> Callable[..., Any]:
 mlp_magnitudes = magnitudes_of(file.forward_backward)
 
 
-def on_axes(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """A file's ``fn(params, x, y)`` as a recipe's ``oracle``: it needs
-    nothing of the axes."""
-    @functools.wraps(fn)
-    def adapted(*args, axes: Axes):
-        del axes
-        return fn(*args)
-    return adapted
-
-
 # -- recipes ---------------------------------------------------------------
 # Arguments (params, x, y), global view; outputs (loss, grads) with the
 # gradients laid out like the parameters.
@@ -358,30 +349,34 @@ def _shapes(model: bool):
     return shapes
 
 
-def _body(model: bool):
-    """The file's ``value_and_grad_per_device`` over ``axis``: ``(data,
+def body_of(value_and_grad_per_device: Callable[..., Any], model: bool,
+            *options: Any) -> Callable[..., Any]:
+    """A recipe file's ``value_and_grad_per_device(params, x, y, data_axis,
+    model_axis, *options)`` as a recipe's body over ``axis``: ``(data,
     model)``, or the data axes alone."""
-    @functools.wraps(file.value_and_grad_per_device)
+    @functools.wraps(value_and_grad_per_device)
     def body(params, x, y, *, axis):
         data, model_axis = axis if model else (axis, None)
-        return file.value_and_grad_per_device(params, x, y, data, model_axis)
+        return value_and_grad_per_device(params, x, y, data, model_axis, *options)
     return body
 
 
-def _program(model: bool):
-    @functools.wraps(file.value_and_grad_program)
+def program_of(value_and_grad_program: Callable[..., Any], model: bool
+               ) -> Callable[..., Any]:
+    """A recipe file's ``value_and_grad_program(params, x, y, mesh, data_axis,
+    model_axis)`` as a recipe's program over ``axes``."""
+    @functools.wraps(value_and_grad_program)
     def program(params, x, y, *, axes: Axes):
         data, model_axis = data_and_model_axes(axes, model)
-        return file.value_and_grad_program(params, x, y, axes.mesh, data,
-                                           model_axis)
+        return value_and_grad_program(params, x, y, axes.mesh, data, model_axis)
     return program
 
 
 mlp_oracle = on_axes(file.value_and_grad_numpy)
 
 
-def mlp_terms(axes: Axes) -> int:
-    """The MLP recipes' ``count_terms``: the roundings along one path through
+def mlp_n_terms(axes: Axes) -> int:
+    """The MLP recipes' ``n_terms``: the roundings along one path through
     the network, a product and a sum in each of its eight matmuls (four
     forward, four back). The widths of those sums and the batch need no count
     of their own: ``magnitudes`` scales ``atol`` per element by the
@@ -420,23 +415,25 @@ def _mlp_fact(model: bool):
     return fact
 
 dp_tp_mlp = register(Recipe(
-    name="dp_tp_mlp", source="dp_tp_mlp.py", hlo=_mlp_fact(model=True),
+    name="dp_tp_mlp", recipe_file="dp_tp_mlp.py", cost_model=_mlp_fact(model=True),
     # four matmuls and a squared loss: past 2**24 even float32 rounds, and
     # float16 overflows on small integers
-    exact=False, exact_dtypes=WIDE_FLOATS, magnitudes=mlp_magnitudes,
+    bitwise=False, exact_dtypes=WIDE_FLOATS, magnitudes=mlp_magnitudes,
     summary="MLP loss+grads over axes (data, model): batch split over data, "
             "W2/b2/W3 over model",
-    body=_body(model=True), program=_program(model=True), oracle=mlp_oracle,
+    body=body_of(file.value_and_grad_per_device, model=True),
+    program=program_of(file.value_and_grad_program, model=True), oracle=mlp_oracle,
     in_specs=_specs(model=True)[0], out_specs=_specs(model=True)[1],
     example_shapes=_shapes(model=True), arg_names=("params", "x", "y"),
-    count_terms=mlp_terms, dtype_kinds=_FLOAT, unsupported_reason=_needs_two_axes))
+    n_terms=mlp_n_terms, dtype_kinds=_FLOAT, unsupported_reason=_needs_two_axes))
 
 dp_mlp = register(Recipe(
-    name="dp_mlp", source="dp_tp_mlp.py", hlo=_mlp_fact(model=False),
-    exact=False, exact_dtypes=WIDE_FLOATS, magnitudes=mlp_magnitudes,
+    name="dp_mlp", recipe_file="dp_tp_mlp.py", cost_model=_mlp_fact(model=False),
+    bitwise=False, exact_dtypes=WIDE_FLOATS, magnitudes=mlp_magnitudes,
     summary="MLP loss+grads, data parallel: batch split, params replicated, "
             "grads psum",
-    body=_body(model=False), program=_program(model=False), oracle=mlp_oracle,
+    body=body_of(file.value_and_grad_per_device, model=False),
+    program=program_of(file.value_and_grad_program, model=False), oracle=mlp_oracle,
     in_specs=_specs(model=False)[0], out_specs=_specs(model=False)[1],
     example_shapes=_shapes(model=False), arg_names=("params", "x", "y"),
-    count_terms=mlp_terms, dtype_kinds=_FLOAT))
+    n_terms=mlp_n_terms, dtype_kinds=_FLOAT))

@@ -261,8 +261,8 @@ def moe_recipe(*, top_k: int = 1, capacity: int | None = None,
     """
     options = dict(top_k=top_k, capacity=capacity, capacity_factor=capacity_factor)
     return Recipe(
-        name=name, family="strategy", source="moe.py",
-        exact=False,  # the router's softmax: exp rounds on any input
+        name=name, family="strategy", recipe_file="moe.py",
+        bitwise=False,  # the router's softmax: exp rounds on any input
         summary=f"mixture of experts: top-{top_k} router, all_to_all dispatch with "
                 "capacity, expert FFN, all_to_all combine; counts dropped tokens",
         body=functools.partial(file.moe_body, **options),
@@ -270,8 +270,9 @@ def moe_recipe(*, top_k: int = 1, capacity: int | None = None,
         oracle=functools.partial(moe_oracle, **options), in_specs=_specs,
         out_specs=lambda axes: (P(axes.entry), P()), example_shapes=_shapes,
         arg_names=("router_w", "expert_w_in", "expert_w_out", "tokens"),
-        count_terms=lambda axes: 64, dtype_kinds=frozenset({"float"}),
-        validate=_validate(**options), hlo=functools.partial(_moe_fact, **options))
+        n_terms=lambda axes: 64, dtype_kinds=frozenset({"float"}),
+        validate=_validate(**options),
+        cost_model=functools.partial(_moe_fact, **options))
 
 
 moe_layer_recipe = register(moe_recipe())

@@ -143,7 +143,8 @@ def _n_terms(axes: Axes) -> int:
 
 
 metropolis = register(Recipe(
-    name="metropolis", source="monte_carlo.py", hlo=fixed({"all-reduce": 2}),
+    name="metropolis", recipe_file="monte_carlo.py",
+    cost_model=fixed({"all-reduce": 2}),
     summary="Metropolis chains, keys by fold_in(axis_index); mean/var by pmean",
     # x0: [k, ...] chain starts on each device -> mean [...], var [...] over all
     # chains (replicated) and the final states [k, ...]
@@ -152,5 +153,5 @@ metropolis = register(Recipe(
     in_specs=lambda axes: (make_spec(axes.entry),),
     out_specs=lambda axes: (make_spec(), make_spec(), make_spec(axes.entry)),
     example_shapes=lambda axes, dims: ((axes.size * dims[0], *dims[1:]),),
-    arg_names=("x0",), count_terms=_n_terms,
+    arg_names=("x0",), n_terms=_n_terms,
     dtype_kinds=frozenset({"float", "int"})))

@@ -197,12 +197,12 @@ def _shapes(axes: Axes, dims):
 
 
 ppermute_ring = register(Recipe(
-    name="ppermute_ring", family="core", source="ppermute.py",
+    name="ppermute_ring", family="core", recipe_file="ppermute.py",
     bench=BenchSpec(
         lambda x, axis, n: lax.ppermute(x, axis, [(i, (i + 1) % n) for i in range(n)]),
         "collective-permute", default=True),
     diagram=DiagramSpec(),
-    hlo=one_collective("collective-permute"),
+    cost_model=one_collective("collective-permute"),
     summary="each device sends its block to the next (+1)",
     body=file.ppermute_ring_body,
     program=by_axis_size(file.ppermute_ring_program),
@@ -211,13 +211,13 @@ ppermute_ring = register(Recipe(
     pmap_body=file.ppermute_ring_pmap_body))
 
 axis_index = register(Recipe(
-    name="axis_index", family="core", source="axis_index.py",
+    name="axis_index", family="core", recipe_file="axis_index.py",
     bench=BenchSpec(
         lambda x, axis, n: x + lax.axis_index(axis).astype(x.dtype)),
     diagram=DiagramSpec(relation="local"),
-    hlo=no_collectives, summary="each device adds its index along the axis",
+    cost_model=no_collectives, summary="each device adds its index along the axis",
     body=index_file.axis_index_body,
     program=by_axis_size(index_file.axis_index_program),
     oracle=by_axis_size(index_file.axis_index_numpy),
     in_specs=_in_specs, out_specs=_out_specs, example_shapes=_shapes,
-    count_terms=lambda axes: 1, dtype_kinds=frozenset({"float", "int", "complex"})))
+    n_terms=lambda axes: 1, dtype_kinds=frozenset({"float", "int", "complex"})))

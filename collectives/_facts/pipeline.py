@@ -208,7 +208,7 @@ def _validate(axes: Axes, args) -> None:
             f"stage_params {want} and y of x's shape.")
 
 
-def _terms(axes: Axes) -> int:
+def _n_terms(axes: Axes) -> int:
     # A gradient element: S chained layers back (a width-d sum and a tanh
     # each, d <= 3), then a sum over the batch (<= 12 rows); doubled.
     return 2 * (axes.size * 8 + 16)
@@ -234,7 +234,7 @@ def permute_count(stages: int, microbatches: int, form: str = "shard_map") -> in
     return 2 * ticks - 1 if form == "shard_map" else 3 * ticks - 1
 
 
-def _hlo(axes: Axes, args, form: str) -> Expectation:
+def _cost_model(axes: Axes, args, form: str) -> Expectation:
     """Collective-permutes of one ``[mb, d]`` microbatch each
     (:func:`permute_count`), and one all-reduce: the loss, a scalar, from
     the last stage to every stage."""
@@ -256,7 +256,7 @@ pipeline_mlp = register(Recipe(
     body=file.pipeline_value_and_grad, program=_on_mesh(file.pipeline_program),
     oracle=_in_dtype_of_x(file.pipeline_numpy), in_specs=_in_specs,
     out_specs=_out_specs, example_shapes=_shapes,
-    arg_names=("stage_params", "x", "y"), count_terms=_terms, magnitudes=_magnitudes,
+    arg_names=("stage_params", "x", "y"), n_terms=_n_terms, magnitudes=_magnitudes,
     dtype_kinds=frozenset({"float"}), validate=_validate, unsupported_reason=_one_axis,
-    family="strategy", hlo=_hlo, source="pipeline.py",
-    exact=False))  # tanh layers round on any input
+    family="strategy", cost_model=_cost_model, recipe_file="pipeline.py",
+    bitwise=False))  # tanh layers round on any input

@@ -37,7 +37,7 @@ def _shapes(axes: Axes, dims):
     return (grid_shape(axes, dims),)
 
 
-def _terms(axes: Axes) -> int:
+def _n_terms(axes: Axes) -> int:
     return axes.size
 
 
@@ -45,33 +45,33 @@ _SUMMABLE = frozenset({"float", "int", "complex"})
 _ORDERED = frozenset({"float", "int"})
 
 psum = register(Recipe(
-    name="psum", family="core", source="reductions.py",
+    name="psum", family="core", recipe_file="reductions.py",
     bench=BenchSpec(lambda x, axis, n: lax.psum(x, axis), "all-reduce",
                     default=True, jit_target=True),
     diagram=DiagramSpec(relation="combine"),
-    hlo=one_collective("all-reduce"),
+    cost_model=one_collective("all-reduce"),
     summary="sum of every device's block, on every device",
     body=file.psum_body, program=by_axis_size(file.psum_program),
     oracle=by_axis_size(file.psum_numpy),
     in_specs=_in_specs, out_specs=_out_specs, example_shapes=_shapes,
-    count_terms=_terms, dtype_kinds=_SUMMABLE))
+    n_terms=_n_terms, dtype_kinds=_SUMMABLE))
 
 pmean = register(Recipe(
-    name="pmean", family="core", source="reductions.py",
+    name="pmean", family="core", recipe_file="reductions.py",
     bench=BenchSpec(lambda x, axis, n: lax.pmean(x, axis), "all-reduce"),
     diagram=DiagramSpec(relation="combine"),
-    hlo=one_collective("all-reduce"),
+    cost_model=one_collective("all-reduce"),
     summary="mean of every device's block, on every device",
     body=file.pmean_body, program=by_axis_size(file.pmean_program),
     oracle=by_axis_size(file.pmean_numpy),
     in_specs=_in_specs, out_specs=_out_specs, example_shapes=_shapes,
-    count_terms=lambda axes: axes.size + 1, dtype_kinds=_SUMMABLE))
+    n_terms=lambda axes: axes.size + 1, dtype_kinds=_SUMMABLE))
 
 pmax = register(Recipe(
-    name="pmax", family="core", source="reductions.py",
+    name="pmax", family="core", recipe_file="reductions.py",
     bench=BenchSpec(lambda x, axis, n: lax.pmax(x, axis), "all-reduce"),
     diagram=DiagramSpec(),
-    hlo=one_collective("all-reduce"),
+    cost_model=one_collective("all-reduce"),
     summary="elementwise max over devices, on every device",
     body=file.pmax_body, program=by_axis_size(file.pmax_program),
     oracle=by_axis_size(file.pmax_numpy),
@@ -79,10 +79,10 @@ pmax = register(Recipe(
     dtype_kinds=_ORDERED))
 
 pmin = register(Recipe(
-    name="pmin", family="core", source="reductions.py",
+    name="pmin", family="core", recipe_file="reductions.py",
     bench=BenchSpec(lambda x, axis, n: lax.pmin(x, axis), "all-reduce"),
     diagram=DiagramSpec(),
-    hlo=one_collective("all-reduce"),
+    cost_model=one_collective("all-reduce"),
     summary="elementwise min over devices, on every device",
     body=file.pmin_body, program=by_axis_size(file.pmin_program),
     oracle=by_axis_size(file.pmin_numpy),

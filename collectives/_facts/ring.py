@@ -37,7 +37,7 @@ from collectives._facts import reduce as _reduce
 from collectives._facts.permute import body_axis_size
 from collectives._layout import Axes
 from collectives._layout import by_axis_size
-from collectives._recipe import HloFact
+from collectives._recipe import CostModel
 from collectives._recipe import Recipe
 from collectives._registry import register
 from collectives.hlo import Expectation
@@ -196,19 +196,20 @@ def _mirror(native: Recipe, name: str, summary: str, ring: Callable[..., Any],
         native, name=name, summary=summary, body=ring,
         pmap_body=functools.partial(ring, shift=file.stepwise_shift),
         program=by_axis_size(program), oracle=by_axis_size(oracle),
-        check_vma=False, family="pattern", source="ring_algorithms.py", diagram=None,
-        hlo=_ring_fact(native)))
+        check_vma=False, family="pattern", recipe_file="ring_algorithms.py",
+        diagram=None,
+        cost_model=_ring_fact(native)))
 
 
-def _ring_fact(native: Recipe) -> HloFact:
+def _ring_fact(native: Recipe) -> CostModel:
     """The jit form is the native program; the shard_map form is ring steps:
     2(n-1) permutes for an all-reduce (chunks padded to n equal parts), else
     n-1 permutes moving the native collective's bytes."""
 
     def fact(axes: Axes, args: tuple[Any, ...], form: str) -> Expectation:
-        (expected,) = native.expected_hlo("shard_map", axes, args)
+        (expected,) = native.expected_costs("shard_map", axes, args)
         if form == "jit":
-            return native.hlo(axes, args, form)
+            return native.cost_model(axes, args, form)
         (kind,) = expected.counts
         permute = "collective-permute"
         if kind == "all-reduce":

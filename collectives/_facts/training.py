@@ -118,7 +118,7 @@ def _n_terms(axes: Axes) -> int:
     return 2 * N_STEPS * 4 * (4 * axes.size + 8)
 
 
-def _hlo(axes: Axes, args, form: str) -> Expectation:
+def _cost_model(axes: Axes, args, form: str) -> Expectation:
     """Inside the scan (one while loop): one all-reduce per step of the loss
     and the gradients together (XLA combines them); the HLO text holds it
     once. The Adam state never moves: every device updates its copy."""
@@ -138,8 +138,8 @@ dp_adam = register(Recipe(
     program=_FromFile("train_program"), oracle=_FromFile("train_numpy"),
     in_specs=lambda axes: (make_spec(), make_spec(axes.entry), make_spec(axes.entry)),
     out_specs=lambda axes: (make_spec(), make_spec()),
-    example_shapes=grads_shapes, arg_names=("params", "x", "y"), count_terms=_n_terms,
+    example_shapes=grads_shapes, arg_names=("params", "x", "y"), n_terms=_n_terms,
     dtype_kinds=frozenset({"float"}), validate=_check_dtypes, family="strategy",
-    exact=False,  # Adam divides by a square root: rounds on any input
+    bitwise=False,  # Adam divides by a square root: rounds on any input
     exact_dtypes=WIDE_FLOATS,  # float16 is refused
-    hlo=_hlo, source="optax_training.py"))
+    cost_model=_cost_model, recipe_file="optax_training.py"))

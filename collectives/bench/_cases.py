@@ -239,7 +239,7 @@ def count_wrong(out: jax.Array, expected: np.ndarray, rtol: float, atol: float
 def check(case: Case, call: Callable[[int], Any], expected: np.ndarray,
           x: np.ndarray) -> int:
     """#wrong of one call running the collective once, against the oracle."""
-    rtol, atol = tolerance(expected.dtype, case.recipe.count_terms(case.axes))
+    rtol, atol = tolerance(expected.dtype, case.recipe.n_terms(case.axes))
     scale = float(np.max(np.abs(x))) if x.size else 0.0
     return count_wrong(call(1), expected, rtol, atol * scale)
 

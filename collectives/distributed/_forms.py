@@ -217,7 +217,7 @@ def _pmap_form(recipe: Recipe, axes: Axes, *args: Any) -> Any:
 
     def gathered(leaf: Any, spec: P) -> np.ndarray:
         # leaf: [rows on this process, ...] -> [every row, ...]
-        return _align_copies(gather(leaf), axes.mesh, spec, recipe.count_terms(axes))
+        return _align_copies(gather(leaf), axes.mesh, spec, recipe.n_terms(axes))
 
     stacked = _recipe.stack_args(recipe, axes, args, local_stack)
     out = _recipe.pmap_callable(recipe, axes)(*stacked)

@@ -177,7 +177,7 @@ def recipe_cases(draw: st.DrawFn, recipe: Recipe, *,
       dtypes: dtypes to draw from; those the recipe rejects, or whose
         exact values it would take out of range (``Recipe.exact_dtypes``),
         are skipped, and so, for a recipe whose own arithmetic rounds
-        (``Recipe.exact`` false), are those in which a comparison under the
+        (``Recipe.bitwise`` false), are those in which a comparison under the
         tolerance policy cannot fail on the drawn mesh
         (:func:`~collectives.testing.can_fail`).
       max_devices: the most devices a mesh may use.
@@ -201,7 +201,7 @@ def recipe_cases(draw: st.DrawFn, recipe: Recipe, *,
         for axes in [recipe.axes(mesh, axis)]
         if recipe.unsupported_reason(axes) is None
         for dtype in usable
-        if recipe.exact or can_fail(dtype, recipe.count_terms(axes))]
+        if recipe.bitwise or can_fail(dtype, recipe.n_terms(axes))]
     if not candidates:
         raise ValueError(
             f"recipe {recipe.name!r} runs on none of the meshes {MESH_SHAPES} "

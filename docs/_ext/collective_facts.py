@@ -164,7 +164,7 @@ class CollectiveCosts(SphinxDirective):
             for form in ("shard_map", "jit"):
                 stats = hlo.collective_stats(recipe.compiled(form, axes), *placed)
                 measured[form] = stats
-            (expected,) = recipe.expected_hlo("shard_map", axes, args)
+            (expected,) = recipe.expected_costs("shard_map", axes, args)
             kind = next(iter(expected.counts), None)
             got = measured["shard_map"].bytes()
             problem = expected.mismatch(measured["shard_map"])

@@ -269,7 +269,7 @@ def sections(paths: list[Path]) -> list[tuple[str, list[tuple[Path, list[str]]]]
     by_stem = {p.stem: p for p in paths}
     families: dict[str, dict[str, list[str]]] = {}
     for recipe_name, recipe in collectives.RECIPES.items():
-        stem = Path(recipe.source).stem
+        stem = Path(recipe.recipe_file).stem
         if stem in by_stem:
             files = families.setdefault(recipe.family, {})
             files.setdefault(stem, []).append(recipe_name)
@@ -293,7 +293,7 @@ def diagrams_by_file() -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     for recipe_name, recipe in collectives.RECIPES.items():
         if recipe.diagram is not None:
-            out.setdefault(Path(recipe.source).stem, []).append(recipe_name)
+            out.setdefault(Path(recipe.recipe_file).stem, []).append(recipe_name)
     return out
 
 
@@ -357,7 +357,7 @@ def generate(app: Sphinx) -> None:
 
     import collectives
 
-    families = {Path(recipe.source).stem: recipe.family
+    families = {Path(recipe.recipe_file).stem: recipe.family
                 for recipe in collectives.RECIPES.values()}
     strategy_diagrams = strategy_diagram_files()
     for path, run in runs.items():

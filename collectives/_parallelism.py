@@ -116,7 +116,7 @@ def strategy_table(width: int = 16, batch: int = 32) -> list[StrategyRow]:
         placed = recipe.place(*args, axes=axes)
         fn = recipe.compiled("shard_map", axes)
         stats = collective_stats(fn, *placed)
-        models = recipe.expected_hlo("shard_map", axes, args)
+        models = recipe.expected_costs("shard_map", axes, args)
         model = next((m for m in models if m.mismatch(stats) is None), models[0])
         sent_model = float(sum(model.bytes.values()))
         params, specs = args[0], recipe.in_specs(axes)[0]
