@@ -515,7 +515,7 @@ def _older_name(old: str, new: str) -> property:
         warnings.warn(f"Recipe.{old} is deprecated: read Recipe.{new}",
                       DeprecationWarning, stacklevel=2)
         return getattr(self, new)
-    return property(get, doc=f"Deprecated: the older name of :attr:`{new}`.")
+    return property(get, doc=f"The older name of :attr:`{new}`, deprecated.")
 
 
 Recipe.__init__ = _accepting_older_names(Recipe.__init__)  # type: ignore[method-assign]
@@ -525,7 +525,7 @@ for _old, _new in _RENAMED.items():
 
 def _expected_hlo(self: Recipe, form: str, axes: Axes, args: Sequence[Any]
                   ) -> tuple[Expectation, ...]:
-    """Deprecated: the older name of :meth:`Recipe.expected_costs`."""
+    """The older name of :meth:`Recipe.expected_costs`, deprecated."""
     warnings.warn("Recipe.expected_hlo is deprecated: call Recipe.expected_costs",
                   DeprecationWarning, stacklevel=2)
     return self.expected_costs(form, axes, args)
