@@ -328,22 +328,62 @@ def axis_tuple(axis: str | Sequence[str]) -> tuple[str, ...]:
     return (axis,) if isinstance(axis, str) else tuple(axis)
 
 
-def by_axis_size(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """A recipe file's ``fn(*arrays, n)`` as a recipe's ``program`` or
-    ``oracle``, ``fn(*arrays, axes=...)``: ``n`` is how many devices the
-    collective axes span (``axes.size``)."""
+def on_axes(fn: Callable[..., Any], *from_axes: Callable[[Axes], Any],
+            **options: Any) -> Callable[..., Any]:
+    """A recipe file's function as a recipe's ``program``, ``oracle`` or
+    ``magnitudes``, ``fn(*arrays, axes=...)``.
+
+    The file's functions take plain parameters; this passes them: first the
+    arrays, then one positional value per ``from_axes`` getter (computed
+    from the :class:`Axes`), then ``options`` and any keywords of the call.
+    The result keeps ``fn`` as its ``__wrapped__``, so ``python -m
+    collectives show`` and the tests find the file's function.
+
+    Examples:
+      >>> import numpy as np
+      >>> import collectives as cx
+      >>> from collectives._layout import on_axes
+      >>> def total(x, n, scale=1):  # a recipe file's global program
+      ...     return scale * x.reshape(n, -1).sum(0)
+      >>> program = on_axes(total, lambda axes: axes.size, scale=2)
+      >>> axes = cx.RECIPES["psum"].axes(cx.make_mesh((8,), "i"))
+      >>> program(np.arange(16), axes=axes).tolist()
+      [112, 128]
+    """
     @functools.wraps(fn)
-    def on_axes(*arrays: Any, axes: Axes) -> Any:
-        return fn(*arrays, axes.size)
-    return on_axes
+    def adapted(*arrays: Any, axes: Axes, **more: Any) -> Any:
+        return fn(*arrays, *(get(axes) for get in from_axes), **options, **more)
+    return adapted
 
 
-def on_axes(fn: Callable[..., Any], **params: Callable[[Axes], Any]
-            ) -> Callable[..., Any]:
-    """A recipe file's ``fn(*arrays, **params)`` as a recipe's ``program`` or
-    ``oracle``, ``fn(*arrays, axes=...)``: each parameter is computed from
-    the axes, e.g. ``on_axes(fn, n=lambda axes: axes.size)``."""
+def by_axis_size(fn: Callable[..., Any], **options: Any) -> Callable[..., Any]:
+    """``on_axes(fn, ...)`` passing ``n``, how many devices the collective
+    axes span (``axes.size``): for a file's ``fn(*arrays, n)``."""
+    return on_axes(fn, _axis_size, **options)
+
+
+def on_mesh(fn: Callable[..., Any], **options: Any) -> Callable[..., Any]:
+    """``on_axes(fn, ...)`` passing the mesh and the spec entry of the
+    collective axes: for a file's ``fn(*arrays, mesh, axis)``."""
+    return on_axes(fn, _mesh_of, _entry_of, **options)
+
+
+def with_options(fn: Callable[..., Any], **options: Any) -> Callable[..., Any]:
+    """``fn`` with keyword options fixed (a body's ``causal=True``), still
+    ``fn`` to ``inspect.unwrap``."""
     @functools.wraps(fn)
-    def on_axes_(*arrays: Any, axes: Axes) -> Any:
-        return fn(*arrays, **{name: get(axes) for name, get in params.items()})
-    return on_axes_
+    def bound(*args: Any, **more: Any) -> Any:
+        return fn(*args, **options, **more)
+    return bound
+
+
+def _axis_size(axes: Axes) -> int:
+    return axes.size
+
+
+def _mesh_of(axes: Axes) -> Mesh:
+    return axes.mesh
+
+
+def _entry_of(axes: Axes) -> str | tuple[str, ...] | None:
+    return axes.entry

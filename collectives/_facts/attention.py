@@ -34,8 +34,6 @@ arguments before calling the files' bodies.
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 
 from collectives._costs import block_bytes
@@ -43,6 +41,8 @@ from collectives._costs import per_device_bytes
 from collectives._facts.permute import body_axis_size
 from collectives._layout import Axes
 from collectives._layout import make_spec
+from collectives._layout import on_axes
+from collectives._layout import with_options
 from collectives._recipe import Recipe
 from collectives._registry import register
 from collectives.hlo import Expectation
@@ -154,16 +154,6 @@ def all_to_all_attention(q, k, v, axis, *, causal: bool = False):
 # Global view: q, k, v [S, H, D], S sharded over the recipe's axes, H over the
 # other mesh axes; output [S, H, D] sharded the same way.
 
-def _global(fn, **kwargs):
-    """A file's ``fn(q, k, v, **kwargs)`` as a recipe's ``program`` or
-    ``oracle``: attention on the global arrays needs no axes."""
-    @functools.wraps(fn)
-    def on_axes(q, k, v, *, axes: Axes):
-        del axes
-        return fn(q, k, v, **kwargs)
-    return on_axes
-
-
 def _specs(axes: Axes):
     spec = make_spec(axes.entry, axes.others_entry)
     return (spec, spec, spec)
@@ -227,28 +217,19 @@ def _check_recipe_args(heads_split: bool, what: str):
     return validate
 
 
-def _bound(fn, **kwargs):
-    """``fn`` with keyword arguments fixed, still ``fn`` to ``inspect.unwrap``
-    (``python -m collectives show`` prints the file's source)."""
-    @functools.wraps(fn)
-    def bound(*args, **more):
-        return fn(*args, **kwargs, **more)
-    return bound
-
-
 def _ring_recipe(name: str, summary: str, causal: bool) -> Recipe:
     # q, k, v: [s, h, d] sequence blocks -> [s, h, d]
-    body = _bound(ring_file.ring_attention_body, causal=causal)
+    body = with_options(ring_file.ring_attention_body, causal=causal)
     return register(Recipe(
         name=name, summary=summary, family="strategy", recipe_file="ring_attention.py",
         bitwise=False,  # softmax: exp rounds, and the ring sums in another order
         cost_model=_ring_fact,
         body=body,
         # pmap maps mesh axes after the first with vmap: one axis per ppermute
-        pmap_body=_bound(ring_file.ring_attention_body, causal=causal,
+        pmap_body=with_options(ring_file.ring_attention_body, causal=causal,
                          shift=ring_file.stepwise_shift),
-        program=_global(ring_file.attention_program, causal=causal),
-        oracle=_global(ring_file.attention_numpy, causal=causal),
+        program=on_axes(ring_file.attention_program, causal=causal),
+        oracle=on_axes(ring_file.attention_numpy, causal=causal),
         in_specs=_specs, out_specs=lambda axes: _specs(axes)[0],
         example_shapes=_shapes(heads_per_device=False), arg_names=("q", "k", "v"),
         n_terms=_n_terms, dtype_kinds=_FLOAT, validate=_check_recipe_args(False,
@@ -273,8 +254,8 @@ all_to_all_attention_recipe = register(Recipe(
     summary="sequence-sharded attention: all_to_all to heads, local attention, back",
     # q, k, v: [s, H, d] sequence blocks -> [S, H/n, d] head groups -> [s, H, d]
     body=a2a_file.all_to_all_attention_body,
-    program=_global(a2a_file.attention_program),
-    oracle=_global(a2a_file.attention_numpy),
+    program=on_axes(a2a_file.attention_program),
+    oracle=on_axes(a2a_file.attention_numpy),
     in_specs=_specs, out_specs=lambda axes: _specs(axes)[0],
     example_shapes=_shapes(heads_per_device=True), arg_names=("q", "k", "v"),
     n_terms=_n_terms, dtype_kinds=_FLOAT,

@@ -38,6 +38,7 @@ from collectives._layout import AxisArg
 from collectives._layout import axis_tuple
 from collectives._layout import grid_shape
 from collectives._layout import make_spec
+from collectives._layout import on_axes
 from collectives._recipe import Recipe
 from collectives._registry import register
 from collectives.recipes import vmap_batching as file
@@ -129,16 +130,6 @@ def _vmap_callable(recipe: Recipe, axes: Axes) -> Callable[..., Any]:
                              in_axes=_recipe.stacked_in_axes(recipe, axes)))
 
 
-def _global(fn):
-    """A file's ``fn(x)`` as a recipe's ``program`` or ``oracle``: a sum or
-    mean over all rows needs no axes."""
-    @functools.wraps(fn)
-    def on_axes(x, *, axes: Axes):
-        del axes
-        return fn(x)
-    return on_axes
-
-
 def _unsupported_reason(axes: Axes) -> str | None:
     if EXAMPLE_AXIS in axes.mesh.axis_names:
         return (f"the recipe names its vmap axis {EXAMPLE_AXIS!r}, which the mesh "
@@ -170,8 +161,8 @@ vmap_psum = register(Recipe(
     recipe_file="vmap_batching.py", cost_model=fixed({"all-reduce": 1}),
     summary="one psum over the device axes and a vmapped batch axis at once",
     # x: [k, m] on each device -> [m], the sum of every row of every device
-    body=file.vmap_psum_body, program=_global(file.vmap_psum_program),
-    oracle=_global(file.vmap_psum_numpy),
+    body=file.vmap_psum_body, program=on_axes(file.vmap_psum_program),
+    oracle=on_axes(file.vmap_psum_numpy),
     out_specs=lambda axes: make_spec(axes.others_entry),
     dtype_kinds=frozenset({"float", "int"}), **_COMMON))
 
@@ -180,7 +171,7 @@ vmap_center = register(Recipe(
     recipe_file="vmap_batching.py", cost_model=fixed({"all-reduce": 1}),
     summary="each row minus the mean row over devices and a vmapped batch axis",
     # x: [k, m] on each device -> [k, m], each row minus the global mean row
-    body=file.vmap_center_body, program=_global(file.vmap_center_program),
-    oracle=_global(file.vmap_center_numpy),
+    body=file.vmap_center_body, program=on_axes(file.vmap_center_program),
+    oracle=on_axes(file.vmap_center_numpy),
     out_specs=lambda axes: make_spec(axes.entry, axes.others_entry),
     dtype_kinds=frozenset({"float"}), **_COMMON))

@@ -28,13 +28,12 @@ this module adds the facts the library needs about them.
 
 from __future__ import annotations
 
-import functools
-
 import jax.numpy as jnp
 
 from collectives._costs import fixed
 from collectives._layout import Axes
 from collectives._layout import make_spec
+from collectives._layout import on_axes
 from collectives._recipe import WIDE_FLOATS
 from collectives._recipe import Recipe
 from collectives._registry import register
@@ -74,16 +73,6 @@ def tree_pmean(tree, axis):
       {'b': [1.0], 'w': [1.5]}
     """
     return file.tree_pmean(tree, axis)
-
-
-def on_axes(fn):
-    """A file's ``fn(params, x, y)`` as a recipe's ``program`` or ``oracle``:
-    it needs nothing of the axes (the batch is split over them by layout)."""
-    @functools.wraps(fn)
-    def adapted(*args, axes: Axes):
-        del axes
-        return fn(*args)
-    return adapted
 
 
 # -- dp_grads -------------------------------------------------------------------

@@ -22,6 +22,7 @@ from collectives._facts.permute import body_axis_size
 from collectives._layout import Axes
 from collectives._layout import grid_shape
 from collectives._layout import make_spec
+from collectives._layout import on_axes
 from collectives._recipe import Recipe
 from collectives._registry import register
 from collectives.recipes import halo_exchange as file
@@ -90,27 +91,15 @@ def _halo_shapes(axes: Axes, dims):
     return (grid_shape(axes, dims),)
 
 
-def _on_global(periodic: bool):
-    """The file's ``fn(x, periodic)`` as a recipe's ``program`` or ``oracle``
-    (the stencil needs no axis facts)."""
-    def adapt(fn):
-        @functools.wraps(fn)
-        def on_axes(x, *, axes: Axes):
-            del axes
-            return fn(x, periodic)
-        return on_axes
-    return adapt
-
-
 def _stencil_recipe(name: str, summary: str, periodic: bool) -> Recipe:
-    adapt = _on_global(periodic)
     return register(Recipe(
         name=name, recipe_file="halo_exchange.py",
         cost_model=fixed({"collective-permute": 2}), summary=summary,
         body=functools.partial(file.stencil_body, periodic=periodic),
         pmap_body=functools.partial(file.stencil_body, periodic=periodic,
                                     shift=file.stepwise_shift),
-        program=adapt(file.stencil_program), oracle=adapt(file.stencil_numpy),
+        program=on_axes(file.stencil_program, periodic=periodic),
+        oracle=on_axes(file.stencil_numpy, periodic=periodic),
         in_specs=lambda axes: (_rows_spec(axes),), out_specs=_rows_spec,
         example_shapes=_halo_shapes, n_terms=lambda axes: 3,
         dtype_kinds=frozenset({"float", "int", "complex"})))

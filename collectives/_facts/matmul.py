@@ -31,7 +31,6 @@ needs about them and the validating public :func:`allgather_matmul` and
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -42,6 +41,7 @@ from jax.sharding import PartitionSpec as P
 from collectives._costs import reshards_minor_axis
 from collectives._facts.permute import body_axis_size
 from collectives._layout import Axes
+from collectives._layout import on_axes
 from collectives._recipe import Recipe
 from collectives._registry import register
 from collectives.hlo import Expectation
@@ -249,15 +249,6 @@ def _validate(name: str, scatter: bool, overlap: str | None):
     return validate
 
 
-def _on_global(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """The file's ``fn(x, w)`` as a recipe's ``program`` or ``oracle``."""
-    @functools.wraps(fn)
-    def on_axes(x, w, *, axes: Axes):
-        del axes
-        return fn(x, w)
-    return on_axes
-
-
 _KINDS = frozenset({"float", "int", "complex"})
 
 
@@ -289,7 +280,7 @@ def _allgather_recipe(name: str, summary: str, overlap: str | None) -> Recipe:
         pmap_body=functools.partial(body, stepwise=True),
         recipe_file="collective_matmul.py",
         cost_model=_matmul_fact("all-gather", overlap),
-        program=_on_global(file.matmul_program), oracle=_on_global(file.matmul_numpy),
+        program=on_axes(file.matmul_program), oracle=on_axes(file.matmul_numpy),
         in_specs=_allgather_specs, out_specs=lambda axes: P(None, axes.entry),
         example_shapes=_allgather_shapes(even=overlap == "bidirectional"),
         validate=_validate(name, False, overlap),
@@ -305,7 +296,7 @@ def _scatter_recipe(name: str, summary: str, overlap: str | None) -> Recipe:
         pmap_body=functools.partial(body, stepwise=True),
         recipe_file="collective_matmul.py",
         cost_model=_matmul_fact("reduce-scatter", overlap),
-        program=_on_global(file.matmul_program), oracle=_on_global(file.matmul_numpy),
+        program=on_axes(file.matmul_program), oracle=on_axes(file.matmul_numpy),
         in_specs=_scatter_specs, out_specs=lambda axes: P(axes.entry),
         example_shapes=_scatter_shapes(even=overlap == "bidirectional"),
         validate=_validate(name, True, overlap),

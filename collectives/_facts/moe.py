@@ -48,6 +48,8 @@ from jax.sharding import PartitionSpec as P
 from collectives._costs import per_device_bytes
 from collectives._facts.permute import body_axis_size
 from collectives._layout import Axes
+from collectives._layout import by_axis_size
+from collectives._layout import on_mesh
 from collectives._recipe import Recipe
 from collectives._registry import register
 from collectives.hlo import Expectation
@@ -189,30 +191,12 @@ def _shapes(axes: Axes, dims):
     return ((d, n), (n, d, f + 1), (n, f + 1, d), (n * 2 * t, d))
 
 
-def _on_mesh(fn):
-    """The file's ``fn(*arrays, mesh, axis, **routing)`` as a recipe's
-    ``program``, ``fn(*arrays, axes=..., **routing)``."""
-    @functools.wraps(fn)
-    def on_axes(*arrays, axes: Axes, **routing):
-        return fn(*arrays, axes.mesh, axes.entry, **routing)
-    return on_axes
-
-
-def _on_size(fn):
-    """The file's ``fn(*arrays, n, **routing)`` as a recipe's ``oracle``:
-    ``n`` is how many devices the axes span."""
-    @functools.wraps(fn)
-    def on_axes(*arrays, axes: Axes, **routing):
-        return fn(*arrays, axes.size, **routing)
-    return on_axes
-
-
-moe_program = _on_mesh(file.moe_program)
+moe_program = on_mesh(file.moe_program)
 """The global program (``recipes/moe.py``'s ``moe_program``), called as
 ``moe_program(router_w, w_in, w_out, tokens, axes=..., top_k=...,
 capacity=..., capacity_factor=...)``."""
 
-moe_oracle = _on_size(file.moe_numpy)
+moe_oracle = by_axis_size(file.moe_numpy)
 """The NumPy oracle (``recipes/moe.py``'s ``moe_numpy``), called like
 :data:`moe_program`."""
 

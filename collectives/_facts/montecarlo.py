@@ -22,13 +22,12 @@ validate their arguments before calling the file's.
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 
 from collectives._costs import fixed
 from collectives._layout import Axes
 from collectives._layout import make_spec
+from collectives._layout import on_axes
 from collectives._recipe import Recipe
 from collectives._registry import register
 from collectives.recipes import monte_carlo as file
@@ -122,16 +121,6 @@ def chain_keys(key, axis, n_local: int):
     return file.chain_keys(key, axis, int(n_local))
 
 
-def _global(fn):
-    """A file's ``fn(x0)`` as a recipe's ``program`` or ``oracle``: the keys
-    come from the chain index, not the mesh."""
-    @functools.wraps(fn)
-    def on_axes(x0, *, axes: Axes):
-        del axes
-        return fn(x0)
-    return on_axes
-
-
 def _n_terms(axes: Axes) -> int:
     # The samples are integers and compare exactly. The variance is a mean of
     # squares (no cancellation, and the mean's error enters only to second
@@ -148,8 +137,8 @@ metropolis = register(Recipe(
     summary="Metropolis chains, keys by fold_in(axis_index); mean/var by pmean",
     # x0: [k, ...] chain starts on each device -> mean [...], var [...] over all
     # chains (replicated) and the final states [k, ...]
-    body=file.metropolis_body, program=_global(file.metropolis_program),
-    oracle=_global(file.metropolis_numpy),
+    body=file.metropolis_body, program=on_axes(file.metropolis_program),
+    oracle=on_axes(file.metropolis_numpy),
     in_specs=lambda axes: (make_spec(axes.entry),),
     out_specs=lambda axes: (make_spec(), make_spec(), make_spec(axes.entry)),
     example_shapes=lambda axes, dims: ((axes.size * dims[0], *dims[1:]),),

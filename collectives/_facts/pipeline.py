@@ -36,6 +36,7 @@ from jax.sharding import PartitionSpec as P
 from collectives._costs import per_device_bytes
 from collectives._facts.permute import body_axis_size
 from collectives._layout import Axes
+from collectives._layout import on_mesh
 from collectives._recipe import Recipe
 from collectives._registry import register
 from collectives.hlo import Expectation
@@ -152,14 +153,6 @@ def _shapes(axes: Axes, dims):
             (batch, width), (batch, width))
 
 
-def _on_mesh(fn):
-    """The file's ``fn(*arrays, mesh, axis)`` as a recipe's ``program``."""
-    @functools.wraps(fn)
-    def on_axes(*arrays, axes: Axes):
-        return fn(*arrays, axes.mesh, axes.entry)
-    return on_axes
-
-
 def _in_dtype_of_x(fn):
     """The file's float64 oracle as the recipe's: results in ``x``'s dtype."""
     @functools.wraps(fn)
@@ -253,7 +246,7 @@ pipeline_mlp = register(Recipe(
     name="pipeline_mlp",
     summary="GPipe: one layer per stage over the axis, M microbatches passed on "
             "with ppermute in a scan; loss+grads",
-    body=file.pipeline_value_and_grad, program=_on_mesh(file.pipeline_program),
+    body=file.pipeline_value_and_grad, program=on_mesh(file.pipeline_program),
     oracle=_in_dtype_of_x(file.pipeline_numpy), in_specs=_in_specs,
     out_specs=_out_specs, example_shapes=_shapes,
     arg_names=("stage_params", "x", "y"), n_terms=_n_terms, magnitudes=_magnitudes,
