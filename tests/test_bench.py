@@ -318,3 +318,22 @@ def test_the_schema_is_package_data_and_versioned():
     assert row["form"]["enum"] == [*bench.BENCH_FORMS, "copy"]
     setup = (Path(__file__).parent.parent / "setup.cfg").read_text()
     assert "schema.json" in setup.split("[options.package_data]")[1].split("[")[0]
+
+
+def test_every_default_overhead_recipe_compiles_to_its_bare_primitives_collectives(
+        axes):
+    # checked_calls raises an AssertionError where the recipe and the bare
+    # primitive compile to other collectives (the ring recipes did, and the
+    # documented `bench --overhead` crashed on them).
+    from collectives.bench._overhead import OVERHEAD_COLLECTIVES
+    from collectives.bench._overhead import checked_calls
+
+    assert "psum" in OVERHEAD_COLLECTIVES
+    assert "ring_all_reduce" not in OVERHEAD_COLLECTIVES
+    for name in OVERHEAD_COLLECTIVES:
+        assert len(checked_calls(name, axes, 256, "float32")) == 5, name
+    with pytest.raises(ValueError, match=r"'ring_all_reduce' cannot be timed .*"
+                                         r"--forms ring.*Fix: choose from psum"):
+        run_overhead(("ring_all_reduce",), axes, size=256, dtype="float32",
+                     stopping=Stopping(budget=0.0, min_samples=3),
+                     min_time=0.0)
