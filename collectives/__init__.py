@@ -57,10 +57,10 @@ from collectives._memory import compiled_memory
 from collectives._memory import device_bytes
 from collectives._parallelism import StrategyRow
 from collectives._parallelism import strategy_table
+from collectives._presentation import BenchSpec
+from collectives._presentation import DiagramSpec
 from collectives._recipe import FAMILIES
 from collectives._recipe import FORMS
-from collectives._recipe import BenchSpec
-from collectives._recipe import DiagramSpec
 from collectives._recipe import Recipe
 from collectives._recipe import UnsupportedDtypeError
 from collectives._registry import RECIPES

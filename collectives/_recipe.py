@@ -34,6 +34,12 @@ from collectives._arrays import is_shape
 from collectives._arrays import random_array
 from collectives._layout import Axes
 from collectives._layout import AxisArg
+from collectives._presentation import BenchSpec
+from collectives._presentation import DiagramSpec
+from collectives._stacked import map_leaves
+from collectives._stacked import stack_args
+from collectives._stacked import stacked_in_axes
+from collectives._stacked import unstack_outputs
 from collectives.hlo import Expectation
 
 FORMS: tuple[str, ...] = ("pmap", "shard_map", "jit")
@@ -53,47 +59,6 @@ class UnsupportedDtypeError(TypeError):
     arithmetic would give a wrong answer in it (e.g. Adam's ``eps`` rounds to
     0 in float16). :func:`collectives.check` lists such rows as skipped, with
     the reason."""
-
-
-@dataclasses.dataclass(frozen=True)
-class DiagramSpec:
-    """How :func:`collectives.diagram` draws a recipe.
-
-    Attributes:
-      dims: the small ints passed to the recipe's ``example_shapes`` (blocks
-        of a few elements keep every label readable).
-      relation: how an output element relates to the input: ``"combine"`` (a
-        sum or mean of every device's element), ``"local"`` (computed on the
-        device from its own element) or ``"copy"`` (a copy of one input
-        element, found by its label).
-    """
-
-    dims: tuple[int, ...] = (2, 1)
-    relation: str = "copy"
-
-
-@dataclasses.dataclass(frozen=True)
-class BenchSpec:
-    """How ``python -m collectives bench`` times a recipe.
-
-    Attributes:
-      bare: ``bare(x, axis, n)``, the bare ``lax`` primitive the recipe's
-        shard_map form is compared with (``bench --overhead``).
-      kind: the HLO collective kind the recipe runs (``None``: none), which
-        fixes the nccl-tests size convention and bus factor of a sweep; only
-        recipes with a kind are swept.
-      bare_check_vma: ``check_vma`` for the bare program (a plain
-        ``all_gather`` result is varying, so its ``out_specs=P()`` needs
-        ``False``: the way such code was written before the invariant gather).
-      default: whether the sweep times it when ``-c`` is not given.
-      jit_target: whether the jit form / shard_map form ratio has a target.
-    """
-
-    bare: Callable[..., Any]
-    kind: str | None = None
-    bare_check_vma: bool = True
-    default: bool = False
-    jit_target: bool = False
 
 
 CostModel = Callable[[Axes, tuple[Any, ...], str],
@@ -536,64 +501,6 @@ Recipe.expected_hlo = _expected_hlo  # type: ignore[attr-defined]
 
 def _run_unpacked(recipe: Recipe, form: str, axes: Axes, *args: Any) -> Any:
     return recipe.run(form, args, axes)
-
-
-def map_leaves(arg: Any, spec: Any, fn: Callable[[Any, P, str], Any],
-               what: str) -> Any:
-    """``fn(leaf, leaf_spec, where)`` over one argument's leaves, tree kept."""
-    pairs, treedef = jax.tree_util.tree_flatten_with_path(arg)
-    specs = _layout.leaf_specs(spec, arg, what)
-    return treedef.unflatten([
-        fn(leaf, leaf_spec, what + jax.tree_util.keystr(path))
-        for (path, leaf), leaf_spec in zip(pairs, specs, strict=True)])
-
-
-def stack_args(recipe: Recipe, axes: Axes, args: Sequence[Any],
-               stack_leaf: Callable[[Any, P], Any] | None = None) -> list[Any]:
-    """The arguments in pmap's stacked view (``(*mesh.shape, *block)`` leaves,
-    fully replicated leaves as they are, for ``in_axes=None``)."""
-    if stack_leaf is None:
-        stack_leaf = functools.partial(_stack_leaf, mesh=axes.mesh)
-    return [map_leaves(arg, spec, lambda leaf, s, _: stack_leaf(leaf, s),
-                        f"{recipe.name}: argument {name}")
-            for arg, spec, name in zip(args, recipe.in_specs(axes), recipe.arg_names,
-                                       strict=True)]
-
-
-def unstack_outputs(recipe: Recipe, axes: Axes, out: Any, label: str,
-                    host: Callable[[Any, P], np.ndarray] | None = None) -> Any:
-    """Stacked outputs back to the global view, checking declared replication.
-
-    ``host(leaf, spec)`` brings a leaf to the host as the full stacked array
-    (default ``np.asarray``); ``label`` names the form in error messages.
-    """
-    leaves, treedef = jax.tree_util.tree_flatten(out)
-    specs = _layout.leaf_specs(recipe.out_specs(axes), out, f"{recipe.name} outputs")
-    results = []
-    for index, (leaf, spec) in enumerate(zip(leaves, specs, strict=True)):
-        describe = functools.partial("{}: {} output {} of {}".format, recipe.name,
-                                     label, index, len(leaves))
-        stacked = np.asarray(leaf) if host is None else host(leaf, spec)
-        results.append(_layout.from_stacked(stacked, axes.mesh, spec, describe))
-    return treedef.unflatten(results)
-
-
-def _replicated(spec: P) -> bool:
-    return all(entry is None for entry in spec)
-
-
-def _stack_leaf(leaf: Any, spec: P, mesh: jax.sharding.Mesh) -> np.ndarray:
-    """pmap's view of one input: stacked, or as is when fully replicated."""
-    host = canonical(leaf)
-    return host if _replicated(spec) else _layout.to_stacked(host, mesh, spec)
-
-
-def stacked_in_axes(recipe: Recipe, axes: Axes) -> tuple[Any, ...]:
-    """``in_axes`` for :func:`stack_args`'s output: 0, or None where replicated."""
-    return tuple(
-        jax.tree_util.tree_map(lambda s: None if _replicated(s) else 0, spec,
-                               is_leaf=lambda s: isinstance(s, P))
-        for spec in recipe.in_specs(axes))
 
 
 @functools.cache

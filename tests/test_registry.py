@@ -97,7 +97,7 @@ FACTS = textwrap.dedent('''
     from collectives._layout import by_axis_size
     from collectives._layout import grid_shape
     from collectives._layout import make_spec
-    from collectives._recipe import BenchSpec
+    from collectives._presentation import BenchSpec
     from collectives._recipe import Recipe
     from collectives._registry import register
     from collectives.recipes import throwaway as file
@@ -136,11 +136,11 @@ def test_a_new_recipe_reaches_list_check_the_gallery_and_the_bench(checkout):
         import sys
         from pathlib import Path
         sys.path.insert(0, "docs/_ext")
-        import gallery
+        import gallery_sections
         from collectives._cli import main
         main(["list"])
         paths = sorted(Path("recipes").glob("*.py"))
-        for title, members in gallery.sections(paths):
+        for title, members in gallery_sections.sections(paths):
             for path, names in members:
                 print("gallery:", title, path.name, names)
         main(["bench", "-c", "throwaway_double_psum", "-b", "1K", "-e", "1K",

@@ -31,7 +31,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from collectives import _recipe
+from collectives import _stacked
 from collectives._costs import fixed
 from collectives._layout import Axes
 from collectives._layout import AxisArg
@@ -118,16 +118,16 @@ def vmap_form(recipe: Recipe, *args: Any, mesh: jax.sharding.Mesh | None = None,
       True
     """
     axes = recipe.validated_axes(args, mesh, axis)
-    out = _vmap_callable(recipe, axes)(*_recipe.stack_args(recipe, axes, args))
+    out = _vmap_callable(recipe, axes)(*_stacked.stack_args(recipe, axes, args))
     return jax.tree_util.tree_map(
-        jnp.asarray, _recipe.unstack_outputs(recipe, axes, out, "vmap"))
+        jnp.asarray, _stacked.unstack_outputs(recipe, axes, out, "vmap"))
 
 
 @functools.cache
 def _vmap_callable(recipe: Recipe, axes: Axes) -> Callable[..., Any]:
     body = functools.partial(recipe.pmap_body or recipe.body, axis=axes.axis)
     return jax.jit(vmap_axes(body, tuple(axes.mesh.axis_names),
-                             in_axes=_recipe.stacked_in_axes(recipe, axes)))
+                             in_axes=_stacked.stacked_in_axes(recipe, axes)))
 
 
 def _unsupported_reason(axes: Axes) -> str | None:

@@ -18,8 +18,8 @@ from collectives._layout import Axes
 from collectives._layout import by_axis_size
 from collectives._layout import grid_shape
 from collectives._layout import make_spec
-from collectives._recipe import BenchSpec
-from collectives._recipe import DiagramSpec
+from collectives._presentation import BenchSpec
+from collectives._presentation import DiagramSpec
 from collectives._recipe import Recipe
 from collectives._registry import register
 from collectives.recipes import reductions as file

@@ -30,6 +30,7 @@ from jax.sharding import PartitionSpec as P
 from collectives import _arrays
 from collectives import _layout
 from collectives import _recipe
+from collectives import _stacked
 from collectives._layout import Axes
 from collectives._layout import AxisArg
 from collectives._recipe import Recipe
@@ -182,7 +183,7 @@ def _reference(recipe: Recipe, axes: Axes, *args: Any) -> Any:
 
 def _compiled_form(recipe: Recipe, form: str, axes: Axes, *args: Any) -> Any:
     placed = tuple(
-        _recipe.map_leaves(arg, spec,
+        _stacked.map_leaves(arg, spec,
                            lambda leaf, s, _: place(leaf, NamedSharding(axes.mesh, s)),
                            f"{recipe.name}: argument {name}")
         for arg, spec, name in zip(args, recipe.in_specs(axes), recipe.arg_names,
@@ -219,9 +220,9 @@ def _pmap_form(recipe: Recipe, axes: Axes, *args: Any) -> Any:
         # leaf: [rows on this process, ...] -> [every row, ...]
         return _align_copies(gather(leaf), axes.mesh, spec, recipe.n_terms(axes))
 
-    stacked = _recipe.stack_args(recipe, axes, args, local_stack)
+    stacked = _stacked.stack_args(recipe, axes, args, local_stack)
     out = _recipe.pmap_callable(recipe, axes)(*stacked)
-    return _recipe.unstack_outputs(recipe, axes, out, "pmap", host=gathered)
+    return _stacked.unstack_outputs(recipe, axes, out, "pmap", host=gathered)
 
 
 def _align_copies(y: np.ndarray, mesh: jax.sharding.Mesh, spec: P,

@@ -110,14 +110,27 @@ class _Worker:
             os.killpg(self.proc.pid, sig)
 
     def output(self) -> str:
-        self._reader.join(timeout=2.0)
+        """What it printed so far; all of it once it has ended."""
+        self._drain()
         return "\n".join(self.lines)
+
+    def _drain(self) -> None:
+        # Once the process has ended, its pipe ends too when the reader has
+        # read it all, which on a loaded machine takes more than a moment (a
+        # fixed 2 s wait lost the last lines); a still-open pipe (a child that
+        # outlived it) is not waited for past READ_GRACE.
+        if self.proc.poll() is not None:
+            self._reader.join(timeout=READ_GRACE)
 
     def close(self) -> None:
         """Collect the rest of the output and close the pipe."""
-        self._reader.join(timeout=2.0)
+        self._drain()
         if self.proc.stdout is not None and not self._reader.is_alive():
             self.proc.stdout.close()
+
+
+READ_GRACE = 10.0
+"""Seconds to wait, after a process ended, for the rest of its output."""
 
 
 def _describe_exit(code: int) -> str:

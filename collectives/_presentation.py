@@ -1,0 +1,50 @@
+"""How a recipe is presented: drawn (:class:`DiagramSpec`) and timed
+(:class:`BenchSpec`). Facets of a :class:`collectives.Recipe` beside its
+contract; the contract itself does not need them."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+
+@dataclasses.dataclass(frozen=True)
+class DiagramSpec:
+    """How :func:`collectives.diagram` draws a recipe.
+
+    Attributes:
+      dims: the small ints passed to the recipe's ``example_shapes`` (blocks
+        of a few elements keep every label readable).
+      relation: how an output element relates to the input: ``"combine"`` (a
+        sum or mean of every device's element), ``"local"`` (computed on the
+        device from its own element) or ``"copy"`` (a copy of one input
+        element, found by its label).
+    """
+
+    dims: tuple[int, ...] = (2, 1)
+    relation: str = "copy"
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchSpec:
+    """How ``python -m collectives bench`` times a recipe.
+
+    Attributes:
+      bare: ``bare(x, axis, n)``, the bare ``lax`` primitive the recipe's
+        shard_map form is compared with (``bench --overhead``).
+      kind: the HLO collective kind the recipe runs (``None``: none), which
+        fixes the nccl-tests size convention and bus factor of a sweep; only
+        recipes with a kind are swept.
+      bare_check_vma: ``check_vma`` for the bare program (a plain
+        ``all_gather`` result is varying, so its ``out_specs=P()`` needs
+        ``False``: the way such code was written before the invariant gather).
+      default: whether the sweep times it when ``-c`` is not given.
+      jit_target: whether the jit form / shard_map form ratio has a target.
+    """
+
+    bare: Callable[..., Any]
+    kind: str | None = None
+    bare_check_vma: bool = True
+    default: bool = False
+    jit_target: bool = False
