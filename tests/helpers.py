@@ -115,3 +115,16 @@ def assert_exact_on_a_drawn_case(name, data):
     case = data.draw(recipe_cases(recipe))
     assert_forms_agree(recipe, *case.args, mesh=case.mesh, axis=case.axis,
                        rtol=0, atol=0)
+
+
+def assert_draws_svg(diagram, record, tmp_path):
+    """A strategy diagram module's ``draw`` writes a real SVG of ``record``,
+    and the module has its caption (skipped without matplotlib)."""
+    import pytest
+
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "diagram.svg"
+    diagram.draw(record, path)
+    svg = path.read_text()
+    assert svg.lstrip().startswith("<?xml") and "<svg" in svg and len(svg) > 10_000
+    assert diagram.CAPTION and diagram.text(record)

@@ -7,6 +7,7 @@ from jax import lax
 
 from collectives._strategy_diagrams import all_to_all_attention as diagram
 from collectives.recipes import all_to_all_attention as a2a_file
+from helpers import assert_draws_svg
 
 N, ROWS = 8, 2
 
@@ -87,10 +88,4 @@ def test_a_mutated_all_to_all_shows_up(monkeypatch):
 
 
 def test_draw_writes_svg(record, tmp_path):
-    pytest.importorskip("matplotlib")
-    path = tmp_path / "all_to_all_attention.svg"
-    diagram.draw(record, path)
-    svg = path.read_text()
-    assert svg.lstrip().startswith("<?xml") and "<svg" in svg
-    assert len(svg) > 10_000
-    assert diagram.CAPTION
+    assert_draws_svg(diagram, record, tmp_path)

@@ -11,6 +11,7 @@ import collectives as cx
 from collectives._strategy_diagrams import fsdp as diagram
 from collectives.hlo import bytes_moved
 from collectives.recipes import fsdp as file
+from helpers import assert_draws_svg
 
 N, LAYERS = 8, 4
 
@@ -147,9 +148,5 @@ def test_fsdp_x_tp_gathers_over_the_data_axis():
 
 
 def test_draw_writes_an_svg(record, tmp_path):
-    pytest.importorskip("matplotlib")
-    path = tmp_path / "fsdp.svg"
-    diagram.draw(record, path)
-    svg = path.read_text()
-    assert svg.startswith("<?xml") and "<svg" in svg and len(svg) > 1000
+    assert_draws_svg(diagram, record, tmp_path)
     assert "JAX " + jax.__version__ in diagram.CAPTION

@@ -6,6 +6,7 @@ import pytest
 
 from collectives._strategy_diagrams import moe as diagram
 from collectives.recipes import moe as file
+from helpers import assert_draws_svg
 
 
 @pytest.fixture(scope="module")
@@ -61,9 +62,4 @@ def test_a_smaller_capacity_shows_in_the_trace(record, monkeypatch):
 
 
 def test_draw_writes_an_svg(record, tmp_path):
-    pytest.importorskip("matplotlib")
-    path = tmp_path / "moe.svg"
-    diagram.draw(record, path)
-    svg = path.read_text()
-    assert svg.startswith("<?xml") and "<svg" in svg and len(svg) > 1000
-    assert diagram.CAPTION
+    assert_draws_svg(diagram, record, tmp_path)

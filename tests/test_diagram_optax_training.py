@@ -9,6 +9,7 @@ pytest.importorskip("optax")
 
 from collectives._strategy_diagrams import optax_training as diagram
 from collectives.recipes import optax_training as opt_file
+from helpers import assert_draws_svg
 
 N, ROWS = 8, 4
 
@@ -119,10 +120,4 @@ def test_text_table(record):
 
 
 def test_draw_writes_svg(record, tmp_path):
-    pytest.importorskip("matplotlib")
-    path = tmp_path / "optax_training.svg"
-    diagram.draw(record, path)
-    svg = path.read_text()
-    assert svg.lstrip().startswith("<?xml") and "<svg" in svg
-    assert len(svg) > 10_000
-    assert diagram.CAPTION
+    assert_draws_svg(diagram, record, tmp_path)

@@ -7,6 +7,7 @@ from jax import lax
 
 from collectives._strategy_diagrams import pipeline as diagram
 from collectives.recipes import pipeline as file
+from helpers import assert_draws_svg
 
 S, M = 8, 4
 
@@ -79,9 +80,4 @@ def test_more_microbatches_shrink_the_bubble():
 
 
 def test_draw_writes_an_svg(record, tmp_path):
-    pytest.importorskip("matplotlib")
-    path = tmp_path / "pipeline.svg"
-    diagram.draw(record, path)
-    svg = path.read_text()
-    assert svg.startswith("<?xml") and "<svg" in svg and len(svg) > 1000
-    assert diagram.CAPTION
+    assert_draws_svg(diagram, record, tmp_path)

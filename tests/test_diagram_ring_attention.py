@@ -6,6 +6,7 @@ from jax import lax
 
 from collectives._strategy_diagrams import ring_attention as diagram
 from collectives.recipes import ring_attention as ring_file
+from helpers import assert_draws_svg
 
 N = 8
 
@@ -87,10 +88,4 @@ def test_a_mutated_ring_shows_up(monkeypatch):
 
 
 def test_draw_writes_svg(record, tmp_path):
-    pytest.importorskip("matplotlib")
-    path = tmp_path / "ring_attention.svg"
-    diagram.draw(record, path)
-    svg = path.read_text()
-    assert svg.lstrip().startswith("<?xml") and "<svg" in svg
-    assert len(svg) > 10_000
-    assert diagram.CAPTION
+    assert_draws_svg(diagram, record, tmp_path)
