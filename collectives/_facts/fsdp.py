@@ -60,11 +60,6 @@ from collectives.hlo import Expectation
 from collectives.recipes import fsdp as file
 
 N_LAYERS = file.N_LAYERS
-SAVED = file.SAVED
-"""The ``checkpoint_name`` of a layer's pre-activation ``z = a @ w + b``."""
-REMAT_POLICY = file.POLICY
-"""Save only each layer's pre-activation (for the relu mask), so the backward
-pass gathers the weights again."""
 
 
 def fsdp_specs(data_axis, model_axis: str | None = None) -> dict[str, P]:

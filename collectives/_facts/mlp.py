@@ -54,8 +54,6 @@ from collectives._registry import register
 from collectives.hlo import Expectation
 from collectives.recipes import dp_tp_mlp as file
 
-PARAM_NAMES = file.PARAM_NAMES
-
 Params = dict[str, Any]
 
 
@@ -258,13 +256,6 @@ def term_norms(forward_backward: Callable[..., Any], params: Params, x, y, *,
                                    norms(x), norms(y))
     root = 1.0 / power
     return loss.value ** root, {name: g.value ** root for name, g in grads.items()}
-
-
-def mlp_term_norms(params: Params, x, y, *, power: int
-                   ) -> tuple[np.ndarray, Params]:
-    """:func:`term_norms` of ``recipes/dp_tp_mlp.py``'s forward and backward
-    pass (the oracle of ``dp_mlp`` and ``dp_tp_mlp``)."""
-    return term_norms(file.forward_backward, params, x, y, power=power)
 
 
 def magnitudes_of(forward_backward: Callable[..., Any]) -> Callable[..., Any]:

@@ -304,15 +304,17 @@ def generate(app: Sphinx) -> None:
     stale = {p.name for p in out.glob("*.md")} - {f"{p.stem}.md" for p in paths}
     for name in stale:
         (out / name).unlink()
-    diagrams = diagrams_by_file()
-    names = {path.stem: recipe_names for _, members in sections(paths)
-             for path, recipe_names in members}
     from collective_facts import strategy_diagram_files
 
     import collectives
 
-    families = {Path(recipe.recipe_file).stem: recipe.family
-                for recipe in collectives.RECIPES.values()}
+    diagrams = diagrams_by_file()
+    groups = sections(paths)
+    names = {path.stem: recipe_names for _, members in groups
+             for path, recipe_names in members}
+    # a file's recipes share its family (the gallery groups files by it)
+    families = {stem: collectives.RECIPES[found[0]].family
+                for stem, found in names.items() if found}
     strategy_diagrams = strategy_diagram_files()
     for path, run in runs.items():
         if run["returncode"] != 0 or "ok:" not in run["stdout"]:
@@ -332,7 +334,7 @@ def generate(app: Sphinx) -> None:
 
     thumbnails = {stem: draw(names[0], srcdir) for stem, names in diagrams.items()}
     _write_if_changed(out / "listing.inc",
-                      _listing(sections(paths), thumbnails, "_generated/gallery/"))
+                      _listing(groups, thumbnails, "_generated/gallery/"))
 
 
 _RECIPE_LINK = re.compile(r"\]\(\.\./recipes/([A-Za-z0-9_]+\.py)?\)")
