@@ -397,3 +397,28 @@ def test_launch_and_worker_share_one_definition_of_their_timeouts():
         want = getattr(WorkerOptions(), name)
         assert getattr(launch, name) == getattr(worker, name) == want, name
         assert signature[name].default == want, name
+
+
+@pytest.mark.multiprocess
+def test_blocks_that_are_not_one_box_load_device_by_device():
+    # FSDP x TP over ("i", "j") on 2 processes x 4 devices: process 0's devices
+    # hold blocks (0:1), (1:2), (4:5), (5:6) of a length-8 parameter, which no
+    # one slice covers; each device's block is loaded on its own.
+    result = distributed.launch(
+        ["check", "fsdp_tp_mlp", "--mesh", "4x2", "--axis", "i,j"],
+        num_processes=2, devices_per_process=4, echo="none")
+    assert result.ok, result.report()
+    for process in result.processes:
+        assert "1 agree, 0 disagree" in process.summary, process.output
+
+
+def test_process_slice_names_the_way_out_for_blocks_that_are_not_one_box():
+    # one process holding two separate blocks of a length-8 array, as a
+    # device subset of a process would
+    class Sharding:
+        def addressable_devices_indices_map(self, shape):
+            return {0: (slice(0, 1),), 1: (slice(4, 5),)}
+
+    with pytest.raises(ValueError,
+                       match=r"do not form one box.*make_array_from_callback"):
+        distributed.process_slice(Sharding(), (8,))

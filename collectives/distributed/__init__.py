@@ -16,8 +16,9 @@ on one machine (gloo collectives over 127.0.0.1) stand in for several hosts.
 * ``python -m collectives worker -- check`` (also ``run``, ``bench``,
   ``python SCRIPT``) runs in each rank a cluster starts (``srun``,
   ``mpirun``, a Kubernetes Indexed Job); see ``examples/cluster/``.
-* :func:`process_slice`, :func:`gather` and :func:`process_forms` run a
-  recipe's forms on process-local data and bring results to every process.
+* :func:`place`, :func:`process_slice`, :func:`gather` and
+  :func:`process_forms` run a recipe's forms on process-local data (any
+  sharding) and bring results to every process.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from collectives.distributed import _cluster
 from collectives.distributed import _worker
 from collectives.distributed._cluster import ClusterError
 from collectives.distributed._forms import gather
+from collectives.distributed._forms import place
 from collectives.distributed._forms import process_forms
 from collectives.distributed._forms import process_slice
 from collectives.distributed._launcher import launch
@@ -43,6 +45,7 @@ __all__ = [
     "gather",
     "initialize",
     "launch",
+    "place",
     "process_forms",
     "process_slice",
 ]

@@ -3,9 +3,9 @@
 In a multi-process JAX program each process feeds only the devices it owns.
 Here every form of a recipe runs on a mesh that spans all processes:
 
-* shard_map and jit: each process cuts its own part out of the global input
-  (:func:`process_slice`) and ``jax.make_array_from_process_local_data``
-  assembles the global ``jax.Array``;
+* shard_map and jit: each process hands JAX the blocks of its own devices
+  (:func:`place`, through ``jax.make_array_from_callback``), which assemble
+  the global ``jax.Array`` whatever the sharding;
 * pmap: each process passes the stacked rows of its own devices; the
   collectives still span every device of every process;
 * results come back to every process with ``multihost_utils.process_allgather``
@@ -80,8 +80,10 @@ def process_slice(sharding: jax.sharding.Sharding,
         raise ValueError(
             f"process {jax.process_index()}'s devices hold blocks {sorted(blocks)} "
             f"of an array of shape {shape}, which do not form one box, so the "
-            "process cannot load one contiguous slice. Fix: order the mesh so that "
-            "each process's devices are adjacent (jax.devices() order does that).")
+            "process cannot load one contiguous slice. Fix: load each device's "
+            "block (sharding.addressable_devices_indices_map(shape)) and build "
+            "the array with jax.make_array_from_callback, as "
+            "collectives.distributed.place does.")
     return tuple(slice(lo, hi) for lo, hi in box)
 
 
@@ -89,16 +91,39 @@ def _bounds(index: tuple[slice, ...], shape: tuple[int, ...]) -> list[tuple[int,
     return [s.indices(n)[:2] for s, n in zip(index, shape, strict=True)]
 
 
-def place(value: Any, sharding: NamedSharding) -> jax.Array:
-    """A global array from the part of ``value`` this process holds.
+def place(value: Any, sharding: jax.sharding.Sharding) -> jax.Array:
+    """A global array from the part of ``value`` this process's devices hold.
 
     ``value`` is the whole array (every process can build it, e.g. from one
-    seed); only ``value[process_slice(...)]`` is handed to JAX, as a process
-    that loaded its own part would.
+    seed); JAX is handed only the blocks of this process's devices, one per
+    device (``jax.make_array_from_callback``), as a process that loaded its
+    own part would. Any sharding works, including those whose blocks on one
+    process do not form one box (FSDP x TP over ``("i", "j")``, meshes whose
+    process order differs from the axis order), where
+    :func:`process_slice` has no answer.
+
+    Args:
+      value: the whole array, the same on every process.
+      sharding: how the global array is laid out over a mesh that may span
+        several processes.
+
+    Returns:
+      The global ``jax.Array``.
+
+    Examples:
+      >>> import jax
+      >>> import numpy as np
+      >>> import collectives as cx
+      >>> from collectives import distributed
+      >>> mesh = cx.make_mesh((4, 2), ("i", "j"))
+      >>> grid = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("j", "i"))
+      >>> x = distributed.place(np.arange(16.0).reshape(4, 4), grid)
+      >>> x.sharding.spec, float(x.sum())
+      (PartitionSpec('j', 'i'), 120.0)
     """
     host = _arrays.canonical(value)
-    local = host[process_slice(sharding, host.shape)]
-    return jax.make_array_from_process_local_data(sharding, local, host.shape)
+    return jax.make_array_from_callback(host.shape, sharding,
+                                        lambda index: host[index])
 
 
 def gather(tree: Any) -> Any:
