@@ -4,8 +4,8 @@ JAX's cluster auto-detection reads environment variables, so two processes on
 this machine with SLURM's (or Open MPI's) variables are a two-rank cluster
 job as far as JAX can tell. Each test starts its ranks in their own process
 groups and kills whatever is left at the end; `ranks` checks that nothing
-outlives the test. Tests marked ``slow`` (the full ``check``) run with
-``-m slow``.
+outlives the test. The real launchers, and every recipe across processes,
+are in tests/test_launchers.py.
 """
 
 import os
@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from collectives.distributed import _cluster
+from collectives.distributed import _watch
 from helpers import RECIPES_DIR
 from helpers import ROOT
 
@@ -159,17 +160,6 @@ def test_two_ranks_of_a_faked_cluster_pass_check(ranks, cluster, tmp_path):
         assert "0 disagree" in (logs / f"rank-{rank}.log").read_text()
 
 
-@pytest.mark.slow
-@pytest.mark.multiprocess
-@pytest.mark.parametrize("cluster", sorted(CLUSTERS))
-def test_every_recipe_under_a_faked_cluster(ranks, cluster, request):
-    if "slow" not in (request.config.getoption("markexpr") or ""):
-        pytest.skip("slow: run with -m slow")
-    (code0, out0), (code1, out1) = _run_job(ranks, cluster, ["check"], bound=900)
-    assert (code0, code1) == (0, 0), out0 + out1
-    assert "ok: all 2 ranks passed" in out0
-
-
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("rank", [0, 1])
 def test_a_lone_rank_fails_in_bounded_time_naming_the_variables(ranks, rank):
@@ -213,8 +203,11 @@ def test_a_killed_rank_fails_the_other_in_bounded_time(ranks, tmp_path):
         ranks, "ompi", ["python", str(script)], "--heartbeat-timeout", "10",
         "--collective-timeout", "30")
     assert code1 == -signal.SIGKILL
-    assert code0 != 0, out0
-    assert time.monotonic() - start < BOUND_SECONDS
+    # the peer watch, not JAX's heartbeat (10 s here, with a C++ stack trace)
+    assert code0 == _watch.EXIT_PEER_LOST, out0
+    assert re.search(r"error: rank 1 \(host .*, pid \d+\) ended without reporting "
+                     r"a result", out0), out0
+    assert time.monotonic() - start < 30 + 15  # (+ start-up)
 
 
 @pytest.mark.parametrize("env,fragment", [

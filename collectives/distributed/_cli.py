@@ -96,6 +96,11 @@ def add_worker_command(sub: Any) -> None:
                         "--num-processes and --process-id)")
     p.add_argument("--num-processes", type=int, metavar="N")
     p.add_argument("--process-id", type=int, metavar="I")
+    p.add_argument("--on-sigterm", choices=("stop", "jax"), default="stop",
+                   help="stop: end the rank at once on SIGTERM, naming the "
+                        "signal (default); jax: leave SIGTERM to JAX's "
+                        "preemption notifier, for a script that checkpoints at "
+                        "multihost_utils.reached_preemption_sync_point(step)")
     p.add_argument("target", nargs=argparse.REMAINDER,
                    help="after --: check [NAMES] [...], run NAME, bench [...], or "
                         "python SCRIPT.py [ARGS]")
@@ -115,5 +120,5 @@ def run_worker_command(args: argparse.Namespace) -> int:
         heartbeat_timeout=args.heartbeat_timeout,
         collective_timeout=args.collective_timeout, timeout=args.timeout,
         coordinator=args.coordinator, num_processes=args.num_processes,
-        process_id=args.process_id)
+        process_id=args.process_id, on_sigterm=args.on_sigterm)
     return _worker.main(target, options)

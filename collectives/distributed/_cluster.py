@@ -121,6 +121,20 @@ class Plan:
         """Whether every process runs on this machine (a loopback coordinator)."""
         return self.coordinator.rsplit(":", 1)[0] in LOOPBACK_HOSTS
 
+    def watch_address(self) -> str:
+        """Where rank 0 listens for the other ranks' watch connections: its
+        own address as the coordinator's host name resolves (127.0.0.1 for a
+        loopback coordinator)."""
+        if self.loopback:
+            return "127.0.0.1"
+        import socket
+
+        host = self.coordinator.rsplit(":", 1)[0].strip("[]")
+        try:
+            return socket.gethostbyname(host)
+        except OSError:
+            return host
+
     def where(self) -> str:
         return (f"rank {self.process_id} of {self.num_processes} "
                 f"({self.source}: {describe(self.variables)}), coordinator "

@@ -139,6 +139,9 @@ def _describe_exit(code: int) -> str:
             return f"was killed by signal {signal.Signals(-code).name}"
         except ValueError:
             return f"was killed by signal {-code}"
+    if code == 128 + signal.SIGTERM or code == 128 + signal.SIGINT:
+        # the worker's own handler: it says which signal, and stops at once
+        return f"was stopped by {signal.Signals(code - 128).name} (exit {code})"
     return f"exited with code {code}"
 
 
@@ -285,7 +288,8 @@ class _Launch:
             record = w.result()
             if kind == "startup" and not w.has("ready"):
                 status = "not connected" if w.has("started") else "not started"
-            elif w.stopped and (code is None or code < 0):
+            elif w.stopped and (code is None or code < 0
+                                or code == 128 + signal.SIGTERM):
                 status = "timed out" if kind == "timeout" else "stopped"
             else:
                 status = "ok" if code == 0 and w.has("ready") else "failed"

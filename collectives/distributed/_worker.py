@@ -38,6 +38,7 @@ from typing import Any
 
 from collectives.distributed import _cluster
 from collectives.distributed import _ranks
+from collectives.distributed import _watch
 
 PREFIX = "COLLECTIVES_"
 
@@ -206,6 +207,10 @@ class WorkerOptions:
       coordinator: ``HOST:PORT`` of rank 0, when no cluster is detected.
       num_processes: the number of ranks, with ``coordinator``.
       process_id: this rank, with ``coordinator``.
+      on_sigterm: ``"stop"`` ends the rank at once on SIGTERM, naming the
+        signal; ``"jax"`` leaves SIGTERM to JAX's preemption notifier, for a
+        script that checkpoints at
+        ``multihost_utils.reached_preemption_sync_point(step)`` and exits.
     """
 
     cpu_devices: int | None = None
@@ -217,6 +222,7 @@ class WorkerOptions:
     coordinator: str | None = None
     num_processes: int | None = None
     process_id: int | None = None
+    on_sigterm: str = "stop"
 
 
 class _Tee:
@@ -279,11 +285,14 @@ def _run_target(argv: Sequence[str]) -> tuple[int, str, str]:
 
 
 def _run_and_report(argv: Sequence[str], rank: int, num_processes: int,
-                    settings: WorkerEnv | None, wait: float) -> int:
+                    settings: WorkerEnv | None, wait: float,
+                    watch: _watch.PeerWatch | None = None) -> int:
     """Run the target, share the result with every rank; the exit code."""
     start = time.time()
     code, summary, error = _run_target(argv)
     ended = time.time()
+    if watch is not None:
+        watch.in_target = False
     mine = _ranks.RankResult(rank=rank, code=code, summary=summary, error=error,
                              seconds=ended - start, host=socket.gethostname())
     if settings is not None:
@@ -293,13 +302,18 @@ def _run_and_report(argv: Sequence[str], rank: int, num_processes: int,
             json.dumps(record))
     if code != 0:
         _ranks.publish("result", rank, dataclasses.asdict(mine))
+        if watch is not None:
+            watch.end(code)
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)  # no shutdown barrier: the peers may be stuck on us
     results = _ranks.share_result(mine, num_processes, wait)
     if rank == 0 and num_processes > 1 and settings is None:
         print(_ranks.table(results, wait), flush=True)  # (launch prints its own)
-    if any(r.status != "ok" for r in results):
+    passed = all(r.status == "ok" for r in results)
+    if watch is not None:
+        watch.end(0 if passed else 1)
+    if not passed:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(1)  # a peer failed: it will not reach the shutdown barrier
@@ -319,6 +333,7 @@ def main(argv: Sequence[str] | None = None,
         _watch_launcher(settings.launcher_pid)
         settings.marker("started").touch()
         join(settings)
+        _watch.stop_on_signals(settings.process_id, time.monotonic())
         settings.marker("ready").touch()
         return _run_and_report(argv, settings.process_id, settings.num_processes,
                                settings, wait=3600.0)
@@ -351,8 +366,15 @@ def _main_in_cluster(argv: Sequence[str], options: WorkerOptions) -> int:
     _cluster.join(target, startup_timeout=options.startup_timeout,
                   heartbeat_timeout=options.heartbeat_timeout,
                   shutdown_timeout=max(10, options.heartbeat_timeout))
+    watch = _watch.PeerWatch(target.process_id, target.num_processes,
+                             target.watch_address(), options.startup_timeout)
+    watch.start()
+    _watch.stop_on_signals(
+        target.process_id, time.monotonic(), before_exit=watch.signalled,
+        signals=_watch.STOP_SIGNALS if options.on_sigterm == "stop"
+        else (signal.SIGINT,))
     return _run_and_report(argv, target.process_id, target.num_processes, None,
-                           wait=max(1.0, deadline - time.monotonic()))
+                           wait=max(1.0, deadline - time.monotonic()), watch=watch)
 
 
 def _simulate_cpu_devices(n: int, collective_timeout: int) -> None:

@@ -1,0 +1,321 @@
+"""Every recipe and every fault under real launchers: `launch`, Open MPI's
+`mpirun` and SLURM's `srun`, on 127.0.0.1.
+
+Tests marked ``launchers`` run with ``-m launchers``; CI runs them inside a
+single-node SLURM (``bash tools/local_slurm.sh -- python -m pytest -m
+launchers``), where `mpirun` and `srun` exist. Elsewhere a test whose
+launcher is missing skips, unless ``COLLECTIVES_REQUIRE_LAUNCHERS=1`` (CI)
+makes that a failure. The SIGTERM and SIGKILL tests under `launch` need no
+cluster and run in the default suite.
+
+Each test tags the processes it starts (an environment variable every
+launcher passes on) and counts them before and after: none may be left.
+"""
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from collectives._registry import RECIPES
+from collectives.distributed import _cluster
+from collectives.distributed import _watch
+from helpers import ROOT
+
+REQUIRED = os.environ.get("COLLECTIVES_REQUIRE_LAUNCHERS") == "1"
+TAG = "COLLECTIVES_TEST_TAG"
+MPI_LOOPBACK = ["--mca", "oob_tcp_if_include", "lo", "--mca", "btl", "self,vader"]
+KILL_BOUND = 30  # a SIGKILLed rank must fail the job within this (seconds)
+TERM_BOUND = 10  # a SIGTERMed rank must stop within this
+RANK_VARIABLE = {"launch": "COLLECTIVES_PROCESS_ID", "mpirun": "OMPI_COMM_WORLD_RANK",
+                 "srun": "SLURM_PROCID"}
+
+
+def _selected(request):
+    if "launchers" not in (request.config.getoption("markexpr") or ""):
+        pytest.skip("runs with -m launchers (CI: inside tools/local_slurm.sh)")
+
+
+def _srun_works():
+    if not shutil.which("srun") or not shutil.which("sinfo"):
+        return "srun is not installed (Debian: apt-get install slurm-wlm munge)"
+    try:
+        state = subprocess.run(["sinfo", "-h", "-o", "%t"], capture_output=True,
+                               text=True, timeout=15)
+    except subprocess.TimeoutExpired:
+        return "sinfo did not answer in 15 s"
+    if "idle" not in state.stdout and "mix" not in state.stdout:
+        return ("no SLURM node is up (run the tests inside `bash "
+                f"tools/local_slurm.sh -- ...`): {state.stderr.strip()[:200]}")
+    return None
+
+
+def _mpirun_works():
+    if not shutil.which("mpirun"):
+        return "mpirun is not installed (Debian: apt-get install openmpi-bin)"
+    return None
+
+
+MISSING = {"launch": lambda: None, "mpirun": _mpirun_works, "srun": _srun_works}
+
+
+def _need(launcher):
+    why = MISSING[launcher]()
+    if why:
+        if REQUIRED:
+            pytest.fail(f"COLLECTIVES_REQUIRE_LAUNCHERS=1, but {launcher}: {why}")
+        pytest.skip(f"{launcher}: {why}")
+
+
+def command(launcher, n, devices, target, *worker_options):
+    """The command line that starts ``n`` ranks of ``devices`` CPU devices."""
+    python = [sys.executable, "-m", "collectives"]
+    if launcher == "launch":
+        return [*python, "launch", "-n", str(n), "--devices-per-process",
+                str(devices), *worker_options, "--", *target]
+    worker = [*python, "worker", "--cpu-devices", str(devices), *worker_options,
+              "--", *target]
+    if launcher == "mpirun":
+        root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+        return ["mpirun", *root, "--oversubscribe", "-np", str(n), *MPI_LOOPBACK,
+                *worker]
+    return ["srun", "-n", str(n), "--kill-on-bad-exit=1", *worker]
+
+
+def _env(tag):
+    env = {name: value for name, value in os.environ.items()
+           if name not in _cluster.CLUSTER_VARIABLES}
+    for name in ("JAX_NUM_CPU_DEVICES", "PYTEST_XDIST_WORKER", "XLA_FLAGS"):
+        env.pop(name, None)
+    env.update({TAG: tag, "PYTHONUNBUFFERED": "1", "JAX_PLATFORMS": "cpu",
+                "PYTHONPATH": os.pathsep.join(
+                    p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)})
+    return env
+
+
+def tagged(tag):
+    """Live processes whose environment carries ``tag``."""
+    found = []
+    needle = f"{TAG}={tag}".encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if needle not in (entry / "environ").read_bytes().split(b"\0"):
+                continue
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        if stat[stat.rindex(")") + 2] != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+class Job:
+    """One launcher run, its processes tagged; whatever is left is killed."""
+
+    def __init__(self, argv, tmp_path):
+        self.tag = uuid.uuid4().hex
+        assert tagged(self.tag) == []
+        self.out = open(tmp_path / "job.out", "w+")  # noqa: SIM115 (closed in close)
+        self.proc = subprocess.Popen(argv, env=_env(self.tag), stdout=self.out,
+                                     stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, cwd=ROOT,
+                                     start_new_session=True)
+
+    def wait(self, bound):
+        """(exit code, output); fails the test past ``bound`` seconds."""
+        try:
+            code = self.proc.wait(timeout=bound)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the job was still running after {bound} s:\n"
+                        f"{self.output()[-3000:]}")
+        return code, self.output()
+
+    def output(self):
+        self.out.seek(0)
+        return self.out.read()
+
+    def close(self):
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+        deadline = time.monotonic() + 15
+        while tagged(self.tag) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        left = tagged(self.tag)
+        for pid in left:
+            os.kill(pid, signal.SIGKILL)
+        self.out.close()
+        assert not left, f"processes {left} outlived the job"
+
+
+@pytest.fixture
+def job(tmp_path):
+    jobs = []
+
+    def start(argv):
+        jobs.append(Job(argv, tmp_path))
+        return jobs[-1]
+    yield start
+    for started in jobs:
+        started.close()
+
+
+# -- every recipe, every row, across processes ---------------------------------
+
+def _assert_every_recipe_agrees(out, ranks):
+    summaries = re.findall(r"(\d+) agree, (\d+) disagree", out)
+    assert summaries and all(bad == "0" for _, bad in summaries), out[-3000:]
+    assert "skipped" not in out.split("recipe ")[-1], out[-3000:]
+    for name in RECIPES:
+        assert re.search(rf"^(\[p0\] )?{name} ", out, re.M), f"{name} did not run"
+    if ranks:
+        assert f"ok: all {ranks} ranks passed" in out, out[-3000:]
+
+
+@pytest.mark.launchers
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("launcher,n,devices", [
+    ("launch", 2, 4), ("launch", 4, 2), ("mpirun", 2, 4), ("srun", 2, 4)])
+def test_every_recipe_agrees_across_processes(request, job, launcher, n, devices):
+    _selected(request)
+    _need(launcher)
+    code, out = job(command(launcher, n, devices, ["check"])).wait(900)
+    assert code == 0, out[-5000:]
+    _assert_every_recipe_agrees(out, None if launcher == "launch" else n)
+    if launcher == "launch":
+        assert f"ok: {n} processes x {devices} devices finished" in out
+
+
+@pytest.mark.launchers
+@pytest.mark.multiprocess
+def test_mpirun_with_one_rank_runs_as_one_process(request, job):
+    _selected(request)
+    _need("mpirun")
+    code, out = job(command("mpirun", 1, 8, ["check", "psum", "fsdp_tp_mlp"])
+                    ).wait(300)
+    assert code == 0, out
+    assert "rank 0 of 1 (ompi:" in out
+    assert re.search(r"\d+ agree, 0 disagree", out), out
+
+
+@pytest.mark.launchers
+@pytest.mark.multiprocess
+def test_salloc_without_srun_fails_naming_the_variables(request, job):
+    _selected(request)
+    _need("srun")
+    worker = [sys.executable, "-m", "collectives", "worker", "--cpu-devices", "4",
+              "--", "check", "psum"]
+    code, out = job(["salloc", "-n", "2", *worker]).wait(120)
+    assert code == _cluster.EXIT_NOT_JOINED, out
+    assert "SLURM_NTASKS=2" in out and "under SLURM start the ranks with `srun`" in (
+        out.replace("\n", " "))
+
+
+@pytest.mark.launchers
+@pytest.mark.multiprocess
+def test_the_bench_runs_under_mpirun_with_4_mib_scatter_chunks(request, job):
+    _selected(request)
+    _need("mpirun")
+    code, out = job(command("mpirun", 2, 4, [
+        "bench", "-b", "4M", "-e", "4M", "-c", "psum_scatter", "psum", "-r", "2",
+        "--scatter-chunk", "4M", "--scatter-iters", "20"])).wait(600)
+    assert code == 0, out[-4000:]
+    for collective in ("psum_scatter", "psum"):
+        rows = re.findall(rf"^ +{collective} +(\w+) +4194304 .* (\d+)/(\d+)$", out,
+                          re.M)
+        assert {form for form, *_ in rows} >= {"shard_map", "jit"}, out[-4000:]
+        assert all((a, b) == ("0", "0") for _, a, b in rows), out[-4000:]
+    assert re.search(r"psum_scatter stress .* 4194304 B per chunk, 20 checked "
+                     r"repetitions on 8 devices; #wrong per rank: 0/0", out), out
+    assert "ok: all 2 ranks passed" in out
+
+
+# -- faults ----------------------------------------------------------------------
+
+LOOP = textwrap.dedent("""
+    import os, sys, time
+    import jax
+    from jax.experimental import multihost_utils
+    path = os.path.join(sys.argv[1], f"pid-{jax.process_index()}")
+    with open(path + ".tmp", "w") as f:
+        f.write(str(os.getpid()))
+    os.rename(path + ".tmp", path)
+    while True:  # in and out of collectives until a rank is stopped
+        multihost_utils.sync_global_devices("tick")
+        time.sleep(0.01)
+""")
+
+
+def _signal_rank(tmp_path, job, launcher, signum, rank=1):
+    """Start a job of 2 ranks looping over collectives, send ``signum`` to
+    ``rank`` from outside (as a scheduler would); (seconds to the job's end,
+    exit code, output)."""
+    script = tmp_path / "loop.py"
+    script.write_text(LOOP)
+    started = job(command(launcher, 2, 2, ["python", str(script), str(tmp_path)],
+                          "--timeout", "300"))
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not all(
+            (tmp_path / f"pid-{r}").exists() for r in range(2)):
+        assert started.proc.poll() is None, started.output()
+        time.sleep(0.2)
+    assert all((tmp_path / f"pid-{r}").exists() for r in range(2)), started.output()
+    time.sleep(1.0)  # well inside the loop
+    pid = int((tmp_path / f"pid-{rank}").read_text())
+    environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    assert f"{RANK_VARIABLE[launcher]}={rank}".encode() in environ
+    os.kill(pid, signum)
+    sent = time.monotonic()
+    code, out = started.wait(120)
+    return time.monotonic() - sent, code, out, pid
+
+
+LAUNCHERS = ["launch", pytest.param("mpirun", marks=pytest.mark.launchers),
+             pytest.param("srun", marks=pytest.mark.launchers)]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_a_killed_rank_fails_the_job_naming_it(request, tmp_path, job, launcher):
+    if launcher != "launch":
+        _selected(request)
+    _need(launcher)
+    seconds, code, out, pid = _signal_rank(tmp_path, job, launcher, signal.SIGKILL)
+    assert seconds < KILL_BOUND, out
+    assert code != 0, out
+    if launcher == "launch":
+        assert f"launch failed: process 1 (pid {pid}) was killed by signal SIGKILL" in (
+            out), out
+    else:
+        assert (f"error: rank 1 (host {os.uname().nodename}, pid {pid}) ended "
+                "without reporting a result") in out, out
+        assert f"(exit {_watch.EXIT_PEER_LOST})" in out
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_a_sigtermed_rank_stops_at_once_naming_the_signal(request, tmp_path, job,
+                                                          launcher):
+    if launcher != "launch":
+        _selected(request)
+    _need(launcher)
+    seconds, code, out, pid = _signal_rank(tmp_path, job, launcher, signal.SIGTERM)
+    assert seconds < TERM_BOUND, out
+    assert code != 0, out
+    assert "error: rank 1 was stopped by SIGTERM after" in out, out
+    if launcher == "launch":
+        assert (f"launch failed: process 1 (pid {pid}) was stopped by SIGTERM "
+                "(exit 143)") in out, out
+    else:
+        assert f"rank 1 (host {os.uname().nodename}, pid {pid}) was stopped by " \
+               "SIGTERM. Rank 0 stops too" in out, out
