@@ -373,3 +373,40 @@ def test_every_rank_times_the_same_number_of_calls():
                                    lambda got: [median_interval(got["t"])],
                                    stopping, clock=lambda: 0.0)
     assert len(samples["t"]) == 3
+
+
+PREEMPTED = textwrap.dedent("""
+    import os, sys, time
+    import jax
+    from jax.experimental import multihost_utils
+    with open(os.path.join(sys.argv[1], f"pid-{jax.process_index()}"), "w") as f:
+        f.write(str(os.getpid()))
+    step = 0
+    while not multihost_utils.reached_preemption_sync_point(step):
+        multihost_utils.sync_global_devices("step")
+        step += 1
+        time.sleep(0.01)
+    print(f"rank {jax.process_index()}: checkpoint at step {step}", flush=True)
+""")
+
+
+@pytest.mark.multiprocess
+def test_on_sigterm_jax_lets_every_rank_checkpoint_at_one_step(ranks, tmp_path):
+    # What a training script that saves on preemption needs: SIGTERM to one
+    # rank, and every rank reaches the same sync point, saves and exits 0.
+    script = tmp_path / "preempted.py"
+    script.write_text(PREEMPTED)
+    port = _free_port()
+    procs = [ranks.start(ompi_env(rank, 2, port), "--cpu-devices", "2",
+                         "--on-sigterm", "jax", "--", "python", str(script),
+                         str(tmp_path), rank=rank) for rank in range(2)]
+    deadline = time.monotonic() + BOUND_SECONDS
+    while not (tmp_path / "pid-1").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(1.0)
+    os.kill(int((tmp_path / "pid-1").read_text()), signal.SIGTERM)
+    (code0, out0), (code1, out1) = [ranks.wait(proc, 60) for proc in procs]
+    assert (code0, code1) == (0, 0), out0 + out1
+    steps = [re.search(r"rank \d: checkpoint at step (\d+)", out).group(1)
+             for out in (out0, out1)]
+    assert steps[0] == steps[1], out0 + out1
