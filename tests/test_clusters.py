@@ -341,7 +341,8 @@ def test_templates_use_options_the_worker_has(path):
     match = re.search(r"python -m collectives worker (.*?)-- (check|bench|run)\b",
                       text)
     assert match, f"{path.name} runs no `collectives worker`"
-    options = shlex.split(re.sub(r"\$\{?\w+\}?", "1", match.group(1)))
+    options = re.sub(r"\$\{\w+:\+([^}]*)\}", r"\1", match.group(1))  # ${V:+alt}
+    options = shlex.split(re.sub(r"\$\{?\w+\}?", "1", options))
     args = _cli.build_parser().parse_args(["worker", *options, "--",
                                            match.group(2)])
     assert args.func.__name__ == "run_worker_command"

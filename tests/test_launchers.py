@@ -122,11 +122,12 @@ def tagged(tag):
 class Job:
     """One launcher run, its processes tagged; whatever is left is killed."""
 
-    def __init__(self, argv, tmp_path):
+    def __init__(self, argv, tmp_path, env=None):
         self.tag = uuid.uuid4().hex
         assert tagged(self.tag) == []
         self.out = open(tmp_path / "job.out", "w+")  # noqa: SIM115 (closed in close)
-        self.proc = subprocess.Popen(argv, env=_env(self.tag), stdout=self.out,
+        self.proc = subprocess.Popen(argv, env={**_env(self.tag), **(env or {})},
+                                     stdout=self.out,
                                      stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, cwd=ROOT,
                                      start_new_session=True)
@@ -162,8 +163,8 @@ class Job:
 def job(tmp_path):
     jobs = []
 
-    def start(argv):
-        jobs.append(Job(argv, tmp_path))
+    def start(argv, env=None):
+        jobs.append(Job(argv, tmp_path, env))
         return jobs[-1]
     yield start
     for started in jobs:
@@ -172,28 +173,98 @@ def job(tmp_path):
 
 # -- every recipe, every row, across processes ---------------------------------
 
-def _assert_every_recipe_agrees(out, ranks):
+# A row of the table `launch` prints (process, pid, ...) or rank 0 of
+# `worker` prints (rank, host, ...), as run or as shown in the docs.
+ROW = re.compile(r"^[#\s]*(?:\[p0\] )?(\d+) +(\S+) +(ok|failed|missing|stopped) "
+                 r"+(-|-?\d+) +[\d.]+ +(.+?) *$", re.M)
+DOCS = ROOT / "docs" / "multi_process.md"
+TEMPLATES = ROOT / "examples" / "cluster"
+
+
+def table(text):
+    """(index, status, exit code, summary) of each row, and the closing line."""
+    rows = [(index, status, code, summary)
+            for index, _, status, code, summary in ROW.findall(text)]
+    closing = re.findall(r"^[#\s]*((?:ok|FAILED|launch failed): .*?) *$", text, re.M)
+    return rows, closing[-1] if closing else None
+
+
+def shown(path, after):
+    """The table ``path`` shows after the text ``after``."""
+    text = path.read_text()
+    assert after in text, f"{path.name} no longer says {after!r}"
+    rest = text[text.index(after):]
+    end = re.search(r"^[#\s]*(ok|FAILED): .*$", rest, re.M)
+    return table(rest[:end.end()])
+
+
+def _assert_documented(out, path, after):
+    """What ran is what ``path`` shows (the pid, host and seconds aside)."""
+    ran = table(out)
+    assert ran == shown(path, after), (
+        f"{path.relative_to(ROOT)} shows another table than this run printed; "
+        f"update it (after {after!r}) to the run's:\n" + "\n".join(
+            line for line in out.splitlines()
+            if ROW.match(line) or line.startswith(("ok:", "FAILED:"))))
+
+
+def _assert_every_recipe_agrees(out):
     summaries = re.findall(r"(\d+) agree, (\d+) disagree", out)
     assert summaries and all(bad == "0" for _, bad in summaries), out[-3000:]
     assert "skipped" not in out.split("recipe ")[-1], out[-3000:]
     for name in RECIPES:
         assert re.search(rf"^(\[p0\] )?{name} ", out, re.M), f"{name} did not run"
-    if ranks:
-        assert f"ok: all {ranks} ranks passed" in out, out[-3000:]
 
 
 @pytest.mark.launchers
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("launcher,n,devices", [
-    ("launch", 2, 4), ("launch", 4, 2), ("mpirun", 2, 4), ("srun", 2, 4)])
-def test_every_recipe_agrees_across_processes(request, job, launcher, n, devices):
+@pytest.mark.parametrize("n,devices", [(2, 4), (4, 2)])
+def test_every_recipe_agrees_under_launch(request, job, n, devices):
+    _selected(request)
+    code, out = job(command("launch", n, devices, ["check"])).wait(900)
+    assert code == 0, out[-5000:]
+    _assert_every_recipe_agrees(out)
+    assert f"ok: {n} processes x {devices} devices finished" in out
+    if (n, devices) == (2, 4):
+        _assert_documented(out, DOCS, "at the end the launcher prints one line")
+
+
+def _run_template(launcher, job, tmp_path):
+    """Start examples/cluster's template for ``launcher`` on this machine, as
+    each template says, with 2 ranks x 4 CPU devices."""
+    env = {"PATH": os.pathsep.join([str(Path(sys.executable).parent),
+                                    os.environ["PATH"]])}
+    if launcher == "mpirun":
+        env.update(NP="2", HOSTS="localhost:2", IFACE="lo", CPU_DEVICES="4",
+                   LOG_DIR=str(tmp_path / "logs"))
+        if os.geteuid() == 0:
+            env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+        started = job(["bash", str(TEMPLATES / "mpirun.sh")], env)
+        code, out = started.wait(900)
+        return code, out
+    output = tmp_path / "slurm.out"
+    started = job(["sbatch", "--wait", "--nodes=1", "--ntasks-per-node=2",
+                   "--export=ALL,CPU_DEVICES=4", f"--chdir={tmp_path}",
+                   f"--output={output}", str(TEMPLATES / "slurm.sbatch")], env)
+    code, out = started.wait(900)
+    return code, out + (output.read_text() if output.exists() else "")
+
+
+@pytest.mark.launchers
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("launcher,template", [("mpirun", "mpirun.sh"),
+                                               ("srun", "slurm.sbatch")])
+def test_the_cluster_templates_run_every_recipe(request, job, tmp_path, launcher,
+                                                template):
     _selected(request)
     _need(launcher)
-    code, out = job(command(launcher, n, devices, ["check"])).wait(900)
+    code, out = _run_template(launcher, job, tmp_path)
     assert code == 0, out[-5000:]
-    _assert_every_recipe_agrees(out, None if launcher == "launch" else n)
-    if launcher == "launch":
-        assert f"ok: {n} processes x {devices} devices finished" in out
+    _assert_every_recipe_agrees(out)
+    assert "ok: all 2 ranks passed" in out, out[-3000:]
+    _assert_documented(out, TEMPLATES / template, "Expected output")
+    if launcher == "srun":
+        _assert_documented(out, DOCS, "rank 0 prints one table")
 
 
 @pytest.mark.launchers
@@ -319,3 +390,13 @@ def test_a_sigtermed_rank_stops_at_once_naming_the_signal(request, tmp_path, job
     else:
         assert f"rank 1 (host {os.uname().nodename}, pid {pid}) was stopped by " \
                "SIGTERM. Rank 0 stops too" in out, out
+
+
+def test_every_documented_worker_table_is_the_one_ci_runs():
+    # CI runs the Open MPI and SLURM templates and checks their tables; the
+    # Kubernetes template (no cluster here) and the guide must show the same.
+    checked = shown(TEMPLATES / "mpirun.sh", "Expected output")
+    assert checked == shown(TEMPLATES / "slurm.sbatch", "Expected output")
+    assert checked == shown(TEMPLATES / "k8s-indexed-job.yaml", "Expected")
+    assert checked == shown(DOCS, "rank 0 prints one table")
+    assert checked[1] == "ok: all 2 ranks passed"
