@@ -177,7 +177,7 @@ def build_wheel(out: Path) -> str:
     code, _, err, _ = _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
                             "-w", str(out), str(ROOT)], env=_python_env(),
                            timeout=TIMEOUTS["install"])
-    wheels = sorted(out.glob("collectives-*.whl"))
+    wheels = sorted(out.glob("jax_collectives-*.whl"))
     if code != 0 or not wheels:
         raise SystemExit(f"building the wheel failed: {_first_line(err)}")
     return str(wheels[-1])
