@@ -11,17 +11,22 @@
 #   bash tools/local_slurm.sh -- srun -n 2 --kill-on-bad-exit=1 \
 #       python -m collectives worker --cpu-devices 4 -- check psum
 #   bash tools/local_slurm.sh -- sbatch --wait --nodes=1 --ntasks-per-node=2 \
-#       --output=slurm-%j.out examples/cluster/slurm.sbatch
+#       --export=ALL,CPU_DEVICES=4 examples/cluster/slurm.sbatch
 #   bash tools/local_slurm.sh -- sinfo
 #
 # It starts munged, slurmctld and slurmd with everything (munge key and
 # socket, slurm.conf, state, spool, logs, pid files) in a fresh `mktemp -d`
 # directory, waits (at most 30 s) for the node to be idle, runs COMMAND with
 # SLURM_CONF pointing at that slurm.conf (slurm.conf names the munge socket,
-# so srun/salloc/sbatch/squeue/sinfo/scancel find this cluster), and at the
+# so srun/salloc/sbatch/squeue/sinfo/scancel find this cluster; any other
+# SLURM_* variables, e.g. of an outer job, are unset), and at the
 # end -- also on failure, Ctrl-C or SIGTERM -- cancels the jobs, stops every
 # daemon it started by its pid, and removes the directory. The exit status is
-# COMMAND's (124 if --timeout ran out, 130/143 on Ctrl-C/SIGTERM).
+# COMMAND's (124 if --timeout ran out, 130/143/129 on Ctrl-C/SIGTERM/SIGHUP),
+# or 1 if the cluster did not start (with the tail of each daemon's log).
+# LOCAL_SLURM_KEEP=1 keeps the directory (logs, slurm.conf) when COMMAND
+# fails. Start-up takes about 1-2 s, tear-down about 1.5 s (up to KillWait=5 s
+# more when jobs have to be cancelled).
 #
 # Requirements: SLURM and MUNGE daemons and clients. Debian/Ubuntu:
 #   apt-get install slurm-wlm munge
@@ -34,18 +39,20 @@
 # and srun's ports; the node is NodeName=localhost NodeAddr=127.0.0.1). SLURM
 # binds its listening sockets to the address the machine's hostname
 # resolves to (CommunicationParameters=NoInAddrAny,NoCtldInAddrAny), so:
-# - hostname resolves to 127.0.0.1 (or 127.0.1.1, Debian's default): used as is;
-# - otherwise, as root with `unshare` allowed: the script reruns itself in a
+# - hostname resolves to 127.0.0.1: used as is;
+# - otherwise (a LAN address, or Debian's 127.0.1.1, which breaks srun: the
+#   step connects back to srun at 127.0.0.1, where srun does not listen),
+#   as root where `unshare` is allowed: the script reruns itself in a
 #   private UTS namespace whose hostname is `localhost` (COMMAND sees that
 #   hostname too);
-# - otherwise (e.g. non-root, or a container without CAP_SYS_ADMIN, whose
-#   hostname is its LAN address): the daemons listen on all addresses,
-#   still talking over 127.0.0.1, and the script says so.
+# - otherwise (non-root, or a container without CAP_SYS_ADMIN): the daemons
+#   listen on all addresses, still talking over 127.0.0.1, and the script
+#   says so.
 #
 # Users: all daemons run as the current user (SlurmUser = SlurmdUser = you).
-# As root that is the usual setup. As a non-root user slurmd cannot switch
-# users, so only your own jobs run, which is all this needs; the SLURM
-# docs call a non-root slurmd a test setup only.
+# As root that is the usual setup. As a non-root user it works too (tested as
+# `nobody`: sinfo, srun, sbatch): slurmd then cannot switch users, so only
+# your own jobs run, which is all this is for.
 #
 # --cpus N: CPUs the node advertises (default max(4, nproc), so a 4-task job
 # fits on a 2-core machine; SlurmdParameters=config_overrides keeps a node
@@ -87,6 +94,9 @@ for tool in munged slurmctld slurmd sinfo squeue scancel timeout; do
         exit 2
     fi
 done
+# A clean slate: an outer job's SLURM_JOB_ID & co. (e.g. when this runs
+# inside a real allocation) would make srun look for that job here.
+while read -r v; do unset "$v"; done < <(compgen -e | grep '^SLURM_')
 # The daemons live in /usr/sbin, which a non-root PATH often lacks.
 case ":$PATH:" in *:/usr/sbin:*) ;; *) PATH="$PATH:/usr/sbin" ;; esac
 
@@ -106,7 +116,8 @@ log_tails() {
         [ -s "$f" ] || f="${f%.log}.out"
         [ -s "$f" ] || continue
         echo "----- tail of $f -----" >&2
-        tail -n 25 "$f" >&2
+        # (without the fresh state directory's expected complaints)
+        grep -v -e 'state file' -e 'Trying backup state' "$f" | tail -n 20 >&2
     done
 }
 
@@ -129,8 +140,8 @@ stop_pid() {
 }
 
 # slurmstepd processes belonging to this cluster: slurmd starts one per job
-# step, and it outlives slurmd. They are found by the step sockets they keep
-# open in our spool directory.
+# step, and they outlive slurmd. They are found by the log file in our
+# directory that they keep open (slurmd's, inherited).
 our_stepds() {
     local p
     for p in /proc/[0-9]*; do
@@ -141,36 +152,55 @@ our_stepds() {
     done
 }
 
+# The pids of every descendant of the given pids (the tasks of a step).
+descendants() {
+    ps -e -o pid= -o ppid= 2>/dev/null | awk -v roots="$*" '
+        BEGIN { n = split(roots, r, " "); for (i = 1; i <= n; i++) keep[r[i]] = 1 }
+        { parent[$1] = $2 }
+        END {
+            do {
+                grew = 0
+                for (p in parent)
+                    if (!(p in keep) && (parent[p] in keep)) { keep[p] = 2; grew = 1 }
+            } while (grew)
+            for (p in keep) if (keep[p] == 2) print p
+        }'
+}
+
 cleanup() {
-    local rc=$? i pids p
+    local rc=$? i p stepds deadline
     [ "$cleaned" = 1 ] && return
     cleaned=1
-    trap '' INT TERM
+    trap '' INT TERM HUP
     if [ -n "$cmd_pid" ] && kill -0 "$cmd_pid" 2>/dev/null; then
         say "stopping COMMAND (pid $cmd_pid)"
         stop_pid "$cmd_pid" 10
     fi
-    if [ -n "$ctld_pid" ] && kill -0 "$ctld_pid" 2>/dev/null; then
-        # Cancel whatever COMMAND left queued or running, and give the
-        # steps KillWait to end.
-        if [ -n "$(timeout 10 squeue -h -o %i 2>/dev/null)" ]; then
-            timeout 10 scancel --full --quiet --user="$(id -un)" 2>/dev/null
-            for ((i = 0; i < 150; i++)); do
-                [ -z "$(timeout 5 squeue -h -o %i 2>/dev/null)" ] && break
-                sleep 0.1
-            done
-        fi
-    fi
-    if [ -n "$dir" ]; then
-        for ((i = 0; i < 100; i++)); do
-            pids=$(our_stepds)
-            [ -z "$pids" ] && break
+    if [ -n "$ctld_pid" ] && kill -0 "$ctld_pid" 2>/dev/null \
+        && [ -n "$(timeout 10 squeue -h -o %i 2>/dev/null)" ]; then
+        # Cancel whatever COMMAND left queued or running (sbatch without
+        # --wait, salloc killed, ...); KillWait is 5 s.
+        timeout 10 scancel --quiet --user="$user" 2>/dev/null
+        deadline=$((SECONDS + 15))
+        while [ "$SECONDS" -lt "$deadline" ]; do
+            [ -z "$(timeout 5 squeue -h -o %i 2>/dev/null)" ] && break
             sleep 0.1
         done
-        for p in $(our_stepds); do
-            say "slurmstepd $p still running; SIGKILL"
-            kill -KILL "$p" 2>/dev/null
+    fi
+    if [ -n "$dir" ]; then
+        for ((i = 0; i < 50; i++)); do
+            stepds=$(our_stepds)
+            [ -z "$stepds" ] && break
+            sleep 0.1
         done
+        if [ -n "$stepds" ]; then
+            # Left over (slurmd died, or scancel did not reach them): kill
+            # their tasks, then them.
+            say "slurmstepd $(echo $stepds) still running; SIGKILL to them and their tasks"
+            for p in $(descendants $stepds) $stepds; do
+                kill -KILL "$p" 2>/dev/null
+            done
+        fi
     fi
     stop_pid "$slurmd_pid" 10
     stop_pid "$ctld_pid" 10
@@ -187,6 +217,7 @@ cleanup() {
 trap 'cleanup' EXIT
 trap 'say "interrupted"; exit 130' INT
 trap 'say "terminated"; exit 143' TERM
+trap 'say "hung up"; exit 129' HUP
 
 fail() {
     say "$*"
@@ -216,7 +247,7 @@ free_port() {
 host_addr() { timeout 5 getent ahostsv4 "$(hostname)" 2>/dev/null | awk 'NR == 1 {print $1}'; }
 addr=$(host_addr)
 case "$addr" in
-    127.*) ;;
+    127.0.0.1) ;;
     *)
         if [ "$(id -u)" = 0 ] && [ -z "${LOCAL_SLURM_UTS:-}" ] && command -v unshare >/dev/null 2>&1 \
             && unshare --uts -- true 2>/dev/null; then
@@ -227,16 +258,18 @@ case "$addr" in
         ;;
 esac
 case "$addr" in
-    127.*)
+    127.0.0.1)
         comm_params="CommunicationParameters=NoCtldInAddrAny,NoInAddrAny" ;;
     *)
-        say "hostname '$(hostname)' resolves to '${addr:-nothing}', not loopback: the daemons listen on all addresses (they still talk over 127.0.0.1)"
+        say "hostname '$(hostname)' resolves to '${addr:-nothing}', not 127.0.0.1: the daemons listen on all addresses (they still talk over 127.0.0.1)"
         addr=127.0.0.1
         comm_params="" ;;
 esac
 
 dir=$(mktemp -d "${TMPDIR:-/tmp}/local-slurm.XXXXXX") || { dir=""; say "mktemp -d failed"; exit 1; }
-chmod 700 "$dir"
+# 711 (and 711 for munge/): munged wants "execute for all" on its socket's
+# directories; listing them stays private, and the key is 0400.
+chmod 711 "$dir"
 mkdir -p "$dir/munge" "$dir/state" "$dir/spool" "$dir/log" "$dir/run"
 chmod 711 "$dir/munge"
 user=$(id -un)
@@ -244,9 +277,6 @@ user=$(id -un)
 ctld_port=$(free_port) || fail "no free port"
 slurmd_port=$(free_port) || fail "no free port"
 while [ "$slurmd_port" = "$ctld_port" ]; do slurmd_port=$(free_port) || fail "no free port"; done
-# srun/salloc open ports for task I/O and messages: keep them off the
-# daemons' ports, in a range of their own.
-srun_lo=$((ctld_port < 40000 ? 50000 : 20000))
 
 first_job_id=$((1 + (RANDOM * 32768 + RANDOM) % 1000000))
 
@@ -260,9 +290,10 @@ if [ ! -s "$key" ]; then
 fi
 chmod 400 "$key"
 sock="$dir/munge/munge.socket"
-# --force: munged refuses some setups (e.g. a world-writable /tmp above
-# the socket's directory, or running as root) unless forced; this
-# directory is private to us, so that is safe here.
+# --force: start even where munged dislikes something about the paths
+# (e.g. a world-writable /tmp above them) or finds a stale socket; the
+# directory is ours alone. munged forks into the background once its
+# socket is ready, so `timeout` bounds only the start.
 timeout 10 munged --force --socket="$sock" --key-file="$key" \
     --pid-file="$dir/run/munged.pid" --log-file="$dir/log/munged.log" \
     --seed-file="$dir/munge/munged.seed" --num-threads=2 \
@@ -286,7 +317,6 @@ FirstJobId=$first_job_id
 SlurmctldHost=localhost($addr)
 SlurmctldPort=$ctld_port
 SlurmdPort=$slurmd_port
-SrunPortRange=$srun_lo-$((srun_lo + 999))
 SlurmUser=$user
 SlurmdUser=$user
 AuthType=auth/munge
@@ -313,6 +343,9 @@ SelectTypeParameters=CR_CPU
 SchedulerType=sched/backfill
 ReturnToService=2
 KillWait=5
+# Reject a job that can never fit (more CPUs or nodes than there are) at
+# once, instead of leaving it pending for ever.
+EnforcePartLimits=ALL
 InactiveLimit=0
 MinJobAge=10
 SlurmctldTimeout=30
@@ -332,13 +365,20 @@ echo "local SLURM ${version:-?} on $addr (ctld port $ctld_port, slurmd port $slu
 # --- daemons ----------------------------------------------------------------
 # -D: stay in the foreground, so $! is the daemon's pid. Their output goes
 # to the log dir too.
-slurmctld -D -f "$conf" >"$dir/log/slurmctld.out" 2>&1 &
+# setsid: in a session of their own, so that Ctrl-C in the terminal (sent
+# to the whole foreground process group) does not stop them before the
+# jobs are cancelled; munged detaches by itself. setsid does not fork here
+# (we are not a process group leader), so $! is still the daemon's pid.
+setsid=""
+command -v setsid >/dev/null 2>&1 && setsid=setsid
+$setsid slurmctld -D -f "$conf" >"$dir/log/slurmctld.out" 2>&1 </dev/null &
 ctld_pid=$!
-slurmd -D -N localhost -f "$conf" >"$dir/log/slurmd.out" 2>&1 &
+$setsid slurmd -D -N localhost -f "$conf" >"$dir/log/slurmd.out" 2>&1 </dev/null &
 slurmd_pid=$!
 
 state=""
-for ((i = 0; i < 300; i++)); do
+deadline=$((SECONDS + 30))
+while [ "$SECONDS" -lt "$deadline" ]; do
     kill -0 "$ctld_pid" 2>/dev/null || fail "slurmctld exited during start-up"
     kill -0 "$slurmd_pid" 2>/dev/null || fail "slurmd exited during start-up"
     state=$(timeout 5 sinfo -h -n localhost -o %t 2>/dev/null)
