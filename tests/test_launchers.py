@@ -265,6 +265,15 @@ def test_the_cluster_templates_run_every_recipe(request, job, tmp_path, launcher
     _assert_documented(out, TEMPLATES / template, "Expected output")
     if launcher == "srun":
         _assert_documented(out, DOCS, "rank 0 prints one table")
+    # the guide names the versions CI ran
+    slurmd = shutil.which("slurmd", path=f"{os.environ['PATH']}{os.pathsep}/usr/sbin")
+    version = subprocess.run(["mpirun", "--version"] if launcher == "mpirun"
+                             else [slurmd, "-V"], capture_output=True, text=True,
+                             timeout=30).stdout
+    number = re.search(r"(\d+\.\d+\.\d+)", version).group(1)
+    name = "Open MPI" if launcher == "mpirun" else "SLURM"
+    assert f"{name} {number}" in DOCS.read_text().replace("\n", " "), (
+        f"docs/multi_process.md should name the {name} CI ran: {number}")
 
 
 @pytest.mark.launchers
