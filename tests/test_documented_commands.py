@@ -61,6 +61,10 @@ def test_the_pages_show_commands():
     assert len(COMMANDS) >= 15
 
 
+ACROSS_PROCESSES = ["-r", "1", "--scatter-iters", "1", "--scatter-chunk", "64K"]
+"""Added to a bench across processes (fixed rounds, no --budget there)."""
+
+
 def shortened(argv, tmp_path):
     """``argv`` with bench budgets and sizes cut and outputs in ``tmp_path``."""
     out, outputs = [], []
@@ -74,10 +78,16 @@ def shortened(argv, tmp_path):
             path = tmp_path / next(words).replace("/", "_")
             out.append(str(path))
             outputs.append(path)
+    if "bench" in argv and "--overhead" not in argv:
+        if "launch" in argv:
+            out += ACROSS_PROCESSES
+        elif "--budget" not in argv:
+            out += ["--budget", SHORTER["--budget"]]
     return out, outputs
 
 
 def _parse_only(argv):
+    argv = [word.replace("$I", "0") for word in argv]
     args = _cli.build_parser().parse_args(argv[3:])
     if getattr(args, "target", None):
         worker_argv(args.target)

@@ -3,6 +3,7 @@
 
 import ast
 import os
+import re
 
 import pytest
 
@@ -74,3 +75,7 @@ def test_recipe_runs_standalone(path, tmp_path):
     result = run_python(str(path), cwd=tmp_path, python=RECIPE_PYTHON,
                         env=WITHOUT_PACKAGE)
     assert "ok:" in result.stdout, result.stdout
+    # and numbers a reader can check by hand, not only "ok"
+    shown = [line for line in result.stdout.splitlines()
+             if not line.startswith("ok:") and re.search(r"\d", line)]
+    assert shown, f"{path.name} prints no numbers besides its verdict:\n{result.stdout}"
