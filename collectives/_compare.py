@@ -16,6 +16,8 @@ from collectives._layout import Axes
 from collectives._layout import AxisArg
 from collectives._recipe import FORMS
 from collectives._recipe import Recipe
+from collectives._rounding import infer_n_terms
+from collectives._tolerance import can_fail
 from collectives._tolerance import describe_tolerance
 from collectives._tolerance import tolerance
 
@@ -33,6 +35,14 @@ class Agreement:
       rtol, atol: the tolerance used (``atol`` already scaled by the inputs;
         the largest one where it scales per element, see ``Recipe.magnitudes``).
       results: per form, what it returned.
+      n_terms: the rounded operations per output element the policy
+        tolerance was computed for: given, the recipe's, or inferred from a
+        form's jaxpr (see ``n_terms_source``).
+      n_terms_source: where ``n_terms`` came from: ``"given"``,
+        ``"recipe"``, ``"inferred from the jit form's jaxpr (longest chain
+        of roundings: dot_general over 128)"``, why it could not be
+        inferred (``n_terms`` is then 1), or ``"default"`` (1, unused: the
+        results are integers, or ``rtol`` and ``atol`` were both given).
     """
 
     forms: tuple[str, ...]
@@ -40,6 +50,8 @@ class Agreement:
     rtol: float
     atol: float
     results: dict[str, Any]
+    n_terms: int = 1
+    n_terms_source: str = "default"
 
 
 def _wide(x: np.ndarray) -> np.ndarray:
@@ -190,10 +202,13 @@ def _bind_forms(recipe_or_forms: Any, args: Sequence[Any], mesh: Any, axis: Any
 
 def _describe_tolerance(dtype: np.dtype, rtol: float, atol: float, *,
                         given: tuple[bool, bool], n_terms: int, scale: float,
-                        pairwise: bool, per_element: bool = False) -> str:
+                        pairwise: bool, per_element: bool = False,
+                        inferred: tuple[str, str] | None = None) -> str:
     parts = [describe_tolerance(dtype, rtol, atol)]
     if not all(given):
         parts.append(f"policy tolerance({dtype.name}, n_terms={n_terms})")
+        if inferred is not None:  # (where it came from, how to set it)
+            parts.append(f"n_terms={n_terms} {inferred[0]}; {inferred[1]}")
         if per_element and atol:
             parts.append("atol scaled per element by the root-sum-square of its "
                          "terms (the recipe's magnitudes; at least the largest "
@@ -239,7 +254,13 @@ def assert_forms_agree(
         largest input magnitude, or per element by the root-sum-square of
         its terms where the recipe declares ``magnitudes``.
       n_terms: rounded operations per output element, for the default
-        tolerance; a recipe knows its own, callables default to 1.
+        tolerance. A recipe knows its own. For callables it is inferred:
+        every form that ``jax.make_jaxpr`` can trace (a NumPy reference
+        cannot) is called once more, traced, and the longest chain of
+        roundings behind an output element in any of their jaxprs counts
+        (a ``dot_general`` over 128 counts 128, a ``psum`` over 8 devices
+        8; see docs/testing.md). If no form can be counted it is 1, and a
+        failure says why.
 
     Returns:
       An :class:`Agreement` with the per-form errors and results.
@@ -251,7 +272,13 @@ def assert_forms_agree(
         output: the worst index, both values, the difference and what was
         allowed; then the tolerance used and the inputs.
       TypeError, ValueError: ``recipe_or_forms`` is neither a recipe nor a
-        mapping of at least two callables.
+        mapping of at least two callables; or the inferred ``n_terms`` is so
+        large for the dtype (64 in bfloat16) that the comparison could not
+        fail.
+
+    A failure with an inferred ``n_terms`` says so in its tolerance line:
+    ``n_terms=128 inferred from the jit form's jaxpr (longest chain of
+    roundings: dot_general over 128); pass n_terms= to override``.
 
     Examples:
       >>> import numpy as np
@@ -287,9 +314,9 @@ def forms_agree(forms: Mapping[str, Callable[..., Any]], args: Sequence[Any], *,
             f"forms_agree: recipe {recipe.name!r} needs the axes its arguments "
             "were validated for. Fix: pass axes=recipe.validated_axes(args, "
             "mesh, axis).")
+    source = "given" if n_terms is not None else "default"
     if recipe is not None and n_terms is None:
-        n_terms = recipe.n_terms(axes)
-    n_terms = 1 if n_terms is None else n_terms
+        n_terms, source = recipe.n_terms(axes), "recipe"
     order = [n for n in (*FORMS, *forms) if n in forms and n != REFERENCE]
     order = list(dict.fromkeys(order)) + ([REFERENCE] if REFERENCE in forms else [])
     results: dict[str, Any] = {}
@@ -300,9 +327,25 @@ def forms_agree(forms: Mapping[str, Callable[..., Any]], args: Sequence[Any], *,
             err.add_note(f"(raised by form {name!r} of {label})")
             raise
     dtype = _result_dtype(results)
+    given = (rtol is not None, atol is not None)
+    inferred = None
+    if n_terms is None and not all(given) and tolerance(dtype)[0]:
+        # a tie names the reference, else the global program (jit)
+        candidates = [n for n in dict.fromkeys([REFERENCE, "jit", *order])
+                      if n in forms]
+        inference = infer_n_terms([(n, forms[n]) for n in candidates], args)
+        n_terms, inferred = inference.n_terms, inference.describe(REFERENCE)
+        source = inferred[0]
+        if n_terms is not None and not can_fail(dtype, n_terms):
+            raise ValueError(
+                f"n_terms: {n_terms} {source}; the policy then allows a relative "
+                f"error of {tolerance(dtype, n_terms)[0]:.3g} in {dtype.name}, so "
+                "the comparison could not fail. Fix: pass n_terms= (e.g. 1 where "
+                "a matmul accumulates in float32 and rounds once at the end, as "
+                "XLA does on CPU) or rtol= and atol=.")
+    n_terms = 1 if n_terms is None else n_terms
     default_rtol, unit_atol = tolerance(dtype, n_terms)
     scale = _input_scale(args)
-    given = (rtol is not None, atol is not None)
     rtol = default_rtol if rtol is None else float(rtol)
     has_reference = REFERENCE in results
     terms = None
@@ -348,12 +391,14 @@ def forms_agree(forms: Mapping[str, Callable[..., Any]], args: Sequence[Any], *,
         tol = _describe_tolerance(dtype, rtol, _largest(atol), given=given,
                                   n_terms=n_terms, scale=scale,
                                   pairwise=not has_reference,
-                                  per_element=terms is not None)
+                                  per_element=terms is not None,
+                                  inferred=inferred)
         raise AssertionError(
             f"{label}: {head}.\n  " + "\n  ".join(problems)
             + f"\n  tolerance: {tol}\n  inputs: {_describe_args(args)}")
     return Agreement(forms=tuple(order), max_error=max_error, rtol=rtol,
-                     atol=_largest(atol), results=results)
+                     atol=_largest(atol), results=results, n_terms=n_terms,
+                     n_terms_source=source)
 
 
 def _largest(atol: Any) -> float:

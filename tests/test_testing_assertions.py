@@ -98,10 +98,14 @@ def test_users_own_callables_wrong_shard_map_is_named(mesh):
                               "agrees.")
     assert "shard_map vs reference, output: 2 of 2 elements differ" in message
     assert "got 512.0, want 64.0" in message
+    # n_terms: the longest chain in the forms' jaxprs (NumPy cannot be traced)
+    assert ("policy tolerance(float32, n_terms=9); n_terms=9 inferred from the "
+            "shard_map form's jaxpr (longest chain of roundings: psum over 8 on "
+            "axis i + mul); pass n_terms= to override") in message
     # Two forms are enough; the right pair passes and reports the tolerance used.
     report = assert_forms_agree({"jit": forms["jit"], "reference": reference}, x)
     assert report.forms == ("jit", "reference") and report.max_error["jit"] == 0.0
-    assert report.rtol == tolerance("float32", 1)[0]
+    assert report.rtol == tolerance("float32", 8)[0] and report.n_terms == 8
 
 
 def test_without_a_reference_forms_compare_with_the_first(mesh):
