@@ -1,8 +1,43 @@
 // Run by browser_check.py in every loaded page: measures code boxes, tables,
-// prose and images, and returns what the Python side checks, as JSON.
-(() => {
+// prose, plots and card links, and returns what the Python side checks, as
+// JSON. A function of TITLES, every page's title by its URL, which the
+// Python side passes in: browser_check.py evaluates `(<this file>)(TITLES)`.
+((TITLES) => {
   const problems = [];
   const vw = document.documentElement.clientWidth;
+  const range = document.createRange();
+  // A URL without its fragment and query: the page a link opens.
+  const pageOf = (href) => {
+    const url = new URL(href, location.href);
+    return url.origin + url.pathname;
+  };
+  const short = (url) => url.replace(location.origin + "/", "") || "index.html";
+  const pageByTitle = new Map(
+    Object.entries(TITLES).map(([url, title]) => [title.toLowerCase(), url]));
+  // The line of each visible character of ``root``'s own text (text whose
+  // innermost ``blocks`` element is ``root``, code left out), in order: a
+  // character below the previous one and left of it starts a new line.
+  const lineOfEachChar = (root, blocks) => {
+    const walker = document.createTreeWalker(root, NodeFilter.SHOW_TEXT, {
+      acceptNode: (n) => (n.parentElement.closest("pre, .highlight, script, style") ||
+                          n.parentElement.closest(blocks) !== root
+        ? NodeFilter.FILTER_REJECT : NodeFilter.FILTER_ACCEPT)});
+    const chars = [];
+    let line = 0, prev = null;
+    for (let node; (node = walker.nextNode());) {
+      for (let i = 0; i < node.data.length; i++) {
+        if (/\s/.test(node.data[i])) continue;
+        range.setStart(node, i);
+        range.setEnd(node, i + 1);
+        const r = range.getClientRects()[0];
+        if (!r || r.width === 0) continue;
+        if (prev && r.top >= prev.top + prev.height / 2 && r.left < prev.right) line++;
+        chars.push(line);
+        prev = r;
+      }
+    }
+    return chars;
+  };
   const visible = (el) => {
     const r = el.getBoundingClientRect();
     const s = getComputedStyle(el);
@@ -88,6 +123,136 @@
     const ticks = (text.match(/`/g) || []).length;
     if (ticks % 2) problems.push(`unbalanced backtick in text: ${label(block)}`);
   }
+  // Tables: no column narrower than its longest word, and no header row
+  // hidden. A word is measured in the pieces a line may end after a hyphen,
+  // dash or slash; a piece laid out on two lines, or wider than its cell, is
+  // a column too narrow. Code blocks in cells scroll: left out.
+  const PIECE = /[^\s\-\u2010-\u2015\/]+[\-\u2010-\u2015\/]*|[\-\u2010-\u2015\/]+/g;
+  for (const table of document.querySelectorAll(".bd-article table")) {
+    if (!visible(table)) continue;
+    const hidden = [...table.querySelectorAll(":scope > thead th")]
+      .filter((th) => !visible(th) && th.textContent.trim());
+    if (hidden.length) {
+      problems.push(`table header hidden (${hidden.map((th) => `"${th.textContent.trim()}"`)
+        .join(", ")}): ${label(table)}`);
+    }
+    const narrow = [];
+    for (const cell of table.querySelectorAll("td, th")) {
+      if (cell.closest("table") !== table || !visible(cell)) continue;
+      const s = getComputedStyle(cell);
+      const room = cell.clientWidth - parseFloat(s.paddingLeft) - parseFloat(s.paddingRight);
+      const walker = document.createTreeWalker(cell, NodeFilter.SHOW_TEXT, {
+        acceptNode: (n) => (n.parentElement.closest("pre, .highlight")
+          ? NodeFilter.FILTER_REJECT : NodeFilter.FILTER_ACCEPT)});
+      let found = null;
+      for (let node; !found && (node = walker.nextNode());) {
+        for (const m of node.data.matchAll(PIECE)) {
+          range.setStart(node, m.index);
+          range.setEnd(node, m.index + m[0].length);
+          const rects = [...range.getClientRects()].filter((r) => r.width > 0);
+          const width = rects.reduce((w, r) => w + r.width, 0);
+          const tops = new Set(rects.map((r) => Math.round(r.top)));
+          if (tops.size > 1 || width > room + 1) {
+            const at = rects.length > 1 ? rects[0].width / width : 0;
+            const cut = Math.max(1, Math.round(at * m[0].length));
+            found = {piece: m[0], width, room,
+                     laid: tops.size > 1 ? `${m[0].slice(0, cut)}/${m[0].slice(cut)}` : null};
+            break;
+          }
+        }
+      }
+      if (found) narrow.push(found);
+    }
+    if (narrow.length) {
+      const {piece, width, room, laid} = narrow[0];
+      problems.push(`table column narrower than its longest word (${narrow.length} ` +
+                    `cell(s); "${piece}" needs ${Math.round(width)}px in a ` +
+                    `${Math.round(room)}px column${laid ? `, laid out "${laid}"` : ""}` +
+                    `): ${label(table)}`);
+    }
+  }
+  // Text laid out one character per line, anywhere in the article: measured
+  // where a block is narrow for its text (under 3 characters a line), on the
+  // text whose innermost block it is.
+  const BLOCKS = [".bd-article p", "li", "dt", "dd", "h1", "h2", "h3", "h4", "td", "th",
+                  "figcaption", "caption", ".sd-card-title"].join(", .bd-article ");
+  const squeezed = [];
+  for (const block of document.querySelectorAll(BLOCKS)) {
+    if (!visible(block) || block.closest("pre, .highlight")) continue;
+    const n = block.textContent.replace(/\s/g, "").length;
+    const s = getComputedStyle(block);
+    const lineHeight = parseFloat(s.lineHeight) || 1.2 * parseFloat(s.fontSize);
+    const lines = block.getBoundingClientRect().height / lineHeight;
+    if (n < 3 || lines < 3 || n / lines >= 3) continue;
+    const counts = new Map();
+    for (const line of lineOfEachChar(block, BLOCKS)) {
+      counts.set(line, (counts.get(line) || 0) + 1);
+    }
+    const single = [...counts.values()].filter((k) => k === 1).length;
+    if (single >= 3 && single >= counts.size / 2) {
+      squeezed.push(`"${label(block).slice(0, 40)}" (${single} of ${counts.size} lines, ` +
+                    `${Math.round(block.getBoundingClientRect().width)}px wide)`);
+    }
+  }
+  if (squeezed.length) {
+    problems.push(`text laid out one character per line in ${squeezed.length} ` +
+                  `place(s): ${squeezed.slice(0, 3).join("; ")}`);
+  }
+  // Plots: the legend reads at 10 px or more on screen, and a click opens the
+  // image full size. A plot carries its legend's size in image pixels as the
+  // class legend-<px>px (docs/conf.py, plot_legend_px); a raster image
+  // without it is a plot the check cannot measure.
+  for (const img of document.querySelectorAll(".bd-article img")) {
+    if (!visible(img) || !img.naturalWidth) continue;
+    const src = img.getAttribute("src");
+    const legend = /(?:^|\s)legend-([\d.]+)px(?:\s|$)/.exec(img.className);
+    if (!legend) {
+      if (img.classList.contains("plot") || /\.(png|jpe?g|gif|webp)$/i.test(pageOf(img.src))) {
+        problems.push(`plot without its legend size (add it to docs/conf.py's ` +
+                      `plot_legend_px): ${src}`);
+      }
+      continue;
+    }
+    const shown = img.getBoundingClientRect().width;
+    const px = parseFloat(legend[1]) * shown / img.naturalWidth;
+    if (px < 10) {
+      problems.push(`plot legend ${px.toFixed(1)}px on screen, under 10px (drawn at ` +
+                    `${legend[1]}px in a ${img.naturalWidth}px image shown ` +
+                    `${Math.round(shown)}px wide): ${src}`);
+    }
+    const link = img.closest("a[href]");
+    if (!link || pageOf(link.href) !== pageOf(img.src)) {
+      problems.push(`plot does not open full size on a click: ${src}`);
+    }
+  }
+  // Cards: a card titled with a page's title opens that page, and a click on
+  // a link inside a card opens that link (not the card's own target); a link
+  // whose text is a page's title opens that page.
+  // (dropdowns are cards too, in sphinx-design: left out)
+  for (const card of document.querySelectorAll(".bd-article .sd-card:not(details)")) {
+    if (!visible(card)) continue;
+    const stretched = card.querySelector("a.sd-stretched-link");
+    const title = (card.querySelector(".sd-card-title")?.innerText || "").trim();
+    const named = pageByTitle.get(title.toLowerCase());
+    if (stretched && named && pageOf(stretched.href) !== named) {
+      problems.push(`card "${title}" opens ${short(pageOf(stretched.href))}, not ` +
+                    `the page it names (${short(named)})`);
+    }
+    for (const a of card.querySelectorAll("a[href]")) {
+      if (a === stretched || !visible(a) || !a.checkVisibility()) continue;
+      a.scrollIntoView({block: "center"});
+      const r = a.getClientRects()[0];
+      const hit = document.elementFromPoint(r.left + r.width / 2, r.top + r.height / 2);
+      const opened = hit?.closest("a[href]");
+      const opens = opened ? short(pageOf(opened.href)) : "nothing";
+      const text = a.innerText.trim();
+      const want = short(pageByTitle.get(text.toLowerCase()) || pageOf(a.href));
+      if (opens !== want) {
+        problems.push(`card link "${text}" opens ${opens}, not ${want}: card "${title}"`);
+      }
+    }
+  }
+  window.scrollTo(0, 0);
   // Images: loaded, or at least present (lazy ones are checked by file).
   const images = [];
   for (const img of document.querySelectorAll("img")) {
@@ -116,4 +281,4 @@
   for (const a of document.querySelectorAll("a[name]")) ids.push(a.name);
   return JSON.stringify({problems, links, ids, images, privates,
                          height: document.documentElement.scrollHeight});
-})()
+})

@@ -19,7 +19,22 @@ default). The check fails (exit status 1, one line per problem) on:
 * a parallelism strategy's recipe page without its per-device body or its
   diagram;
 * a private name of the package (``collectives._...``) outside the source
-  listings.
+  listings;
+* a table column narrower than its longest word (a word broken across lines
+  other than after a hyphen, dash or slash, or running out of its cell), a
+  table whose header row is hidden, and text laid out one character per
+  line anywhere in the article;
+* a plot whose legend is under 10 px on screen, or that does not open full
+  size on a click. A plot states its legend's font size in image pixels
+  with the class ``legend-<px>px`` (``docs/conf.py``'s ``plot_legend_px``
+  sets it); the legend on screen is that size times the shown width over
+  the image's natural width. A raster image without the class is a problem;
+* a card whose title is a page's title but that opens another page, and a
+  link inside a card that a click does not open (the card's own link
+  covering it), or whose text is a page's title but that opens another page;
+* a search, run by the site's own search page, for a core collective (the
+  JAX collectives and the registry's core recipe names) whose first result
+  is not that collective's recipe page.
 
 One screenshot per page and width goes to ``SCREENSHOT_DIR`` (the top of the
 page; the viewport's width, at most 2400 px tall), for a person to look at.
@@ -35,9 +50,11 @@ from __future__ import annotations
 import argparse
 import base64
 import functools
+import html
 import http.server
 import json
 import os
+import re
 import shutil
 import socket
 import struct
@@ -54,8 +71,30 @@ from pathlib import Path
 # filled in by JavaScript, the index pages only list names.
 SKIP = {"search.html", "genindex.html", "py-modindex.html"}
 
-# Run in each loaded page; returns what the Python side checks.
+# Run in each loaded page, as ``(PAGE_SCRIPT)(titles)``; returns what the
+# Python side checks.
 PAGE_SCRIPT = Path(__file__).with_name("browser_check.js").read_text()
+
+# The JAX collectives the core recipes teach; each is searched for (with the
+# registry's core recipe names) and must find its recipe page first.
+COLLECTIVES = ("psum", "pmean", "pmax", "pmin", "all_gather", "psum_scatter",
+               "all_to_all", "ppermute", "axis_index")
+
+# Run in the search page until the search finishes: its results in order.
+SEARCH_SCRIPT = """new Promise((resolve, reject) => {
+  const deadline = Date.now() + 30000;
+  const poll = () => {
+    if (typeof Search !== "undefined" && Search.status && Search.status.innerText) {
+      resolve(JSON.stringify([...document.querySelectorAll(
+        "#search-results ul.search > li > a")].map((a) => [a.href, a.innerText])));
+    } else if (Date.now() > deadline) {
+      reject(new Error("the search did not finish within 30 s"));
+    } else {
+      setTimeout(poll, 50);
+    }
+  };
+  poll();
+})"""
 
 
 # -- a minimal WebSocket client (RFC 6455), enough for the DevTools protocol --
@@ -208,12 +247,26 @@ def serve(root: Path) -> tuple[http.server.ThreadingHTTPServer, str]:
     return server, f"http://127.0.0.1:{server.server_address[1]}/"
 
 
-def check_page(tools: DevTools, url: str, width: int, shot: Path | None) -> dict:
+def page_titles(root: Path, pages: list[str], base: str) -> dict[str, str]:
+    """Each page's title (its ``<title>`` less the site's name), by its URL."""
+    titles = {}
+    for page in pages:
+        head = (root / page).read_text(errors="replace")[:5000]
+        match = re.search(r"<title>(.*?)</title>", head, re.S)
+        if match:
+            title = html.unescape(match.group(1)).rsplit(" \N{EM DASH} ", 1)[0]
+            titles[base + page] = " ".join(title.split())
+    return titles
+
+
+def check_page(tools: DevTools, url: str, width: int, shot: Path | None,
+               titles: dict[str, str]) -> dict:
     tools.call("Emulation.setDeviceMetricsOverride", width=width, height=900,
                deviceScaleFactor=1, mobile=width < 600)
     tools.call("Page.navigate", url=url)
     tools.wait_for("Page.loadEventFired")
-    result = tools.call("Runtime.evaluate", expression=PAGE_SCRIPT, returnByValue=True)
+    result = tools.call("Runtime.evaluate", returnByValue=True,
+                        expression=f"({PAGE_SCRIPT})({json.dumps(titles)})")
     if "exceptionDetails" in result:
         raise RuntimeError(f"{url}: page script failed: {result['exceptionDetails']}")
     data = json.loads(result["result"]["value"])
@@ -225,6 +278,47 @@ def check_page(tools: DevTools, url: str, width: int, shot: Path | None) -> dict
                                  "scale": 1})
         shot.write_bytes(base64.b64decode(image["data"]))
     return data
+
+
+def search_pages() -> dict[str, str]:
+    """Each searched name and the recipe file (stem) whose page it must find
+    first: the registry's core recipes by name, and each JAX collective of
+    ``COLLECTIVES`` in the file of the core recipe of that name, or else of
+    the first core recipe named after it (``ppermute``: ``ppermute_ring``)."""
+    import collectives
+
+    core = {name: Path(recipe.recipe_file).stem
+            for name, recipe in collectives.RECIPES.items() if recipe.family == "core"}
+    wanted = dict(core)
+    for name in COLLECTIVES:
+        stems = [stem for recipe, stem in core.items()
+                 if recipe == name or recipe.startswith(name + "_")]
+        if not stems:
+            raise ValueError(f"no core recipe teaches {name!r}: COLLECTIVES names a "
+                             "JAX collective that no core recipe is named after")
+        wanted[name] = core.get(name, stems[0])
+    return wanted
+
+
+def check_search(tools: DevTools, base: str, name: str, stem: str) -> str | None:
+    """A problem if the site's search for ``name`` does not list ``stem``'s
+    recipe page first."""
+    want = f"_generated/gallery/{stem}.html"
+    tools.call("Page.navigate", url=f"{base}search.html?q={urllib.parse.quote(name)}")
+    tools.wait_for("Page.loadEventFired")
+    result = tools.call("Runtime.evaluate", expression=SEARCH_SCRIPT,
+                        awaitPromise=True, returnByValue=True)
+    if "exceptionDetails" in result:
+        return f"search for {name}: {result['exceptionDetails']}"
+    found = [(href[len(base):].split("#")[0], title)
+             for href, title in json.loads(result["result"]["value"])]
+    pages = [page for page, _ in found]
+    if pages[:1] == [want]:
+        return None
+    rank = (f"ranks it {pages.index(want) + 1} of {len(found)}" if want in pages
+            else f"does not find it among {len(found)} results")
+    first = f"; first: {found[0][1]} ({found[0][0]})" if found else ""
+    return f"search for {name} {rank} ({want}){first}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -247,6 +341,8 @@ def main(argv: list[str] | None = None) -> int:
     listing = {p for p in pages if p.startswith("_modules/")}
 
     server, base = serve(root)
+    titles = page_titles(root, [p for p in pages if p not in listing], base)
+    searches = search_pages() if (root / "search.html").exists() else {}
     problems: list[str] = []
     ids: dict[str, set[str]] = {}
     links: dict[str, set[str]] = {}
@@ -266,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
                         shot = args.screenshots / f"{width}px" / (
                             page.replace("/", "__").removesuffix(".html") + ".png")
                         shot.parent.mkdir(parents=True, exist_ok=True)
-                    data = check_page(tools, base + page, width, shot)
+                    data = check_page(tools, base + page, width, shot, titles)
                     problems += [f"{page} @ {width}px: {p}" for p in data["problems"]]
                     if page not in listing and width == widths[0]:
                         problems += [f"{page}: private name {name} in the text"
@@ -274,6 +370,12 @@ def main(argv: list[str] | None = None) -> int:
                     ids[page] = set(data["ids"])
                     links.setdefault(page, set()).update(data["links"])
                     images.update(data["images"])
+            tools.call("Emulation.setDeviceMetricsOverride", width=widths[0],
+                       height=900, deviceScaleFactor=1, mobile=False)
+            for name, stem in searches.items():
+                problem = check_search(tools, base, name, stem)
+                if problem:
+                    problems.append(problem)
             tools.ws.close()
         finally:
             process.terminate()
@@ -308,8 +410,8 @@ def main(argv: list[str] | None = None) -> int:
 
     checked = sum(1 for p in pages if p not in listing) * len(widths) + len(listing)
     print(f"browser_check: {checked} page loads ({len(pages)} pages, widths "
-          f"{', '.join(map(str, widths))} px) in {time.monotonic() - start:.0f} s; "
-          f"screenshots in {args.screenshots}")
+          f"{', '.join(map(str, widths))} px) and {len(searches)} searches in "
+          f"{time.monotonic() - start:.0f} s; screenshots in {args.screenshots}")
     for problem in problems:
         print(f"  {problem}")
     print(f"browser_check: {len(problems)} problem(s)")

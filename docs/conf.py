@@ -8,6 +8,7 @@ warning, including an undocumented public name.
 """
 
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -48,8 +49,29 @@ exclude_patterns = ["_build", "_generated/**/.cache", "Thumbs.db", ".DS_Store"]
 templates_path = ["_templates"]
 
 # -- MyST -----------------------------------------------------------------------
-myst_enable_extensions = ["colon_fence", "deflist"]
+myst_enable_extensions = ["colon_fence", "deflist", "substitution"]
 myst_heading_anchors = 3
+
+NUMBER_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven",
+                "eight", "nine", "ten", "eleven", "twelve", "thirteen", "fourteen",
+                "fifteen", "sixteen", "seventeen", "eighteen", "nineteen", "twenty")
+
+
+def pitfall_count() -> int:
+    """The pitfalls of sharp_edges.md: the rows of its summary table."""
+    text = (DOCS / "sharp_edges.md").read_text()
+    return len(re.findall(r"^\| \{ref\}`\d+ <pitfall-\d+>` \|", text, re.M))
+
+
+def number_word(n: int) -> str:
+    """``13`` -> ``"thirteen"`` (digits past twenty)."""
+    return NUMBER_WORDS[n] if n < len(NUMBER_WORDS) else str(n)
+
+
+# Counts in prose come from what they count: ``{{ pitfalls }}`` in a page
+# (``{{ pitfalls | capitalize }}`` to open a sentence) is the number of rows
+# of the sharp edges' table, in words.
+myst_substitutions = {"pitfalls": number_word(pitfall_count())}
 
 # -- autodoc / napoleon ---------------------------------------------------------
 autodoc_member_order = "bysource"
@@ -95,8 +117,43 @@ html_theme_options = {
     "home_page_in_toc": True,
     "use_download_button": False,
     "navigation_with_keys": False,
-    # The side-by-side code and the wide tables get the page's full width.
+    # The side-by-side code, the wide tables and the landing page's snippet
+    # get the page's full width.
     "secondary_sidebar_items": {"**": ["page-toc"], "migration": [],
-                                "concepts": []},
+                                "concepts": [], "index": [], "compatibility": [],
+                                "gallery": []},
 }
 html_show_sourcelink = False
+
+# -- plots ----------------------------------------------------------------------
+# Raster plots, and the size of their legend text in image pixels (a font of
+# F points drawn at D dpi is F * D / 72 px): collectives/bench/_report.py
+# draws the benchmark plots' legends at 7 pt and saves them at 110 dpi. Each
+# is shown at its natural size in a box that scrolls sideways where the page
+# is narrower, opens full size on a click, and carries its legend size as the
+# class ``legend-<px>px``, which docs/browser_check.js reads to check that
+# the legend reads at 10 px or more on screen.
+plot_legend_px = {
+    "_static/bench_sweep.png": 7 * 110 / 72,
+    "_static/bench_psum.png": 7 * 110 / 72,
+}
+
+
+def mark_plots(app, doctree) -> None:
+    """Give each plot of ``plot_legend_px`` its classes and a full-size link.
+
+    A ``scale`` makes Sphinx write the image's natural width and height and
+    wrap it in a link to the image file itself (``html_scaled_image_link``).
+    """
+    from docutils import nodes
+
+    for image in doctree.findall(nodes.image):
+        legend = app.config.plot_legend_px.get(image["uri"])
+        if legend is not None:
+            image["classes"] += ["plot", f"legend-{legend:.1f}px"]
+            image["scale"] = 100
+
+
+def setup(app) -> None:
+    app.add_config_value("plot_legend_px", {}, "env")
+    app.connect("doctree-read", mark_plots)

@@ -164,6 +164,77 @@ def test_every_pitfall_has_an_anchor_and_a_verified_on_note():
 
 
 
+def test_pitfall_counts_in_prose_come_from_the_table():
+    # conf.py counts the summary table's rows; the pages say the count
+    # through the {{ pitfalls }} substitution, never as a typed number word.
+    tree = ast.parse((DOCS / "conf.py").read_text())
+    wanted = {"NUMBER_WORDS", "pitfall_count", "number_word"}
+    nodes = [n for n in tree.body if getattr(n, "name", None) in wanted or (
+        isinstance(n, ast.Assign) and n.targets[0].id in wanted)]
+    facts = {"DOCS": DOCS, "re": re}
+    exec(compile(ast.Module(nodes, type_ignores=[]), "docs/conf.py", "exec"), facts)
+    text = (DOCS / "sharp_edges.md").read_text()
+    sections = re.findall(r"^## (\d+)\. ", text, re.M)
+    assert facts["pitfall_count"]() == len(sections) > 10
+    assert facts["number_word"](len(sections)) == facts["NUMBER_WORDS"][len(sections)]
+    words = "|".join(facts["NUMBER_WORDS"][2:])
+    for page, use in (("sharp_edges.md", "{{ pitfalls | capitalize }} ways"),
+                      ("index.md", "{{ pitfalls }} pitfalls")):
+        text = (DOCS / page).read_text()
+        assert use in text, page
+        typed = re.findall(rf"\b({words}) (?:ways|pitfalls)\b", text, re.I)
+        assert not typed, (page, typed)
+
+
+@pytest.fixture
+def docs_ext(monkeypatch):
+    pytest.importorskip("sphinx", reason="the docs extensions need the docs extra")
+    monkeypatch.syspath_prepend(str(DOCS / "_ext"))
+
+
+def test_gallery_pages_are_titled_by_their_recipes_and_index_them(docs_ext):
+    # A search for a recipe's name finds its page first: the page's title
+    # names it and the page holds a main index entry for it.
+    import gallery
+    from gallery_sections import sections
+
+    core = {name for name, recipe in RECIPES.items() if recipe.family == "core"}
+    seen = set()
+    for _, members in sections(RECIPE_FILES):
+        for path, names in members:
+            doc = ast.get_docstring(ast.parse(path.read_text()))
+            title = gallery.page_title(gallery.docstring_markdown(doc)[0],
+                                       names, path.stem)
+            words = set(re.findall(r"[\w*]+", title))
+            for name in names:
+                assert name in words or any(
+                    w.endswith("*") and name.startswith(w[:-1]) for w in words), (
+                    path.name, name, title)
+            entries = gallery.index_entries(names)
+            assert all(f"! {name}" in entries[0] for name in names), entries
+            assert title not in (path.stem, f"{path.stem}.py"), title
+            seen |= core & set(names)
+    assert seen == core
+    assert gallery.page_title("All-reduce: psum and pmean in three forms",
+                              ["psum", "pmean"], "reductions") == (
+        "All-reduce: psum, pmean")
+    assert gallery.page_title("Matmuls", ["mm", "mm_a", "mm_b", "other"], "mm") == (
+        "Mm: mm*, other")
+
+
+def test_compat_matrices_scroll_in_a_box_that_keeps_their_labels(docs_ext):
+    import compat_matrix
+
+    results = {"0.8.0": {"recipes": {"psum": {"ok": True}},
+                         "probes": {"p": True}},
+               "0.9.0": {"recipes": {"psum": {"ok": True}}, "probes": {}}}
+    recipes = compat_matrix.recipes_table(results, ["psum"], {})
+    apis = compat_matrix.apis_table(results, {"p": ("a probe", "")})
+    for text, row in ((recipes, "| `psum` | ✓ | ✓ |"), (apis, "| `p` | ● | · |")):
+        box = re.search(r"```\{container\} compat-matrix\n\n(.*?)```", text, re.S)
+        assert box and row in box.group(1), text
+
+
 def _browser_check():
     import importlib.util
 
@@ -214,3 +285,13 @@ def test_browser_check_websocket_frames_round_trip(size):
     assert ws.recv() == text
     near.close()
     far.close()
+
+
+def test_browser_check_searches_each_collective_for_its_recipe_page():
+    wanted = _browser_check().search_pages()
+    assert wanted["psum"] == wanted["pmin"] == "reductions"
+    assert wanted["ppermute"] == wanted["ppermute_ring"] == "ppermute"
+    assert wanted["all_to_all"] == "all_to_all"
+    assert wanted["all_to_all_blocks"] == "all_to_all_blocks"
+    core = {name for name, recipe in RECIPES.items() if recipe.family == "core"}
+    assert core <= set(wanted)

@@ -180,7 +180,8 @@ class CollectiveCosts(SphinxDirective):
                 return ", ".join(f"{n} x {k}" if n > 1 else k
                                  for k, n in found.items()) or "none"
 
-            shape = ", ".join(map(str, placed[0].addressable_shards[0].data.shape))
+            # (written as HLO writes it, f32[256,64]: one piece on a line)
+            shape = ",".join(map(str, placed[0].addressable_shards[0].data.shape))
             table_rows.append([
                 name, ops(measured["shard_map"]), f"f32[{shape}]: {_fmt(block)}",
                 v_text or "—", formulas[kind] if kind else "0", _fmt(got),

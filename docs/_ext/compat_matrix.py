@@ -45,6 +45,12 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
+def _in_matrix_box(table: list[str]) -> list[str]:
+    """A release matrix's table lines, in a box whose header row and row
+    labels stay in view while it scrolls (the ``compat-matrix`` class)."""
+    return ["```{container} compat-matrix", "", *table, "```"]
+
+
 def _spans(releases: list[str], holds: list[bool]) -> str:
     """``0.8.0-0.9.2, 0.10.1`` (en dashes): the runs of releases where it holds."""
     runs, start, prev = [], None, None
@@ -63,7 +69,7 @@ def _spans(releases: list[str], holds: list[bool]) -> str:
 def recipes_table(results: dict[str, dict], recipes: list[str],
                   workarounds: dict[str, str]) -> str:
     releases = list(results)
-    lines = ["| recipe | " + " | ".join(releases) + " |",
+    table = ["| recipe | " + " | ".join(releases) + " |",
              "|---|" + "---|" * len(releases)]
     notes: list[str] = []
     for name in recipes:
@@ -80,8 +86,8 @@ def recipes_table(results: dict[str, dict], recipes: list[str],
                 if name not in workarounds:
                     logger.warning(f"compat: {name} fails on jax {release} and "
                                    f"docs/compat/workarounds.json has no entry")
-        lines.append(f"| `{name}` | " + " | ".join(cells) + " |")
-    lines.append("")
+        table.append(f"| `{name}` | " + " | ".join(cells) + " |")
+    lines = [*_in_matrix_box(table), ""]
     if notes:
         lines += ["Failures:", ""]
         for i, note in enumerate(notes, 1):
@@ -105,13 +111,14 @@ def apis_table(results: dict[str, dict], docs: dict[str, tuple[str, str]]) -> st
         first, last = (have[0], have[-1]) if have else (DASH, DASH)
         lines.append(f"| {_cell(what)} | {_spans(releases, holds)} | {first} | "
                      f"{last} | {_cell(instead) or DASH} |")
-    lines += ["", "Per release (" + HOLDS + " holds, " + ABSENT + " does not):", "",
-              "| probe | " + " | ".join(releases) + " |",
-              "|---|" + "---|" * len(releases)]
+    lines += ["", "Per release (" + HOLDS + " holds, " + ABSENT + " does not):", ""]
+    table = ["| probe | " + " | ".join(releases) + " |",
+             "|---|" + "---|" * len(releases)]
     for probe in docs:
         marks = [HOLDS if results[r].get("probes", {}).get(probe) else ABSENT
                  for r in releases]
-        lines.append(f"| `{probe}` | " + " | ".join(marks) + " |")
+        table.append(f"| `{probe}` | " + " | ".join(marks) + " |")
+    lines += _in_matrix_box(table)
     return "\n".join(lines) + "\n"
 
 

@@ -182,13 +182,41 @@ def _literalinclude(rel: str, region: str) -> list[str]:
             f':end-before: "# [end:{region}]"', "```"]
 
 
+def page_title(title: str, names: list[str], stem: str) -> str:
+    """A gallery page's title: what the file teaches, then its recipes' names.
+
+    ``title`` is the docstring's title; its head (up to the first ``": "``,
+    or else the file's name in words) names the topic and ``names`` (the
+    registry's recipes in the file) name what to search for: ``All-reduce:
+    psum, pmean, pmax, pmin``. A name that two or more others extend is
+    folded into ``name*`` (``allgather_matmul*``); a file with no name beyond
+    its head keeps the docstring's title.
+    """
+    head = (title.split(": ", 1)[0] if ": " in title
+            else stem.replace("_", " ").capitalize())
+    stems = [n for n in names
+             if sum(m.startswith(n + "_") for m in names) >= 2]
+    shown = [f"{n}*" if n in stems else n for n in names
+             if n != head and not any(n.startswith(s + "_") for s in stems)]
+    return f"{head}: {', '.join(shown)}" if shown else title
+
+
+def index_entries(names: list[str]) -> list[str]:
+    """The index directive that makes a file's page the first search result
+    for each of its recipes' names (a main index entry outranks any text)."""
+    if not names:
+        return []
+    return ["```{index} " + ", ".join(f"! {n}" for n in names), "```", ""]
+
+
 def _page(path: Path, run: dict, diagrams: list[str], rel: str,
           names: list[str], family: str | None, strategy_diagram: bool) -> str:
     text = path.read_text()
     tree = ast.parse(text)
     title, body = docstring_markdown(ast.get_docstring(tree) or path.stem)
     name = path.stem
-    lines = [f"(recipe-{name})=", f"# `{name}.py`", "", f"{_escape(title)}.", "",
+    lines = [f"(recipe-{name})=", f"# {_escape(page_title(title, names, name))}", "",
+             *index_entries(names), f"{_escape(title)}.", "",
              f"{{download}}`Download recipes/{name}.py <{rel}>`; run it with "
              f"`python recipes/{name}.py` (it needs only jax and numpy"
              f"{' and optax' if 'Requires: optax.' in text else ''}).", "",
@@ -258,17 +286,23 @@ def _listing(groups, thumbnails: dict[str, str], prefix: str) -> str:
         for path, names in members:
             doc = ast.get_docstring(ast.parse(path.read_text())) or path.stem
             title, _ = docstring_markdown(doc)
-            lines += [f":::{{grid-item-card}} `{path.stem}.py`",
+            heading = page_title(title, names, path.stem)
+            # The card's title is its page's title (docs/browser_check.js
+            # checks that a card titled with a page's title opens it); its
+            # text, the rest of the docstring's title.
+            lines += [f":::{{grid-item-card}} {_escape(heading)}",
                       f":link: recipe-{path.stem}", ":link-type: ref",
                       ":class-card: recipe-card"]
             if path.stem in thumbnails:
                 lines.append(f":img-top: {thumbnails[path.stem]}")
                 lines.append(":class-img-top: recipe-thumbnail")
-            lines += ["", f"{_escape(title)}."]
-            if names:
-                lines += ["", "{bdg-secondary-line}`recipes` "
-                          + ", ".join(f"`{n}`" for n in names)]
-            lines += [":::", ""]
+            lines += [""]
+            rest = title.split(": ", 1)[1] if ": " in title else title
+            if rest.split(",")[0].split()[0] not in names:  # (not "Psum, ...")
+                rest = rest[:1].upper() + rest[1:]
+            if heading != title:
+                lines += [f"{_escape(rest)}.", ""]
+            lines += [f"{{bdg-secondary-line}}`recipes/{path.stem}.py`", ":::", ""]
         lines += ["::::", ""]
     lines += ["```{toctree}", ":hidden:", ""]
     lines += [f"{prefix}{path.stem}" for _, members in groups for path, _ in members]
