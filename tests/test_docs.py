@@ -179,11 +179,16 @@ def test_pitfall_counts_in_prose_come_from_the_table():
     assert facts["number_word"](len(sections)) == facts["NUMBER_WORDS"][len(sections)]
     words = "|".join(facts["NUMBER_WORDS"][2:])
     for page, use in (("sharp_edges.md", "{{ pitfalls | capitalize }} ways"),
-                      ("index.md", "{{ pitfalls }} pitfalls")):
+                      ("index.md", "{{ pitfalls }} pitfalls"),
+                      ("start.md", "{{ pitfalls }} ways")):
         text = (DOCS / page).read_text()
         assert use in text, page
         typed = re.findall(rf"\b({words}) (?:ways|pitfalls)\b", text, re.I)
         assert not typed, (page, typed)
+    # GitHub renders the README without substitutions: its typed word must match
+    readme = (DOCS.parent / "README.md").read_text()
+    typed = re.findall(rf"\b({words}) pitfalls\b", readme, re.I)
+    assert [t.lower() for t in typed] == [facts["number_word"](len(sections))], typed
 
 
 @pytest.fixture
