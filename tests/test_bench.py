@@ -4,7 +4,9 @@ CSV. The statistics are tested on synthetic samples in test_bench_stats.py."""
 
 import copy
 import csv
+import io
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -14,10 +16,12 @@ import pytest
 
 import collectives as cx
 from collectives import bench
+from collectives._cli import build_parser
 from collectives._cli import main
 from collectives._facts.ring import RING_OF
 from collectives.bench import _cases
 from collectives.bench import _report
+from collectives.bench._command import progress_stream
 from collectives.bench._overhead import run_overhead
 from collectives.bench._stats import Stopping
 from collectives.bench._stats import median_interval
@@ -73,6 +77,65 @@ def test_cli_smoke_prints_the_table_and_valid_json_and_csv(tmp_path):
     assert {"time_us_low", "time_us_high", "memory_temp_bytes",
             "model_error"} <= set(records[0])
     assert "time_us_samples" not in records[0]
+
+
+PROGRESS = re.compile(r"# (\d+)/6 rows \| psum (1K|4K) \| \d+:\d\d elapsed, "
+                      r"(about \d+:\d\d left|time left unknown)")
+
+
+def test_progress_line_goes_to_stderr_only_and_counts_the_rows(capsys):
+    argv = ["bench", "-c", "psum", "-b", "1K", "-e", "4K", "-f", "4", "--forms",
+            "shard_map", "jit", "-r", "2", "-w", "0", "-n", "2", "--budget", "0",
+            "--no-memory"]
+    assert main([*argv, "--progress"]) == 0  # forced: stderr is not a terminal
+    out, err = capsys.readouterr()
+    lines = err.splitlines()
+    matches = [PROGRESS.fullmatch(line) for line in lines[:-1]]
+    assert all(matches), lines
+    # 2 sizes x (copy + shard_map + jit): one line as each size starts
+    assert [(int(m[1]), m[2]) for m in matches] == [(0, "1K"), (3, "4K")]
+    assert "about" in matches[1][3]  # estimated from the rows done
+    assert re.fullmatch(r"# 6 rows in \d+:\d\d", lines[-1])
+    assert "rows |" not in out and "rows in" not in out
+    assert len([line for line in out.splitlines() if line.split()[0].isdigit()]) == 6
+    assert main(argv) == 0  # not a terminal, not forced: nothing on stderr
+    assert capsys.readouterr().err == ""
+
+
+class Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_progress_shows_on_a_terminal_unless_quiet_and_can_be_forced(capsys):
+    def stream(*flags, to):
+        args = build_parser().parse_args(["bench", *flags])
+        return progress_stream(args, to)
+
+    terminal, log = Terminal(), io.StringIO()
+    assert stream(to=terminal) is terminal
+    assert stream("-q", to=terminal) is None
+    assert stream(to=log) is None
+    assert stream("--progress", to=log) is log
+    with pytest.raises(SystemExit):
+        stream("--progress", "-q", to=terminal)
+    assert "not allowed with argument" in capsys.readouterr().err
+
+
+def test_the_default_sweep_times_each_program_once(axes):
+    # The rings built from ppermute mirror a collective's facts, and were once
+    # swept twice by default: as collectives and as that collective's ring form.
+    assert set(bench.DEFAULT_COLLECTIVES).isdisjoint(RING_OF.values())
+    programs = []
+    for name in bench.DEFAULT_COLLECTIVES:
+        for form in bench.BENCH_FORMS:
+            case = _cases.plan(name, form, axes, 1024, "float32")
+            if not isinstance(case, str):
+                # the ring form is the ring recipe under shard_map
+                programs.append((case.recipe.name,
+                                 "shard_map" if form == "ring" else form))
+    assert len(programs) == len(set(programs))
+    assert ("ring_all_reduce", "shard_map") in programs
 
 
 def test_one_device_runs_say_that_they_time_no_link():

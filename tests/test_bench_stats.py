@@ -1,7 +1,9 @@
 """The benchmark's statistics on synthetic samples and synthetic clocks: bootstrap
 intervals of medians and of paired median ratios, verdicts, adaptive stopping,
-the alpha-beta fit and CSV flattening. Nothing here times anything."""
+the rows that missed the precision target, the alpha-beta fit, CSV flattening
+and the progress line's estimate of the time left. Nothing here times anything."""
 
+import io
 import itertools
 import re
 
@@ -11,7 +13,11 @@ import pytest
 from collectives.bench._fit import fit_line
 from collectives.bench._fit import fit_rows
 from collectives.bench._fit import ring_vs_native
+from collectives.bench._progress import Progress
+from collectives.bench._progress import format_seconds
 from collectives.bench._report import _flat
+from collectives.bench._report import format_row
+from collectives.bench._report import precision_lines
 from collectives.bench._stats import Estimate
 from collectives.bench._stats import Stopping
 from collectives.bench._stats import median_interval
@@ -258,3 +264,72 @@ def test_on_one_device_the_fit_uses_the_buffer_bytes():
     (fit,) = fit_rows(rows)
     assert fit["beta_ns_per_byte"] == pytest.approx(0.25)
     assert fit["alpha_us"] == pytest.approx(5.0)
+
+
+def table_row(time_us, low, high, **extra):
+    return {"size": 1024, "count": 256, "type": "float32", "form": "jit",
+            "iters": 100, "time_us": time_us, "time_us_ci": [low, high],
+            "samples": 12, "algbw_gbps": 1.0, "busbw_gbps": 1.75,
+            "copy_fraction": 0.5, "memory": None, "wrong": 0, **extra}
+
+
+def test_the_table_marks_each_row_wider_than_the_precision_target():
+    narrow, wide = table_row(100.0, 99.0, 101.0), table_row(100.0, 95.0, 106.0)
+    assert "1.0%  " in format_row(narrow, 0.02)  # ±1 %: within ±2 %
+    assert "5.5%* " in format_row(wide, 0.02)
+    assert "5.5%* " not in format_row(wide, 0.06)
+    # the mark keeps the columns: the same fields, split on blanks
+    assert len(format_row(wide, 0.02).split()) == len(format_row(narrow).split())
+    lines = precision_lines([narrow, wide, wide], 0.02, budget=1.0)
+    assert "1 of 3 rows within ±2 % at 95 %; * marks the 2 others" in lines[0]
+    assert "1 s budget per collective and size" in lines[1]
+    assert "--budget" in lines[2]
+    assert precision_lines([narrow], 0.02, budget=1.0) == [
+        "# Precision            : every row within ±2 % at 95 %"]
+
+
+class Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_the_progress_line_counts_rows_and_estimates_the_time_left():
+    stream = io.StringIO()  # not a terminal: one line per update
+    bar = Progress(stream, total=10, expected=40.0, clock=ticking(10.0))
+    bar.begin("psum 1K")           # 10 s elapsed, no row done: from `expected`
+    bar.advance(4)
+    bar.begin("psum 4K")           # 20 s for 4 rows: 30 s for the 6 left
+    bar.advance(6)
+    bar.finish()
+    assert stream.getvalue().splitlines() == [
+        "# 0/10 rows | psum 1K | 0:10 elapsed, about 0:30 left",
+        "# 4/10 rows | psum 4K | 0:20 elapsed, about 0:30 left",
+        "# 10 rows in 0:30"]
+    late = io.StringIO()
+    Progress(late, total=3, expected=5.0, clock=ticking(10.0)).begin("x")
+    assert late.getvalue().endswith("0:10 elapsed, time left unknown\n")
+    assert (format_seconds(0.4), format_seconds(59.6), format_seconds(3600)) == (
+        "0:00", "1:00", "1:00:00")
+
+
+def test_on_a_terminal_the_line_is_rewritten_in_place_and_kept_off_the_table():
+    screen = Terminal()  # stdout and stderr on the same terminal
+    bar = Progress(screen, total=2, clock=ticking(1.0))
+    assert bar.in_place
+    bar.begin("a long label for the first row")
+    bar.echo("row 1", screen)
+    bar.advance(1)
+    bar.begin("short")
+    bar.advance(1)
+    bar.finish()
+    text = screen.getvalue()
+    assert "\r# 0/2 rows | a long label" in text and "\r# 1/2 rows | short" in text
+    # what the terminal shows: \r returns to the line's start, later text
+    # overwrites earlier; the table line is whole, the progress line is gone
+    shown = []
+    for line in text.split("\n"):
+        cells: list[str] = []
+        for part in line.split("\r"):
+            cells[:len(part)] = part
+        shown.append("".join(cells).rstrip())
+    assert shown == ["row 1", "# 2 rows in 0:04", ""]

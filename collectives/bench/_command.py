@@ -18,7 +18,9 @@ from collectives.bench import _report
 from collectives.bench._cases import BENCH_FORMS
 from collectives.bench._cases import DEFAULT_COLLECTIVES
 from collectives.bench._overhead import OVERHEAD_COLLECTIVES
+from collectives.bench._overhead import RATIOS
 from collectives.bench._overhead import run_overhead
+from collectives.bench._progress import Progress
 from collectives.bench._schema import SCHEMA_ID
 from collectives.bench._stats import Stopping
 from collectives.bench._sweep import dtype_name_of
@@ -28,8 +30,10 @@ from collectives.bench._sweep import run
 from collectives.bench._sweep import settings
 from collectives.bench._sweep import size_sweep
 
-SWEEP_SAMPLES, SWEEP_BUDGET = 5, 2.0
-"""Rounds at least, and timing seconds per collective and size, of the sweep."""
+SWEEP_SAMPLES, SWEEP_BUDGET = 5, 1.0
+"""Rounds at least, and timing seconds per collective and size, of the sweep.
+The default sweep (5 collectives at 7 sizes, 1K to 4M) times 35 collectives and
+sizes: about 70 s on 8 simulated devices on 2 cores, half of it compiling."""
 OVERHEAD_SAMPLES, OVERHEAD_BUDGET = 10, 10.0
 """Rounds at least, and timing seconds per collective, of ``--overhead``."""
 
@@ -75,9 +79,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "median (default: 0.02, i.e. ±2%%)")
     parser.add_argument("--budget", type=float, default=None, metavar="SECONDS",
                         help="timing seconds per collective and size (with "
-                        "--overhead: per collective) beyond the first rounds "
-                        f"(default: {SWEEP_BUDGET:g}; with --overhead "
-                        f"{OVERHEAD_BUDGET:g})")
+                        "--overhead: per collective); the first -r rounds are "
+                        f"always taken (default: {SWEEP_BUDGET:g}; with "
+                        f"--overhead {OVERHEAD_BUDGET:g})")
     parser.add_argument("--max-samples", type=int, default=1000, metavar="N",
                         help="timed rounds at most (default: %(default)s)")
     parser.add_argument("--min-time", type=float, default=0.01, metavar="SECONDS",
@@ -96,8 +100,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--overhead-size", type=_size_arg, default=parse_size("64K"),
                         metavar="SIZE", help="buffer per device for --overhead "
                         "(default: 64K)")
-    parser.add_argument("-q", "--quiet", action="store_true",
-                        help="no progress lines on stderr")
+    shown = parser.add_mutually_exclusive_group()
+    shown.add_argument("--progress", action="store_true",
+                       help="show the progress line on stderr even when stderr is "
+                       "not a terminal (one line per update, e.g. into a log)")
+    shown.add_argument("-q", "--quiet", action="store_true",
+                       help="no progress line (default: shown, rewritten in place, "
+                       "when stderr is a terminal)")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -109,8 +118,16 @@ def main(args: argparse.Namespace) -> int:
         return 2
 
 
+def progress_stream(args: argparse.Namespace, stream: TextIO) -> TextIO | None:
+    """``stream`` (stderr) if the progress line goes there: it is a terminal or
+    ``--progress`` asks for it, and ``-q`` does not silence it."""
+    if args.quiet:
+        return None
+    return stream if args.progress or stream.isatty() else None
+
+
 def _main(args: argparse.Namespace) -> int:
-    progress = None if args.quiet else sys.stderr
+    progress = progress_stream(args, sys.stderr)
     if args.overhead:
         doc = _overhead_doc(args.collectives or OVERHEAD_COLLECTIVES, args, progress)
     else:
@@ -136,16 +153,18 @@ def _main(args: argparse.Namespace) -> int:
 def _overhead_doc(names: Sequence[str], args: argparse.Namespace,
                   progress: TextIO | None) -> dict[str, Any]:
     axes = _cases.RECIPES["psum"].axes(make_mesh((jax.device_count(),), "i"))
-    say = (lambda line: print(f"# {line}", file=progress, flush=True)) \
-        if progress else None
     samples = args.samples or OVERHEAD_SAMPLES
     stopping = Stopping(
         precision=args.precision,
         budget=OVERHEAD_BUDGET if args.budget is None else args.budget,
         min_samples=samples, max_samples=max(samples, args.max_samples))
+    bar = None if progress is None else Progress(
+        progress, len(names) * len(RATIOS), expected=stopping.budget * len(names))
     rows = run_overhead(tuple(names), axes, size=args.overhead_size,
                         dtype=dtype_name_of(args.dtype), stopping=stopping,
-                        min_time=args.min_time, progress=say)
+                        min_time=args.min_time, progress=bar)
+    if bar is not None:
+        bar.finish()
     machine = machine_info()
     print(f"# collectives bench --overhead: {machine['devices']} "
           f"{machine['backend']} devices, JAX {machine['jax']}, {args.dtype}, "

@@ -24,6 +24,7 @@ from collectives._layout import Axes
 from collectives._layout import to_stacked
 from collectives._registry import RECIPES
 from collectives.bench import _cases
+from collectives.bench._progress import Progress
 from collectives.bench._stats import Estimate
 from collectives.bench._stats import Stopping
 from collectives.bench._stats import median_ratio_interval
@@ -114,12 +115,12 @@ def _finite(value: float) -> float | None:
 def run_overhead(names: tuple[str, ...], axes: Axes, *, size: int, dtype: Any,
                  stopping: Stopping, min_time: float,
                  recipe_target: float = RECIPE_TARGET, jit_target: float = JIT_TARGET,
-                 progress: Callable[[str], None] | None = None
-                 ) -> list[dict[str, Any]]:
+                 progress: Progress | None = None) -> list[dict[str, Any]]:
     """The overhead ratios of each collective in ``names`` (see module doc).
 
     Rounds are taken until every ratio's interval is within
-    ``stopping.precision`` or the collective's time budget is spent.
+    ``stopping.precision`` or the collective's time budget is spent;
+    ``progress`` counts the ratios (rows) done.
     """
     rows = []
     for name in names:
@@ -131,6 +132,8 @@ def run_overhead(names: tuple[str, ...], axes: Axes, *, size: int, dtype: Any,
             raise ValueError(
                 f"--overhead: {name!r} cannot be timed against a bare primitive: "
                 f"{why}. Fix: choose from {', '.join(OVERHEAD_COLLECTIVES)}.")
+        if progress is not None:
+            progress.begin(f"overhead: {name}")
         calls = checked_calls(name, axes, size, dtype)
 
         def ratios(got: Mapping[str, list[float]]) -> list[Estimate]:
@@ -143,8 +146,7 @@ def run_overhead(names: tuple[str, ...], axes: Axes, *, size: int, dtype: Any,
             rows.append(ratio_row(name, numerator, denominator, times, target,
                                   stopped))
         if progress is not None:
-            progress(f"overhead: {name} done ({len(times[RATIOS[0][0]])} rounds, "
-                     f"stopped on {stopped})")
+            progress.advance(len(RATIOS))
     return rows
 
 

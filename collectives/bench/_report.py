@@ -12,10 +12,13 @@ from collectives.bench._memory import MEMORY_FIELDS
 
 # -- the table -----------------------------------------------------------------
 
-_HEAD = ("#      size      count      type       form  iters    time(us)   ±95%    n  "
+_HEAD = ("#      size      count      type       form  iters    time(us)   ±95%     n  "
          "algbw(GB/s)  busbw(GB/s)  busbw/copy    args     out    temp  #wrong")
-_UNITS = ("#       (B) (elements)                             (median)                "
+_UNITS = ("#       (B) (elements)                             (median)                 "
           "    (median)                 per device, bytes")
+WIDE = "*"
+"""Marks a ``±95%`` wider than the precision target: the row's sampling
+stopped on the time budget (or ``--max-samples``) before the target."""
 
 
 def header_lines() -> list[str]:
@@ -35,17 +38,35 @@ def _half_width(low: float, high: float, median: float) -> float:
     return (high - low) / 2 / median if median > 0 else float("inf")
 
 
-def format_row(row: Mapping[str, Any]) -> str:
+def format_row(row: Mapping[str, Any], precision: float | None = None) -> str:
+    """One table line; ``±95%`` carries :data:`WIDE` where it is wider than
+    ``precision`` (a fraction, 0.02 for ±2 %)."""
     low, high = row["time_us_ci"]
     half = _half_width(low, high, row["time_us"])
+    wide = WIDE if precision is not None and half > precision else " "
     memory = row["memory"] or {}
     mem = " ".join(f"{_bytes(memory.get(key)):>7}"
                    for key in ("argument_bytes", "output_bytes", "temp_bytes"))
     return (f"{row['size']:>11} {row['count']:>10} {row['type']:>9} "
             f"{row['form']:>10} {row['iters']:>6} {row['time_us']:>11.2f} "
-            f"{100 * half:>5.1f}% {row['samples']:>4} {row['algbw_gbps']:>12.3f} "
+            f"{100 * half:>5.1f}%{wide} {row['samples']:>4} {row['algbw_gbps']:>12.3f} "
             f"{row['busbw_gbps']:>12.3f} {row['copy_fraction']:>11.2f} {mem} "
             f"{row['wrong']:>7}")
+
+
+def precision_lines(rows: Sequence[Mapping[str, Any]], precision: float,
+                    budget: float) -> list[str]:
+    """How many rows reached the precision target, and what the others mean."""
+    wide = [row for row in rows
+            if _half_width(*row["time_us_ci"], row["time_us"]) > precision]
+    target = f"±{100 * precision:g} %"
+    if not wide:
+        return [f"# Precision            : every row within {target} at 95 %"]
+    return [f"# Precision            : {len(rows) - len(wide)} of {len(rows)} rows "
+            f"within {target} at 95 %; {WIDE} marks the {len(wide)} others,",
+            f"#   whose sampling hit the {budget:g} s budget per collective and size "
+            "(or --max-samples)",
+            "#   first: read their intervals, or narrow them with a longer --budget"]
 
 
 def averages(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, float]]:

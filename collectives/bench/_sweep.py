@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import platform
 import re
-import time
 from collections.abc import Sequence
 from typing import Any
 from typing import TextIO
@@ -20,6 +19,7 @@ from collectives.bench._cases import BENCH_FORMS
 from collectives.bench._cases import DEFAULT_COLLECTIVES
 from collectives.bench._fit import fit_rows
 from collectives.bench._fit import ring_vs_native
+from collectives.bench._progress import Progress
 from collectives.bench._schema import SCHEMA_ID
 from collectives.bench._stats import CONFIDENCE
 from collectives.bench._stats import Stopping
@@ -43,6 +43,15 @@ def parse_size(text: str) -> int:
             f"size: expected a positive number of bytes with an optional K, M or G "
             f"suffix (e.g. 8, 1K, 64M), got {text!r}.")
     return int(match.group(1)) * _UNITS[match.group(2).upper()]
+
+
+def format_size(size: int) -> str:
+    """The shortest text :func:`parse_size` reads back as ``size``: ``64M``,
+    ``1K``, ``1536``."""
+    for suffix in ("G", "M", "K"):
+        if size >= _UNITS[suffix] and size % _UNITS[suffix] == 0:
+            return f"{size // _UNITS[suffix]}{suffix}"
+    return str(size)
 
 
 def size_sweep(begin: int, end: int, factor: float) -> list[int]:
@@ -147,13 +156,15 @@ def run(collectives: Sequence[str] = DEFAULT_COLLECTIVES,
       min_time: target seconds per timed call when ``iters`` is ``None``.
       precision: the target half-width of each median's 95 % interval, as a
         fraction of the median (0.02: ±2 %).
-      budget: seconds of timing per collective and size, at most, beyond the
-        first ``samples`` rounds.
+      budget: seconds of timing per collective and size; the first
+        ``samples`` rounds are taken even past it.
       max_samples: timed calls per row at most.
       memory: add each form's per-device memory (``memory_analysis()``); this
         compiles each form once more per size.
       out: where the table is printed as rows complete (``None``: nowhere).
-      progress: where progress lines go (``None``: nowhere).
+      progress: where the progress line goes (``None``: nowhere): rows done,
+        the rows being measured, elapsed time and an estimate of the time
+        left; rewritten in place when the stream is a terminal.
 
     Returns:
       A dict matching :data:`SCHEMA`, with the alpha-beta fit of every
@@ -180,9 +191,23 @@ def run(collectives: Sequence[str] = DEFAULT_COLLECTIVES,
                        min_time=min_time)
     machine = machine_info()
 
+    planned = {(name, target): [_cases.plan(name, form, axes, target, dtype_name)
+                                for form in forms]
+               for name in collectives for target in sizes}
+    timed = {key: [case for case in plans if not isinstance(case, str)]
+             for key, plans in planned.items()}
+    # the copy's row and one per form, for each collective and size timed
+    total = sum(1 + len(cases) for cases in timed.values() if cases)
+    bar = None if progress is None else Progress(
+        progress, total, expected=budget * sum(1 for cases in timed.values() if cases))
+
     def show(line: str) -> None:
-        if out is not None:
+        if out is None:
+            return
+        if bar is None:
             print(line, file=out, flush=True)
+        else:
+            bar.echo(line, out)
 
     show(f"# collectives bench: {machine['devices']} {machine['backend']} devices"
          f"{' (simulated)' if machine['simulated'] else ''}, JAX {machine['jax']}, "
@@ -195,32 +220,29 @@ def run(collectives: Sequence[str] = DEFAULT_COLLECTIVES,
              "dispatch, not a link. Use 2 or more devices.")
     rows: list[dict[str, Any]] = []
     skipped: list[dict[str, str]] = []
-    start, done, total = time.perf_counter(), 0, len(collectives) * len(sizes)
     for name in collectives:
         kind = _cases.KIND[name]
         show(f"#\n# {name} ({kind}): busbw = algbw * {link_factor(kind, axes.size):.4g}"
              f" on {axes.size} devices")
         for line in _report.header_lines():
             show(line)
-        for form in forms:
-            reason = _cases.plan(name, form, axes, sizes[0], dtype_name)
+        for form, reason in zip(forms, planned[name, sizes[0]], strict=True):
             if isinstance(reason, str):
                 skipped.append({"collective": name, "form": form, "reason": reason})
                 show(f"#   {form}: skipped, {reason}")
         counts: dict[str, tuple[int, int]] = {}
         for target in sizes:
-            planned = [_cases.plan(name, form, axes, target, dtype_name)
-                       for form in forms]
-            cases = [case for case in planned if not isinstance(case, str)]
-            if cases:
-                new_rows, counts = _one_size(cases, timing_args, counts, memory)
-                for row in new_rows:
-                    rows.append(row)
-                    show(_report.format_row(row))
-            done += 1
-            if progress is not None:
-                print(f"# [{done}/{total}] {name} {target} B done, "
-                      f"{time.perf_counter() - start:.0f} s", file=progress, flush=True)
+            cases = timed[name, target]
+            if not cases:
+                continue
+            if bar is not None:
+                bar.begin(f"{name} {format_size(cases[0].size)}")
+            new_rows, counts = _one_size(cases, timing_args, counts, memory)
+            for row in new_rows:
+                rows.append(row)
+                show(_report.format_row(row, precision))
+            if bar is not None:
+                bar.advance(len(new_rows))
         averages = _report.averages([r for r in rows if r["collective"] == name])
         show("# Avg bus bandwidth (GB/s): " + ", ".join(
             f"{form} {bw:.3f}" for form, bw in averages.get(name, {}).items()))
@@ -233,8 +255,12 @@ def run(collectives: Sequence[str] = DEFAULT_COLLECTIVES,
     wrong = sum(r["wrong"] for r in rows)
     avg = sum(r["busbw_gbps"] for r in measured) / len(measured) if measured else None
     show("#")
+    for line in _report.precision_lines(rows, precision, budget):
+        show(line)
     show(f"# Out of bounds values : {wrong} {'OK' if wrong == 0 else 'FAILED'}")
     show(f"# Avg bus bandwidth    : {avg or 0:.4f} GB/s (every row but copy)")
+    if bar is not None:
+        bar.finish()
     return {
         "schema": SCHEMA_ID, "machine": machine,
         "settings": settings(collectives, forms, dtype_name, sizes, stopping,
