@@ -336,10 +336,13 @@ LOOP = textwrap.dedent("""
 """)
 
 
-def _signal_rank(tmp_path, job, launcher, signum, rank=1):
+def _signal_rank(request, tmp_path, job, launcher, signum, rank=1):
     """Start a job of 2 ranks looping over collectives, send ``signum`` to
     ``rank`` from outside (as a scheduler would); (seconds to the job's end,
-    exit code, output)."""
+    exit code, output, the rank's pid)."""
+    if launcher != "launch":
+        _selected(request)
+    _need(launcher)
     script = tmp_path / "loop.py"
     script.write_text(LOOP)
     started = job(command(launcher, 2, 2, ["python", str(script), str(tmp_path)],
@@ -367,10 +370,8 @@ LAUNCHERS = ["launch", pytest.param("mpirun", marks=pytest.mark.launchers),
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("launcher", LAUNCHERS)
 def test_a_killed_rank_fails_the_job_naming_it(request, tmp_path, job, launcher):
-    if launcher != "launch":
-        _selected(request)
-    _need(launcher)
-    seconds, code, out, pid = _signal_rank(tmp_path, job, launcher, signal.SIGKILL)
+    seconds, code, out, pid = _signal_rank(request, tmp_path, job, launcher,
+                                           signal.SIGKILL)
     assert seconds < KILL_BOUND, out
     assert code != 0, out
     if launcher == "launch":
@@ -386,10 +387,8 @@ def test_a_killed_rank_fails_the_job_naming_it(request, tmp_path, job, launcher)
 @pytest.mark.parametrize("launcher", LAUNCHERS)
 def test_a_sigtermed_rank_stops_at_once_naming_the_signal(request, tmp_path, job,
                                                           launcher):
-    if launcher != "launch":
-        _selected(request)
-    _need(launcher)
-    seconds, code, out, pid = _signal_rank(tmp_path, job, launcher, signal.SIGTERM)
+    seconds, code, out, pid = _signal_rank(request, tmp_path, job, launcher,
+                                           signal.SIGTERM)
     assert seconds < TERM_BOUND, out
     assert code != 0, out
     assert "error: rank 1 was stopped by SIGTERM after" in out, out
