@@ -52,7 +52,6 @@ DEFAULT_TESTS = ("tests/test_compat.py tests/test_sharp_edges.py "
                  "tests/test_batching.py tests/test_laws.py "
                  "tests/test_conformance.py "
                  "tests/test_clusters.py::test_two_ranks_of_a_faked_cluster_pass_check "
-                 "-m 'not slow' "
                  "-k 'not test_conformance or cost_model or rejects'")
 """The fast subset of the suite each release runs (``--tests`` replaces it):
 the version-sensitive tests, the conformance suite's fast checks (every
