@@ -128,3 +128,22 @@ def assert_draws_svg(diagram, record, tmp_path):
     svg = path.read_text()
     assert svg.lstrip().startswith("<?xml") and "<svg" in svg and len(svg) > 10_000
     assert diagram.CAPTION and diagram.text(record)
+
+
+def rank_env(*, strip=("SLURM_", "OMPI_", "PMI_", "PMIX_")):
+    """This process's environment for a rank started by hand or by a real
+    launcher: no cluster variables (none whose name starts with ``strip``
+    either), this checkout importable, output unbuffered, CPU devices only
+    (the rank chooses how many)."""
+    from collectives.distributed import _cluster
+
+    env = {name: value for name, value in os.environ.items()
+           if name not in _cluster.CLUSTER_VARIABLES
+           and not (strip and name.startswith(tuple(strip)))}
+    for name in ("JAX_NUM_CPU_DEVICES", "PYTEST_XDIST_WORKER", "XLA_FLAGS"):
+        env.pop(name, None)
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+    env["PYTHONUNBUFFERED"] = "1"
+    env["JAX_PLATFORMS"] = "cpu"
+    return env

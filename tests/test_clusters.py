@@ -26,6 +26,7 @@ from collectives.distributed import _cluster
 from collectives.distributed import _watch
 from helpers import RECIPES_DIR
 from helpers import ROOT
+from helpers import rank_env
 
 BOUND_SECONDS = 120  # a failing rank must be gone within this
 FAST = ("psum", "all_gather", "psum_scatter", "ppermute_ring", "dp_grads")
@@ -50,18 +51,6 @@ def _free_port():
 
 def slurm_job_id(port):
     return str(port - EPHEMERAL + 2**12)
-
-
-def _base_env():
-    env = {name: value for name, value in os.environ.items()
-           if name not in _cluster.CLUSTER_VARIABLES
-           and not name.startswith(("SLURM_", "OMPI_", "PMI_", "PMIX_"))}
-    env.pop("JAX_NUM_CPU_DEVICES", None)
-    env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
-    env["PYTHONUNBUFFERED"] = "1"
-    env["JAX_PLATFORMS"] = "cpu"
-    return env
 
 
 def slurm_env(rank, n, port):
@@ -103,7 +92,7 @@ class Ranks:
                    "w+")  # closed in close()
         proc = subprocess.Popen(
             [sys.executable, "-m", "collectives", "worker", *worker_args],
-            env={**_base_env(), **env}, stdout=out, stderr=subprocess.STDOUT,
+            env={**rank_env(), **env}, stdout=out, stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL, text=True, start_new_session=True, cwd=ROOT)
         proc.out = out
         self.procs.append(proc)
@@ -230,7 +219,7 @@ def test_cluster_variables_without_a_joinable_cluster_are_an_error(ranks, env,
 
 
 def test_the_recipe_file_never_falls_back_silently():
-    env = {**_base_env(), "OMPI_VERSION": "5.0.3", "OMPI_COMM_WORLD_SIZE": "2",
+    env = {**rank_env(), "OMPI_VERSION": "5.0.3", "OMPI_COMM_WORLD_SIZE": "2",
            "OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_LOCAL_RANK": "1"}
     result = subprocess.run([sys.executable, str(RECIPES_DIR / "multi_process.py")],
                             env=env, capture_output=True, text=True, timeout=120)

@@ -13,14 +13,13 @@ tests/test_launchers.py. Marked ``documented`` (CI runs them; locally
 
 import re
 import shlex
-import subprocess
-import sys
 
 import pytest
 
 from collectives import _cli
 from collectives.distributed._results import worker_argv
 from helpers import ROOT
+from helpers import run_python
 
 PAGES = ["README.md", "docs/start.md", "docs/benchmarks.md", "docs/multi_process.md",
          "docs/testing.md"]
@@ -110,21 +109,10 @@ def test_documented_command_runs(request, tmp_path, page, command):
         _parse_only(argv)
         return
     argv, outputs = shortened(argv, tmp_path)
-    result = subprocess.run([sys.executable, *argv[1:]], cwd=ROOT, timeout=600,
-                            capture_output=True, text=True,
-                            env=_env())
+    result = run_python(*argv[1:], cwd=ROOT, timeout=600, check=False)
     assert result.returncode == 0, (
         f"{page}: `{command}` (run as `{shlex.join(argv)}`) exited "
         f"{result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
     for path in outputs:
         assert path.exists() and path.stat().st_size > 0, f"{command}: no {path.name}"
 
-
-def _env():
-    import os
-
-    env = dict(os.environ)
-    env.pop("JAX_NUM_CPU_DEVICES", None)
-    env.pop("XLA_FLAGS", None)
-    env["JAX_PLATFORMS"] = "cpu"
-    return env

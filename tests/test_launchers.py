@@ -29,6 +29,7 @@ from collectives._registry import RECIPES
 from collectives.distributed import _cluster
 from collectives.distributed import _watch
 from helpers import ROOT
+from helpers import rank_env
 
 REQUIRED = os.environ.get("COLLECTIVES_REQUIRE_LAUNCHERS") == "1"
 TAG = "COLLECTIVES_TEST_TAG"
@@ -90,17 +91,6 @@ def command(launcher, n, devices, target, *worker_options):
     return ["srun", "-n", str(n), "--kill-on-bad-exit=1", *worker]
 
 
-def _env(tag):
-    env = {name: value for name, value in os.environ.items()
-           if name not in _cluster.CLUSTER_VARIABLES}
-    for name in ("JAX_NUM_CPU_DEVICES", "PYTEST_XDIST_WORKER", "XLA_FLAGS"):
-        env.pop(name, None)
-    env.update({TAG: tag, "PYTHONUNBUFFERED": "1", "JAX_PLATFORMS": "cpu",
-                "PYTHONPATH": os.pathsep.join(
-                    p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)})
-    return env
-
-
 def tagged(tag):
     """Live processes whose environment carries ``tag``."""
     found = []
@@ -126,8 +116,8 @@ class Job:
         self.tag = uuid.uuid4().hex
         assert tagged(self.tag) == []
         self.out = open(tmp_path / "job.out", "w+")  # noqa: SIM115 (closed in close)
-        self.proc = subprocess.Popen(argv, env={**_env(self.tag), **(env or {})},
-                                     stdout=self.out,
+        env = {**rank_env(strip=()), TAG: self.tag, **(env or {})}
+        self.proc = subprocess.Popen(argv, env=env, stdout=self.out,
                                      stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, cwd=ROOT,
                                      start_new_session=True)

@@ -40,6 +40,9 @@ EXIT_PEER_LOST = 4
 """Exit code of a rank stopped because another rank ended without a result."""
 
 _ANNOUNCE_KEY = "collectives/watch/rank0"
+_KILLED = ("ended without reporting a result: it was killed (SIGKILL, the "
+           "out-of-memory killer) or crashed outside Python")
+_RANK0 = "rank 0 (the coordinator)"
 
 
 def say_and_exit(message: str, code: int) -> None:
@@ -73,7 +76,7 @@ class PeerWatch:
         self._lock = threading.Lock()
         self._peers: dict[int, socket.socket] = {}  # rank 0: one per other rank
         self._who: dict[int, str] = {}
-        self._ended: dict[int, int] = {}  # rank -> exit code it reported
+        self._reported: set[int] = set()  # ranks that said how they ended
         self._upstream: socket.socket | None = None  # other ranks: to rank 0
 
     # -- start-up ------------------------------------------------------------
@@ -163,26 +166,23 @@ class PeerWatch:
                     data = b""
                 if not data:
                     del open_[rank]
-                    if rank not in self._ended:
-                        self._lost(self._who[rank], "ended without reporting a "
-                                   "result: it was killed (SIGKILL, the out-of-"
-                                   "memory killer) or crashed outside Python")
+                    if rank not in self._reported:
+                        self._lost(self._who[rank], _KILLED)
                     continue
-                buffers[rank] += data
-                while b"\n" in buffers[rank]:
-                    line, buffers[rank] = buffers[rank].split(b"\n", 1)
-                    self._heard(rank, line.decode())
+                lines, buffers[rank] = _split_lines(buffers[rank] + data)
+                for line in lines:
+                    self._heard(rank, line)
 
     def _heard(self, rank: int, line: str) -> None:
         what, *rest = line.split(" ", 1)
         if what == "end":
             code = int(rest[0])
-            self._ended[rank] = code
+            self._reported.add(rank)
             if code != 0:
                 self._broadcast(f"failed {rank} {code}")
                 self._peer_failed(self._who[rank], code)
         elif what == "signal":
-            self._ended[rank] = 128
+            self._reported.add(rank)
             self._lost(self._who[rank], f"was stopped by {rest[0]}")
 
     def _broadcast(self, line: str) -> None:
@@ -221,15 +221,11 @@ class PeerWatch:
                 data = b""
             if not data:
                 if not rank0_ended:
-                    self._lost("rank 0 (the coordinator)",
-                               "ended without reporting a result: it was "
-                               "killed (SIGKILL, the out-of-memory killer) or "
-                               "crashed outside Python")
+                    self._lost(_RANK0, _KILLED)
                 return
-            buffer += data
-            while b"\n" in buffer:
-                raw, buffer = buffer.split(b"\n", 1)
-                what, _, rest = raw.decode().partition(" ")
+            lines, buffer = _split_lines(buffer + data)
+            for line in lines:
+                what, _, rest = line.partition(" ")
                 if what == "off":
                     return
                 if what == "lost":
@@ -242,10 +238,10 @@ class PeerWatch:
                 elif what == "end":
                     rank0_ended = True
                     if int(rest) != 0:
-                        self._peer_failed("rank 0 (the coordinator)", int(rest))
+                        self._peer_failed(_RANK0, int(rest))
                 elif what == "signal":
                     rank0_ended = True
-                    self._lost("rank 0 (the coordinator)", f"was stopped by {rest}")
+                    self._lost(_RANK0, f"was stopped by {rest}")
 
     # -- this rank's own end ----------------------------------------------------
 
@@ -265,6 +261,12 @@ class PeerWatch:
                     self._upstream.sendall(f"{line}\n".encode())
             elif self.rank == 0:
                 self._broadcast(line)
+
+
+def _split_lines(data: bytes) -> tuple[list[str], bytes]:
+    """The whole lines in ``data``, and the rest (a line still arriving)."""
+    *lines, rest = data.split(b"\n")
+    return [line.decode() for line in lines], rest
 
 
 def _read_line(conn: socket.socket) -> str:
