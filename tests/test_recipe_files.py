@@ -79,3 +79,10 @@ def test_recipe_runs_standalone(path, tmp_path):
     shown = [line for line in result.stdout.splitlines()
              if not line.startswith("ok:") and re.search(r"\d", line)]
     assert shown, f"{path.name} prints no numbers besides its verdict:\n{result.stdout}"
+
+
+def test_the_recipes_folder_runs_as_an_index_of_its_files(tmp_path):
+    result = run_python(str(RECIPE_FILES[0].parent / "__init__.py"), cwd=tmp_path,
+                        python=RECIPE_PYTHON, env=WITHOUT_PACKAGE)
+    listed = [line.split()[0] for line in result.stdout.splitlines()]
+    assert listed == [path.name for path in RECIPE_FILES], result.stdout
