@@ -111,7 +111,7 @@ class Diagram:
 
         Raises:
           ImportError: matplotlib is not installed (``pip install
-            'collectives[docs]'``).
+            matplotlib``, or the ``docs`` extra).
         """
         from collectives import _diagram_plot
 

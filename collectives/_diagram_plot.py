@@ -57,7 +57,8 @@ def figure(diagram: Any) -> Any:
     except ImportError as error:  # pragma: no cover - depends on the install
         raise ImportError(
             "Diagram.figure needs matplotlib. Fix: pip install matplotlib (or "
-            "the 'docs' extra: pip install 'collectives[docs]'); Diagram.text() "
+            "jax-collectives' 'docs' extra; in a checkout: pip install "
+            "'.[docs]'); Diagram.text() "
             "needs nothing.") from error
 
     rows = max(b.shape[0] for b in diagram.before + diagram.after)

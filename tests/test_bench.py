@@ -265,7 +265,8 @@ def test_plot_draws_a_png(sweep, tmp_path):
 
 def test_plot_without_matplotlib_says_how_to_get_it(sweep, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import fails
-    with pytest.raises(RuntimeError, match=r"pip install 'collectives\[bench\]'"):
+    with pytest.raises(RuntimeError,
+                       match=r"pip install matplotlib \(jax-collectives' 'bench'"):
         _report.plot(sweep, str(tmp_path / "busbw.png"))
 
 

@@ -89,6 +89,19 @@ def test_no_line_installs_the_unrelated_collectives_project():
                 f"project on the package index. Fix: `{DIST}`, or `.` in a checkout.")
 
 
+def test_no_message_of_the_package_names_the_unrelated_project():
+    # error messages and docstrings that tell users what to install
+    for path in sorted([*(ROOT / "collectives").rglob("*.py"),
+                        *(ROOT / "recipes").glob("*.py")]):
+        if path.is_symlink() or "recipes" in path.relative_to(ROOT).parts[1:2]:
+            continue  # collectives/recipes is recipes/, read once
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            assert not re.search(r"(?<![\w-])collectives\[", line), (
+                f"{path.relative_to(ROOT)}:{number}: `collectives[...]` is the "
+                f"unrelated project on the package index. Fix: name `{DIST}` or "
+                "the plain dependency.")
+
+
 def test_every_line_that_names_the_project_installs_it(wheel, tmp_path):
     provided = set(metadata(wheel).get_all("Provides-Extra"))
     named = [(where, args) for where, args in documented_lines() if ours(args)]

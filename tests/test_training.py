@@ -147,4 +147,4 @@ def test_without_optax_import_works_and_check_skips(tmp_path):
         "print(row.skipped, row.ok, row.detail)\n")
     result = run_python(str(script), env={"PYTHONPATH": ":".join(sys.path)})
     assert result.stdout.startswith("True True"), result.stdout
-    assert "pip install 'collectives[train]'" in result.stdout
+    assert "pip install optax (jax-collectives' 'train' extra" in result.stdout

@@ -28,7 +28,7 @@ The bodies, global program and NumPy oracle are
 ``recipes/optax_training.py``'s, run with this recipe's ``N_STEPS`` and
 ``LR``; this module adds the facts the library needs about them.
 
-optax is an optional dependency (``pip install collectives[train]``): the
+optax is an optional dependency (the ``train`` extra): the
 recipe file, which imports it, is imported on first use, so ``import
 collectives`` works without it; the forms raise
 :class:`OptionalDependencyError` then, and ``python -m collectives check``
@@ -68,7 +68,8 @@ def require_optax():
     except ImportError:
         raise OptionalDependencyError(
             "the training recipes need optax, which is not installed. Fix: pip "
-            "install 'collectives[train]' (or pip install optax).") from None
+            "install optax (jax-collectives' 'train' extra; in a checkout: pip "
+            "install '.[train]').") from None
     return optax
 
 

@@ -169,7 +169,8 @@ def plot(doc: Mapping[str, Any], path: str) -> None:
     except ImportError:
         raise RuntimeError(
             "--plot needs matplotlib, which is not installed. Fix: pip install "
-            "'collectives[bench]' (or pip install matplotlib).") from None
+            "matplotlib (jax-collectives' 'bench' extra; in a checkout: pip "
+            "install '.[bench]').") from None
     rows = doc["results"]
     names = list(dict.fromkeys(r["collective"] for r in rows if r["form"] != "copy"))
     cols = min(3, max(1, len(names)))

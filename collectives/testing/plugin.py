@@ -134,7 +134,8 @@ def pytest_configure(config: pytest.Config) -> None:
         except ImportError as err:
             raise pytest.UsageError(
                 f"ini setting hypothesis_profile = {profile!r} needs hypothesis "
-                f"({err}). Fix: pip install 'collectives[test]'.") from None
+                f"({err}). Fix: pip install hypothesis (jax-collectives' 'test' "
+                "extra; in a checkout: pip install '.[test]').") from None
         from collectives.testing._profiles import register_profiles
 
         try:
