@@ -245,6 +245,18 @@ class PeerWatch:
 
     # -- this rank's own end ----------------------------------------------------
 
+    def let_a_lost_peer_speak_first(self, grace: float = 2.0) -> None:
+        """Wait up to ``grace`` seconds before this rank reports a failure.
+
+        A collective that lost its peer fails here ("Connection closed by
+        peer") at about the moment the watch sees that peer's connection
+        close; the watch then ends this rank naming the peer, which is the
+        cause. Without a connection to watch, return at once.
+        """
+        if self._upstream is None and not self._peers:
+            return
+        time.sleep(grace)
+
     def end(self, code: int) -> None:
         """Say this rank ended with ``code`` (after publishing its result)."""
         self.in_target = False

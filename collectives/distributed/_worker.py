@@ -301,6 +301,8 @@ def _run_and_report(argv: Sequence[str], rank: int, num_processes: int,
         settings.marker("result").with_suffix(".json").write_text(
             json.dumps(record))
     if code != 0:
+        if watch is not None:
+            watch.let_a_lost_peer_speak_first()
         _ranks.publish("result", rank, dataclasses.asdict(mine))
         if watch is not None:
             watch.end(code)
