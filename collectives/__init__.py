@@ -59,6 +59,7 @@ from collectives._parallelism import StrategyRow
 from collectives._parallelism import strategy_table
 from collectives._presentation import BenchSpec
 from collectives._presentation import DiagramSpec
+from collectives._presentation import PlanSpec
 from collectives._recipe import FAMILIES
 from collectives._recipe import FORMS
 from collectives._recipe import Recipe
@@ -79,6 +80,7 @@ __all__ = [
     "CollectiveStats",
     "Diagram",
     "DiagramSpec",
+    "PlanSpec",
     "Recipe",
     "ReplicationError",
     "StrategyRow",

@@ -1,4 +1,4 @@
-"""``python -m collectives``: list, show, run, check, bench, launch and worker."""
+"""``python -m collectives``: list, show, run, check, bench, plan, launch and worker."""
 
 from __future__ import annotations
 
@@ -120,6 +120,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return bench.main(args)
 
 
+def cmd_plan(args: argparse.Namespace) -> int:
+    from collectives.plan._command import main as plan_main
+
+    return plan_main(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m collectives",
@@ -159,6 +165,18 @@ def build_parser() -> argparse.ArgumentParser:
                     "and #wrong against the NumPy oracle.")
     add_bench_arguments(p)
     p.set_defaults(func=cmd_bench)
+
+    from collectives.plan._command import add_arguments as add_plan_arguments
+
+    p = sub.add_parser(
+        "plan", help="each strategy's collectives, bytes, memory and predicted "
+                     "time per step at up to 2048 devices, compile only",
+        description="Compile one unit of each parallelism strategy for the mesh "
+                    "(simulated CPU devices, abstract inputs) and report per "
+                    "device and training step: collectives, bytes sent, memory "
+                    "and communication time on an interconnect profile.")
+    add_plan_arguments(p)
+    p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser(
         "launch", help="run check, a recipe or a script in N local processes "

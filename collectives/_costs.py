@@ -7,7 +7,10 @@ builders here cover the common shapes of that fact.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 from collections.abc import Callable
+from collections.abc import Iterator
 from collections.abc import Mapping
 from typing import Any
 
@@ -17,6 +20,26 @@ import numpy as np
 from collectives._layout import Axes
 from collectives.hlo import Expectation
 from collectives.hlo import bytes_moved
+
+_COMPILED_FOR: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "compiled_for", default=None)
+
+
+def compiled_for() -> str:
+    """The platform programs are compiled for: JAX's default backend, unless
+    a plan compiles for another (a TPU topology, :func:`compiling_for`).
+    Cost models whose compiled form differs by backend ask this."""
+    return _COMPILED_FOR.get() or jax.default_backend()
+
+
+@contextlib.contextmanager
+def compiling_for(platform: str) -> Iterator[None]:
+    """Within the block, :func:`compiled_for` is ``platform``."""
+    token = _COMPILED_FOR.set(platform)
+    try:
+        yield
+    finally:
+        _COMPILED_FOR.reset(token)
 
 
 def block_bytes(axes: Axes, x: Any) -> int:
@@ -58,7 +81,7 @@ def one_collective(kind: str, *, cpu_jit: str | None = None
     def fact(axes: Axes, args: tuple[Any, ...], form: str) -> Expectation:
         (x,) = args
         op = kind
-        if form == "jit" and cpu_jit is not None and jax.default_backend() == "cpu":
+        if form == "jit" and cpu_jit is not None and compiled_for() == "cpu":
             op = cpu_jit
         whole = kind == "reduce-scatter"
         moved = per_device_bytes(op, block_bytes(axes, x), axes.size, whole=whole)

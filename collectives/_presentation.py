@@ -1,5 +1,6 @@
-"""How a recipe is presented: drawn (:class:`DiagramSpec`) and timed
-(:class:`BenchSpec`). Facets of a :class:`collectives.Recipe` beside its
+"""How a recipe is presented: drawn (:class:`DiagramSpec`), timed
+(:class:`BenchSpec`) and planned at scale
+(:class:`PlanSpec`). Facets of a :class:`collectives.Recipe` beside its
 contract; the contract itself does not need them."""
 
 from __future__ import annotations
@@ -48,3 +49,44 @@ class BenchSpec:
     bare_check_vma: bool = True
     default: bool = False
     jit_target: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanSpec:
+    """How ``python -m collectives plan`` sizes a strategy for a model.
+
+    ``model`` below is a :class:`collectives.plan.Model`: ``width``,
+    ``layers``, ``seq``, ``batch``, ``heads``, ``ffn`` and ``dtype``.
+
+    Attributes:
+      label: the strategy's name in the plan's table, e.g. ``"FSDP"``.
+      shapes: ``shapes(axes, model)``: the recipe's argument shapes (a tree
+        of tuples, as ``example_shapes`` returns) for one ``unit`` of
+        ``model``.
+      unit: what one compiled program of the recipe is, in words, e.g.
+        ``"4 dense layers, loss and gradients"``.
+      repeats: ``repeats(axes, model)``: how many units one training step
+        runs (the compiled program's collectives are counted that often).
+      stored: ``stored(axes, model)``: how many units' parameters one
+        device stores (a pipeline stage holds ``layers / stages`` layers but
+        sends the same activations whatever that number).
+      params: the indices of the arguments that are parameters.
+      axis: ``"all"``: the recipe runs over every mesh axis (its ``axis=None``);
+        ``"last"``: over the last mesh axis (stages, the sequence, the
+        experts), the other axes split the rest or hold replicas.
+      mesh_axes: how many mesh axes the recipe needs (``None``: any).
+    """
+
+    label: str
+    shapes: Callable[..., Any]
+    unit: str
+    repeats: Callable[..., float]
+    stored: Callable[..., float] | None = None
+    params: tuple[int, ...] = (0,)
+    axis: str = "all"
+    mesh_axes: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.axis not in ("all", "last"):
+            raise ValueError(f"{self.label}: axis={self.axis!r}; expected 'all' or "
+                             "'last'.")

@@ -36,6 +36,7 @@ from collectives._layout import Axes
 from collectives._layout import AxisArg
 from collectives._presentation import BenchSpec
 from collectives._presentation import DiagramSpec
+from collectives._presentation import PlanSpec
 from collectives._stacked import map_leaves
 from collectives._stacked import stack_args
 from collectives._stacked import stacked_in_axes
@@ -164,6 +165,8 @@ class Recipe:
         :class:`DiagramSpec`), or ``None`` for recipes it does not draw.
       bench: how the benchmark times it (a :class:`BenchSpec`), or ``None``
         for recipes it does not time.
+      plan: how ``python -m collectives plan`` sizes it for a model at scale
+        (a :class:`PlanSpec`), or ``None`` for recipes it does not plan.
 
     The older names ``count_terms``, ``hlo``, ``source`` and ``exact`` (of
     ``n_terms``, ``cost_model``, ``recipe_file`` and ``bitwise``) are still
@@ -198,6 +201,7 @@ class Recipe:
     cost_model: CostModel | None = None
     diagram: DiagramSpec | None = None
     bench: BenchSpec | None = None
+    plan: PlanSpec | None = None
 
     def __post_init__(self) -> None:
         if self.family not in FAMILIES:

@@ -43,6 +43,9 @@ from typing import Any
 
 import jax
 
+from collectives._hlo_groups import parse_groups
+from collectives._hlo_groups import spanned_axes
+
 KINDS: tuple[str, ...] = (
     "all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 """The collective kinds counted, as XLA names their HLO opcodes."""
@@ -108,6 +111,12 @@ class Collective:
       operand_bytes: bytes each device passes in.
       size: ``V`` of the cost model, in bytes.
       bytes: bytes each device sends, ``bytes_moved(kind, size, group_size)``.
+      groups: the device ids of each replica group (a permute's
+        source-target pairs) as written, empty where XLA names mesh axes
+        instead or where the group is every device.
+      axis_names: the mesh axes XLA names as the groups, if it does.
+      dtype: the element type of its (first) operand, as HLO writes it
+        (``"f32"``, ``"bf16"``, ``"s32"``).
     """
 
     kind: str
@@ -116,6 +125,15 @@ class Collective:
     operand_bytes: int
     size: int
     bytes: float
+    groups: tuple[tuple[int, ...], ...] = dataclasses.field(default=(), repr=False)
+    axis_names: tuple[str, ...] = ()
+    dtype: str = ""
+
+    def mesh_axes(self, mesh: jax.sharding.Mesh) -> tuple[str, ...]:
+        """The axes of ``mesh`` (the one the program was compiled for) that
+        this collective runs over, in mesh order."""
+        return spanned_axes(self.groups, self.axis_names, tuple(mesh.axis_names),
+                            tuple(mesh.devices.shape))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -381,19 +399,24 @@ def parse_collectives(text: str) -> CollectiveStats:
         attrs = rest[close:]
         if kind == "collective-permute" and "slice_sizes=" in attrs:
             operands = operands[:1]  # in-place form: input, output, offsets
-        in_bytes = 0
+        in_bytes, dtype = 0, ""
         for operand in operands:
             ref = _NAME.search(operand)
             inline = operand[:ref.start()] if ref else operand
             known = shapes.get(ref.group(1), "") if ref else ""
-            in_bytes += shape_bytes(inline if _ARRAY.search(inline) else known)
+            shape = inline if _ARRAY.search(inline) else known
+            in_bytes += shape_bytes(shape)
+            element = _ARRAY.search(shape)
+            dtype = dtype or (element.group(1) if element else "")
         if kind == "collective-permute":
             n = _pair_count(attrs)
             size = in_bytes
         else:
             n = _group_size(attrs, devices)
             size = in_bytes * n if kind in ("all-gather", "all-to-all") else in_bytes
+        groups, axis_names = parse_groups(attrs)
         ops.append(Collective(kind=kind, name=name, group_size=n,
                               operand_bytes=in_bytes, size=size,
-                              bytes=bytes_moved(kind, size, n)))
+                              bytes=bytes_moved(kind, size, n), groups=groups,
+                              axis_names=axis_names, dtype=dtype))
     return CollectiveStats(ops=tuple(ops), text=text)

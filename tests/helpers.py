@@ -147,3 +147,12 @@ def rank_env(*, strip=("SLURM_", "OMPI_", "PMI_", "PMIX_")):
     env["PYTHONUNBUFFERED"] = "1"
     env["JAX_PLATFORMS"] = "cpu"
     return env
+
+
+def only_with_marker(request, marker, where):
+    """Skip unless the run selects ``marker`` (``-m marker``): tests that CI
+    runs in a step of their own (``where`` says which)."""
+    import pytest
+
+    if marker not in (request.config.getoption("markexpr") or ""):
+        pytest.skip(f"runs with -m {marker} ({where})")

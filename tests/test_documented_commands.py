@@ -19,6 +19,7 @@ import pytest
 from collectives import _cli
 from collectives.distributed._results import worker_argv
 from helpers import ROOT
+from helpers import only_with_marker
 from helpers import run_python
 
 PAGES = ["README.md", "docs/start.md", "docs/benchmarks.md", "docs/multi_process.md",
@@ -100,8 +101,7 @@ def _parse_only(argv):
 @pytest.mark.documented
 @pytest.mark.parametrize("page,command", COMMANDS, ids=[c for _, c in COMMANDS])
 def test_documented_command_runs(request, tmp_path, page, command):
-    if "documented" not in (request.config.getoption("markexpr") or ""):
-        pytest.skip("runs with -m documented (CI runs it)")
+    only_with_marker(request, "documented", "CI runs it")
     if command in RUN_ELSEWHERE:
         pytest.skip(f"run verbatim by {RUN_ELSEWHERE[command]}")
     argv = shlex.split(command)

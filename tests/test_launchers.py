@@ -29,6 +29,7 @@ from collectives._registry import RECIPES
 from collectives.distributed import _cluster
 from collectives.distributed import _watch
 from helpers import ROOT
+from helpers import only_with_marker
 from helpers import rank_env
 
 REQUIRED = os.environ.get("COLLECTIVES_REQUIRE_LAUNCHERS") == "1"
@@ -41,8 +42,7 @@ RANK_VARIABLE = {"launch": "COLLECTIVES_PROCESS_ID", "mpirun": "OMPI_COMM_WORLD_
 
 
 def _selected(request):
-    if "launchers" not in (request.config.getoption("markexpr") or ""):
-        pytest.skip("runs with -m launchers (CI: inside tools/local_slurm.sh)")
+    only_with_marker(request, "launchers", "CI: inside tools/local_slurm.sh")
 
 
 def _srun_works():

@@ -43,6 +43,7 @@ from collectives._layout import Axes
 from collectives._layout import make_spec
 from collectives._layout import on_axes
 from collectives._layout import with_options
+from collectives._presentation import PlanSpec
 from collectives._recipe import Recipe
 from collectives._registry import register
 from collectives.hlo import Expectation
@@ -203,6 +204,20 @@ def _all_to_all_fact(axes: Axes, args, form: str) -> Expectation:
     return Expectation({"all-to-all": 4}, {"all-to-all": 4 * moved})
 
 
+def _plan_shapes(axes: Axes, model):
+    """One attention of ``model``: ``seq`` tokens of ``batch * heads``
+    independent heads (attention never mixes them, so the batch folds into
+    the heads dimension), ``width / heads`` per head."""
+    shape = (model.seq, model.batch * model.heads, model.width // model.heads)
+    return (shape, shape, shape)
+
+
+def _plan(label: str) -> PlanSpec:
+    return PlanSpec(label=label, shapes=_plan_shapes, axis="last", params=(),
+                    unit="one attention (q, k, v to output), forward",
+                    repeats=lambda axes, model: model.layers)
+
+
 def _check_recipe_args(heads_split: bool, what: str):
     def validate(axes: Axes, args) -> None:
         q, k, v = (np.shape(x) for x in args)
@@ -223,7 +238,7 @@ def _ring_recipe(name: str, summary: str, causal: bool) -> Recipe:
     return register(Recipe(
         name=name, summary=summary, family="strategy", recipe_file="ring_attention.py",
         bitwise=False,  # softmax: exp rounds, and the ring sums in another order
-        cost_model=_ring_fact,
+        cost_model=_ring_fact, plan=_plan("SP ring causal" if causal else "SP ring"),
         body=body,
         # pmap maps mesh axes after the first with vmap: one axis per ppermute
         pmap_body=with_options(ring_file.ring_attention_body, causal=causal,
@@ -259,4 +274,5 @@ all_to_all_attention_recipe = register(Recipe(
     in_specs=_specs, out_specs=lambda axes: _specs(axes)[0],
     example_shapes=_shapes(heads_per_device=True), arg_names=("q", "k", "v"),
     n_terms=_n_terms, dtype_kinds=_FLOAT,
-    validate=_check_recipe_args(True, "all_to_all_attention")))
+    validate=_check_recipe_args(True, "all_to_all_attention"),
+    plan=_plan("SP all-to-all")))

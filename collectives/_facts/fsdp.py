@@ -36,9 +36,9 @@ from __future__ import annotations
 
 import math
 
-import jax
 from jax.sharding import PartitionSpec as P
 
+from collectives._costs import compiled_for
 from collectives._costs import per_device_bytes
 from collectives._facts.mlp import Params
 from collectives._facts.mlp import body_of
@@ -46,6 +46,7 @@ from collectives._facts.mlp import data_and_model_axes
 from collectives._facts.mlp import loss_and_grads_specs
 from collectives._facts.mlp import magnitudes_of
 from collectives._facts.mlp import mlp_n_terms
+from collectives._facts.mlp import mlp_plan
 from collectives._facts.mlp import needs_data_and_model_axes
 from collectives._facts.mlp import program_of
 from collectives._facts.mlp import term_norms
@@ -242,7 +243,7 @@ def _cost_model(model: bool):
              "reduce-scatter": len(gathered[0]), "all-reduce": 1 + 2 * model},
             {"all-gather": forward + backward, "reduce-scatter": scatter,
              "all-reduce": loss + pair})
-        if jax.default_backend() != "cpu":
+        if compiled_for() != "cpu":
             return (as_written,)  # not pinned on GPU/TPU here: the program's
         if form == "shard_map":  # older CPU pipelines merge the re-gathers away
             return (as_written, Expectation(
@@ -264,7 +265,7 @@ def _cost_model(model: bool):
 _FLOAT = frozenset({"float"})
 
 
-def _recipe(name: str, summary: str, model: bool) -> Recipe:
+def _recipe(name: str, summary: str, model: bool, label: str) -> Recipe:
     in_specs, out_specs = _specs(model)
     return Recipe(
         name=name, summary=summary,
@@ -279,13 +280,15 @@ def _recipe(name: str, summary: str, model: bool) -> Recipe:
         recipe_file="fsdp.py",
         # the MLP's four matmuls and squared loss (see dp_mlp)
         bitwise=False, exact_dtypes=WIDE_FLOATS,
-        magnitudes=magnitudes_of(file.forward_backward))
+        magnitudes=magnitudes_of(file.forward_backward),
+        plan=mlp_plan(label, mesh_axes=2 if model else None))
 
 
 fsdp_mlp = register(_recipe(
     "fsdp_mlp", "MLP loss+grads, FSDP/ZeRO-3: params sharded on dim 0 over the "
-    "data axis, all-gathered per layer, grads reduce-scattered", model=False))
+    "data axis, all-gathered per layer, grads reduce-scattered", model=False,
+    label="FSDP"))
 
 fsdp_tp_mlp = register(_recipe(
     "fsdp_tp_mlp", "MLP loss+grads over axes (data, model): FSDP over data x the "
-    "Megatron pair W2/W3 over model", model=True))
+    "Megatron pair W2/W3 over model", model=True, label="FSDP x TP"))

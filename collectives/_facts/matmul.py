@@ -33,11 +33,11 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-import jax
 import numpy as np
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
+from collectives._costs import compiled_for
 from collectives._costs import reshards_minor_axis
 from collectives._facts.permute import body_axis_size
 from collectives._layout import Axes
@@ -262,7 +262,7 @@ def _matmul_fact(kind: str, overlap: str | None):
     def fact(axes: Axes, args: tuple[Any, ...], form: str) -> Expectation:
         if form == "jit":
             op = kind
-            if kind == "reduce-scatter" and jax.default_backend() == "cpu":
+            if kind == "reduce-scatter" and compiled_for() == "cpu":
                 op = "all-reduce"
             return Expectation({op: 1, "collective-permute": reshards_minor_axis(axes)})
         if overlap is None:

@@ -48,6 +48,7 @@ from collectives._facts.permute import body_axis_size
 from collectives._layout import Axes
 from collectives._layout import axis_tuple
 from collectives._layout import on_axes
+from collectives._presentation import PlanSpec
 from collectives._recipe import WIDE_FLOATS
 from collectives._recipe import Recipe
 from collectives._registry import register
@@ -405,6 +406,27 @@ def _mlp_fact(model: bool):
 
     return fact
 
+def plan_mlp_shapes(axes: Axes, model) -> tuple[Any, ...]:
+    """One unit of ``model`` for the MLP strategies: four dense layers of its
+    width, on every token of a step (``[batch * seq, width]`` inputs and
+    targets)."""
+    del axes
+    w = model.width
+    params = {}
+    for layer in range(1, 5):
+        params[f"w{layer}"], params[f"b{layer}"] = (w, w), (w,)
+    return (params, (model.tokens, w), (model.tokens, w))
+
+
+def mlp_plan(label: str, mesh_axes: int | None = None) -> PlanSpec:
+    """The :class:`PlanSpec` of a four-layer MLP strategy: ``layers / 4``
+    units per step, each stored."""
+    per_step = lambda axes, model: model.layers / 4
+    return PlanSpec(label=label, shapes=plan_mlp_shapes,
+                    unit="4 dense layers, loss and gradients", repeats=per_step,
+                    stored=per_step, mesh_axes=mesh_axes)
+
+
 dp_tp_mlp = register(Recipe(
     name="dp_tp_mlp", recipe_file="dp_tp_mlp.py", cost_model=_mlp_fact(model=True),
     # four matmuls and a squared loss: past 2**24 even float32 rounds, and
@@ -416,7 +438,8 @@ dp_tp_mlp = register(Recipe(
     program=program_of(file.value_and_grad_program, model=True), oracle=mlp_oracle,
     in_specs=_specs(model=True)[0], out_specs=_specs(model=True)[1],
     example_shapes=_shapes(model=True), arg_names=("params", "x", "y"),
-    n_terms=mlp_n_terms, dtype_kinds=_FLOAT, unsupported_reason=_needs_two_axes))
+    n_terms=mlp_n_terms, dtype_kinds=_FLOAT, unsupported_reason=_needs_two_axes,
+    plan=mlp_plan("DP x TP", mesh_axes=2)))
 
 dp_mlp = register(Recipe(
     name="dp_mlp", recipe_file="dp_tp_mlp.py", cost_model=_mlp_fact(model=False),
@@ -427,4 +450,4 @@ dp_mlp = register(Recipe(
     program=program_of(file.value_and_grad_program, model=False), oracle=mlp_oracle,
     in_specs=_specs(model=False)[0], out_specs=_specs(model=False)[1],
     example_shapes=_shapes(model=False), arg_names=("params", "x", "y"),
-    n_terms=mlp_n_terms, dtype_kinds=_FLOAT))
+    n_terms=mlp_n_terms, dtype_kinds=_FLOAT, plan=mlp_plan("DP")))

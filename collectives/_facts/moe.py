@@ -50,6 +50,7 @@ from collectives._facts.permute import body_axis_size
 from collectives._layout import Axes
 from collectives._layout import by_axis_size
 from collectives._layout import on_mesh
+from collectives._presentation import PlanSpec
 from collectives._recipe import Recipe
 from collectives._registry import register
 from collectives.hlo import Expectation
@@ -191,6 +192,21 @@ def _shapes(axes: Axes, dims):
     return ((d, n), (n, d, f + 1), (n, f + 1, d), (n * 2 * t, d))
 
 
+def _plan_shapes(axes: Axes, model):
+    """One mixture-of-experts layer of ``model``: one expert per device along
+    the axis (``[width, ffn]`` in, ``[ffn, width]`` out), the tokens of one
+    replica (the other mesh axes hold replicas, each with its share)."""
+    n, d = axes.size, model.width
+    rows = model.tokens // axes.others_size
+    return ((d, n), (n, d, model.ffn), (n, model.ffn, d), (rows, d))
+
+
+_PLAN = PlanSpec(label="EP (MoE)", shapes=_plan_shapes, axis="last", params=(0, 1, 2),
+                 unit="one MoE layer (route, dispatch, experts, combine), forward",
+                 repeats=lambda axes, model: model.layers,
+                 stored=lambda axes, model: model.layers)
+
+
 moe_program = on_mesh(file.moe_program)
 """The global program (``recipes/moe.py``'s ``moe_program``), called as
 ``moe_program(router_w, w_in, w_out, tokens, axes=..., top_k=...,
@@ -225,7 +241,9 @@ def _moe_fact(axes: Axes, args, form: str, *, top_k: int, capacity: int | None,
 
 def _validate(top_k: int, capacity: int | None, capacity_factor: float):
     def validate(axes: Axes, args) -> None:
-        router_w, w_in, w_out, tokens = (np.empty(np.shape(a), np.int8) for a in args)
+        # shape-only stand-ins (broadcast: no memory, whatever the sizes)
+        router_w, w_in, w_out, tokens = (np.broadcast_to(np.int8(0), np.shape(a))
+                                         for a in args)
         _check_weights(router_w, w_in, w_out, tokens, axes.size, "moe_layer")
         if tokens.ndim != 2:
             raise ValueError(
@@ -256,7 +274,7 @@ def moe_recipe(*, top_k: int = 1, capacity: int | None = None,
         arg_names=("router_w", "expert_w_in", "expert_w_out", "tokens"),
         n_terms=lambda axes: 64, dtype_kinds=frozenset({"float"}),
         validate=_validate(**options),
-        cost_model=functools.partial(_moe_fact, **options))
+        cost_model=functools.partial(_moe_fact, **options), plan=_PLAN)
 
 
 moe_layer_recipe = register(moe_recipe())

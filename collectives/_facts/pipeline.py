@@ -37,6 +37,7 @@ from collectives._costs import per_device_bytes
 from collectives._facts.permute import body_axis_size
 from collectives._layout import Axes
 from collectives._layout import on_mesh
+from collectives._presentation import PlanSpec
 from collectives._recipe import Recipe
 from collectives._registry import register
 from collectives.hlo import Expectation
@@ -242,6 +243,24 @@ def _cost_model(axes: Axes, args, form: str) -> Expectation:
          "all-reduce": per_device_bytes("all-reduce", x.itemsize, stages)})
 
 
+def _plan_shapes(axes: Axes, model):
+    """One pipeline of ``model``: a ``[width, width]`` layer per stage, and
+    the tokens of one replica (the other mesh axes hold replicas, each
+    with its share of the batch)."""
+    w, stages = model.width, axes.size
+    rows = model.tokens // axes.others_size
+    return ({"w": (stages, w, w), "b": (stages, w)}, (rows, w), (rows, w))
+
+
+_PLAN = PlanSpec(
+    label="PP", shapes=_plan_shapes, axis="last", params=(0,),
+    unit=f"one layer per stage, {MICROBATCHES} microbatches, loss and gradients",
+    repeats=lambda axes, model: 1,
+    # a stage holds layers / stages layers; the activations it passes on
+    # do not depend on how many
+    stored=lambda axes, model: model.layers / axes.size)
+
+
 pipeline_mlp = register(Recipe(
     name="pipeline_mlp",
     summary="GPipe: one layer per stage over the axis, M microbatches passed on "
@@ -252,4 +271,4 @@ pipeline_mlp = register(Recipe(
     arg_names=("stage_params", "x", "y"), n_terms=_n_terms, magnitudes=_magnitudes,
     dtype_kinds=frozenset({"float"}), validate=_validate, unsupported_reason=_one_axis,
     family="strategy", cost_model=_cost_model, recipe_file="pipeline.py",
-    bitwise=False))  # tanh layers round on any input
+    plan=_PLAN, bitwise=False))  # tanh layers round on any input

@@ -1,0 +1,250 @@
+"""``python -m collectives plan``: the flags and what the command prints."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from collectives.plan._model import DEFAULT_MODEL
+from collectives.plan._model import MODELS
+from collectives.plan._model import model_from
+from collectives.plan._plan import MAX_DEVICES
+from collectives.plan._plan import Plan
+from collectives.plan._plan import default_mesh
+from collectives.plan._plan import plan
+from collectives.plan._plan import planned_recipes
+from collectives.plan._profiles import MEASURED
+from collectives.plan._profiles import Profile
+from collectives.plan._profiles import load_profiles
+from collectives.plan._profiles import measured_profile
+from collectives.plan._report import crossovers
+from collectives.plan._report import mesh_text
+from collectives.plan._report import plot
+from collectives.plan._report import size
+from collectives.plan._report import table_lines
+from collectives.plan._versus import table_lines as versus_lines
+from collectives.plan._versus import versus_bench
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``plan`` flags."""
+    parser.add_argument(
+        "--devices", type=int, nargs="+", default=[MAX_DEVICES], metavar="N",
+        help=f"device counts to plan for, each a mesh data x model with 8 on "
+        f"model (default: {MAX_DEVICES}; at most {MAX_DEVICES}); several make a "
+        "sweep")
+    parser.add_argument(
+        "--mesh", metavar="AXIS=SIZE,...",
+        help="the mesh instead of --devices, e.g. data=256,model=8 (one or two "
+        "axes; strategies over one axis run over the last)")
+    parser.add_argument(
+        "--model", nargs="+", default=[DEFAULT_MODEL], metavar="NAME",
+        help=f"model sizes: {', '.join(MODELS)} (default: {DEFAULT_MODEL}); the "
+        "flags below change a field of each")
+    for field, what in (("width", "model width"), ("layers", "layers"),
+                        ("seq", "tokens per sequence"),
+                        ("batch", "sequences per step"), ("heads", "attention heads"),
+                        ("ffn", "an expert's hidden width")):
+        parser.add_argument(f"--{field}", type=int, metavar="N", help=what)
+    parser.add_argument("--dtype", help="parameters' and activations' dtype "
+                        "(default: bfloat16)")
+    parser.add_argument(
+        "--interconnect", default=MEASURED, metavar="PROFILE|AXIS=PROFILE,...",
+        help="the interconnect profile of every axis, or one per axis (e.g. "
+        "model=nvlink-h100,data=ib-ndr); default: measured (bench's fit on "
+        "this machine); --list-profiles shows the others")
+    parser.add_argument("--profiles", action="append", default=[], metavar="FILE",
+                        help="add named profiles from a TOML or JSON file")
+    parser.add_argument("--list-profiles", action="store_true",
+                        help="print the named profiles with their sources and exit")
+    parser.add_argument("--remeasure", action="store_true",
+                        help="measure the 'measured' profile again (else cached)")
+    parser.add_argument(
+        "--topology", metavar="NAME",
+        help="compile with the TPU compiler for a TPU topology, e.g. v5p:8x16x16 "
+        "(as many devices as the mesh; needs pip install 'jax[tpu]', no TPU)")
+    parser.add_argument("--form", choices=("shard_map", "jit"), default="shard_map",
+                        help="the form compiled (default: %(default)s)")
+    parser.add_argument("-s", "--strategies", nargs="+", metavar="NAME",
+                        help="strategies to plan, by label (FSDP) or recipe "
+                        "(fsdp_mlp); default: all")
+    parser.add_argument("--memory-per-device", type=_gigabytes, metavar="GB",
+                        help="device memory in GB (1e9 bytes), e.g. 80: the "
+                        "crossovers then name the strategies that fit")
+    parser.add_argument(
+        "--versus-bench", action="store_true",
+        help="also time each strategy's collectives with bench on this machine "
+        "and compare with the prediction (a 1-D --mesh, the measured profile; "
+        "e.g. --mesh data=8 --model laptop)")
+    parser.add_argument("--json", metavar="FILE", help="write the plans as JSON")
+    parser.add_argument("--plot", metavar="FILE", help="draw communication and "
+                        "memory against devices (needs the bench extra)")
+    parser.add_argument("--timeout", type=float, default=600, metavar="SECONDS",
+                        help="limit for compiling one mesh (default: %(default)s)")
+
+
+def _gigabytes(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(
+            f"expected a positive number of GB (1e9 bytes), e.g. 80, got {text!r}")
+    return value * 1e9
+
+
+def parse_mesh(text: str) -> dict[str, int]:
+    """``data=256,model=8`` -> ``{"data": 256, "model": 8}``.
+
+    Raises:
+      ValueError: not of that form.
+    """
+    mesh = {}
+    for part in text.split(","):
+        name, eq, value = part.partition("=")
+        if not eq or not name.strip() or not value.strip().isdigit():
+            raise ValueError(f"--mesh: expected AXIS=SIZE,... (e.g. data=256,model=8), "
+                             f"got {text!r}.")
+        mesh[name.strip()] = int(value)
+    return mesh
+
+
+def interconnect_for(text: str, axes: Sequence[str], profiles: dict[str, Profile],
+                     remeasure: bool = False) -> dict[str, Profile]:
+    """One profile per mesh axis from ``--interconnect``.
+
+    Raises:
+      ValueError: an unknown profile name, or axes that are not the mesh's.
+    """
+    if "=" in text:
+        chosen = {}
+        for part in text.split(","):
+            axis, _, name = part.partition("=")
+            chosen[axis.strip()] = name.strip()
+        if set(chosen) != set(axes):
+            raise ValueError(f"--interconnect: names axes {sorted(chosen)}, the mesh "
+                             f"has {list(axes)}. Fix: give a profile for every axis, "
+                             "or one name for all.")
+    else:
+        chosen = dict.fromkeys(axes, text.strip())
+    known = [MEASURED, *profiles]
+    out = {}
+    for axis, name in chosen.items():
+        if name == MEASURED:
+            out[axis] = measured_profile(remeasure=remeasure, log=sys.stderr)
+        elif name in profiles:
+            out[axis] = profiles[name]
+        else:
+            raise ValueError(f"--interconnect: unknown profile {name!r}; known: "
+                             f"{', '.join(known)}. Fix: pick one, or add yours with "
+                             "--profiles FILE.")
+    return out
+
+
+def _strategies(wanted: Sequence[str] | None) -> list[str]:
+    from collectives._registry import RECIPES
+
+    names = planned_recipes()
+    if not wanted:
+        return names
+    by_label = {RECIPES[n].plan.label.lower(): n for n in names}
+    chosen = []
+    for item in wanted:
+        name = item if item in names else by_label.get(item.lower())
+        if name is None:
+            raise ValueError(
+                f"--strategies: unknown {item!r}; expected one of "
+                f"{', '.join(RECIPES[n].plan.label for n in names)} (or their "
+                f"recipes: {', '.join(names)}).")
+        chosen.append(name)
+    return chosen
+
+
+def list_profiles(profiles: dict[str, Profile]) -> None:
+    print(f"{MEASURED}: this machine, measured by bench's alpha-beta fit per "
+          "collective kind (the default; cached after the first plan)")
+    for name, p in profiles.items():
+        print(f"{name}: {p.description}; alpha {p.link.alpha * 1e6:g} us, busbw "
+              f"{p.link.busbw / 1e9:g} GB/s\n    source: {p.source}")
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run ``plan`` with parsed arguments."""
+    try:
+        return _main(args)
+    except (ValueError, RuntimeError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+
+def _main(args: argparse.Namespace) -> int:
+    profiles = load_profiles(*args.profiles)
+    if args.list_profiles:
+        list_profiles(profiles)
+        return 0
+    for n in args.devices if not args.mesh and not args.topology else ():
+        if n > MAX_DEVICES:
+            raise ValueError(f"--devices: {n}; at most {MAX_DEVICES} (XLA's CPU "
+                             "client refuses more).")
+    if args.mesh:
+        meshes = [parse_mesh(args.mesh)]
+    else:
+        meshes = [dict(zip(*default_mesh(n), strict=True)) for n in args.devices]
+    if args.versus_bench and args.interconnect != MEASURED:
+        raise ValueError("--versus-bench: compares bench's times here with the "
+                         "measured profile; drop --interconnect.")
+    overrides = {f: getattr(args, f) for f in
+                 ("width", "layers", "seq", "batch", "heads", "ffn", "dtype")}
+    models = [model_from(name, **overrides) for name in args.model]
+    recipes = _strategies(args.strategies)
+    links = interconnect_for(args.interconnect, list(meshes[0]), profiles,
+                             args.remeasure)
+    plans: list[Plan] = []
+    for model in models:
+        for mesh in meshes:
+            mine = {axis: links[axis] for axis in mesh} if set(mesh) == set(links) \
+                else interconnect_for(args.interconnect, list(mesh), profiles)
+            result = plan(model, mesh, interconnect=mine, form=args.form,
+                          recipes=recipes, topology=args.topology,
+                          timeout=args.timeout)
+            plans.append(result)
+            if len(plans) > 1:
+                print()
+            print("\n".join(table_lines(result)), flush=True)
+    if len(plans) > 1 or args.memory_per_device:
+        print()
+        memory = args.memory_per_device
+        if memory:
+            print(f"# which strategy needs the least communication per step among "
+                  f"those that fit in {size(memory)} per device:")
+        for line in crossovers(plans, memory):
+            print(line)
+    versus = []
+    if args.versus_bench:
+        for p in plans:
+            mine = versus_bench(p)
+            versus.append(mine)
+            print(f"\n# {p.model.name} on {mesh_text(p.mesh)}: per compiled unit, "
+                  "predicted (measured profile) and measured by bench here")
+            print("\n".join(versus_lines(mine)))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(_doc(plans) | ({"versus_bench": versus} if versus else {}),
+                      f, indent=1)
+    if args.plot:
+        plot(plans, args.plot, args.memory_per_device)
+    # a cost model that differs from XLA:CPU's program is a bug to fix; the
+    # TPU compiler's own choices (combined, all-reduce-based gathers) are news
+    bad = [row for p in plans for row in p.rows if row.cost_model and not row.skipped
+           and not p.compiler.startswith("TPU")]
+    return 1 if bad else 0
+
+
+def _doc(plans: Sequence[Plan]) -> dict[str, Any]:
+    return {"plans": [p.as_json() for p in plans],
+            "devices": [math.prod(p.mesh.values()) for p in plans]}

@@ -1,0 +1,136 @@
+"""Compile one unit of each strategy for a mesh, without allocating anything.
+
+Runs in a process whose JAX backend has as many (simulated CPU) devices as
+the mesh: the arguments are ``jax.ShapeDtypeStruct`` with the recipe's
+shardings, so a layout of thousands of devices and billions of parameters
+lowers and compiles on a laptop. What comes back is read from the compiled
+program: its collectives (:mod:`collectives.hlo`, with the mesh axes each
+runs over), the compiler's memory analysis, and whether the recipe's cost
+model still holds at this size.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from collectives._arrays import is_shape
+from collectives._layout import Axes
+from collectives._recipe import Recipe
+from collectives._stacked import map_leaves
+from collectives.hlo import parse_collectives
+
+FORMS = ("shard_map", "jit")
+
+
+def plan_axis(recipe: Recipe, mesh: jax.sharding.Mesh) -> Any:
+    """The recipe's ``axis=`` on a plan's mesh: every axis (``None``), or the
+    last, as its :class:`collectives.PlanSpec` says (every axis without one)."""
+    if recipe.plan is None or recipe.plan.axis == "all":
+        return None
+    return mesh.axis_names[-1]
+
+
+def unsupported(recipe: Recipe, mesh: jax.sharding.Mesh) -> str | None:
+    """Why the recipe does not run on this mesh in a plan, or ``None``."""
+    wanted = recipe.plan.mesh_axes if recipe.plan is not None else None
+    if wanted is not None and len(mesh.axis_names) != wanted:
+        return f"needs a mesh of {wanted} axes"
+    return recipe.unsupported_reason(recipe.axes(mesh, plan_axis(recipe, mesh)))
+
+
+def stand_ins(shapes: Any, dtype: Any) -> Any:
+    """Shape-only arrays (broadcast zeros: no memory) for a tree of shapes."""
+    zero = np.zeros((), jnp.dtype(dtype))
+    return tuple(jax.tree_util.tree_map(lambda s: np.broadcast_to(zero, s), tree,
+                                        is_leaf=is_shape) for tree in shapes)
+
+
+def abstract(recipe: Recipe, axes: Axes, args: Sequence[Any]) -> tuple[Any, ...]:
+    """``jax.ShapeDtypeStruct`` arguments with the recipe's input shardings."""
+    mesh = axes.mesh
+
+    def one(leaf, spec, _):
+        return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype,
+                                    sharding=jax.sharding.NamedSharding(mesh, spec))
+
+    return tuple(map_leaves(arg, spec, one, name) for arg, spec, name in
+                 zip(args, recipe.in_specs(axes), recipe.arg_names, strict=True))
+
+
+def shard_bytes(tree: Any) -> int:
+    """Bytes of one device's shard of every leaf of a tree of
+    ``ShapeDtypeStruct`` with shardings."""
+    return sum(math.prod(leaf.sharding.shard_shape(leaf.shape)) * leaf.dtype.itemsize
+               for leaf in jax.tree_util.tree_leaves(tree))
+
+
+def compile_unit(recipe: Recipe, mesh: jax.sharding.Mesh, form: str, *,
+                 model: Any = None, dims: Sequence[int] = (2, 3),
+                 dtype: Any = "float32") -> dict[str, Any]:
+    """Compile one unit of ``recipe`` on ``mesh`` and read what it sends.
+
+    Args:
+      recipe: a recipe; with ``model``, one with a ``plan``
+        (:class:`collectives.PlanSpec`).
+      mesh: the mesh (as many devices as this process has, or fewer).
+      form: ``"shard_map"`` or ``"jit"``.
+      model: a :class:`collectives.plan.Model` to size the unit by; ``None``:
+        the recipe's ``example_shapes`` for ``dims`` (what the conformance
+        suite checks, at this mesh's size).
+      dtype: the arguments' dtype. XLA:CPU runs 16-bit float collectives in
+        float32 (it widens them), so a plan compiles in float32 and counts
+        float collectives at the model's dtype afterwards.
+
+    Returns:
+      A JSON-ready dict: ``ops`` (one per compiled collective: ``kind``,
+      ``axes``, ``bytes``, ``group``), ``memory`` (the compiler's argument,
+      output and temp bytes per device; ``params``: the parameters' shards),
+      ``cost_model`` (``None`` when the recipe's cost model holds, else what
+      differs) and ``compile_s``.
+
+    Raises:
+      ValueError: the model does not fit the mesh (a dimension that does
+        not split evenly), with the recipe's message.
+    """
+    axis = plan_axis(recipe, mesh)
+    axes = recipe.axes(mesh, axis)
+    shapes = (recipe.example_shapes(axes, dims) if model is None
+              else recipe.plan.shapes(axes, model))
+    args = stand_ins(shapes, dtype)
+    recipe.validated_axes(args, mesh, axis)
+    placed = abstract(recipe, axes, args)
+    start = time.perf_counter()
+    compiled = recipe.compiled(form, axes).lower(*placed).compile()
+    seconds = time.perf_counter() - start
+    stats = parse_collectives(compiled.as_text())
+    problems = [e.mismatch(stats) for e in recipe.expected_costs(form, axes, args)]
+    analysis = compiled.memory_analysis()
+    memory = {
+        "params": sum(shard_bytes(placed[i])
+                      for i in (recipe.plan.params if recipe.plan else ())),
+        "arguments": _field(analysis, "argument_size_in_bytes"),
+        "outputs": _field(analysis, "output_size_in_bytes"),
+        "temp": _field(analysis, "temp_size_in_bytes"),
+    }
+    return {
+        "recipe": recipe.name, "form": form, "axis": axis,
+        "dtype": jnp.dtype(dtype).name,
+        "ops": [{"kind": op.kind, "axes": list(op.mesh_axes(mesh)),
+                 "bytes": op.bytes, "group": op.group_size, "dtype": op.dtype}
+                for op in stats.ops],
+        "memory": memory,
+        "cost_model": None if None in problems else "; ".join(problems),
+        "compile_s": seconds,
+    }
+
+
+def _field(analysis: Any, name: str) -> int | None:
+    value = getattr(analysis, name, None) if analysis is not None else None
+    return None if value is None else int(value)

@@ -1,0 +1,195 @@
+"""A plan's outputs: the table, the crossovers of a sweep, and the plot."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from collections.abc import Sequence
+
+from collectives.plan._plan import Plan
+from collectives.plan._plan import PlanRow
+
+SHORT = {"all-reduce": "AR", "all-gather": "AG", "reduce-scatter": "RS",
+         "all-to-all": "A2A", "collective-permute": "CP"}
+"""How the table abbreviates each collective kind."""
+
+
+def size(n: float) -> str:
+    """Bytes in the largest unit that keeps a number >= 1: ``17.2 GB``."""
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n:.0f} B"
+
+
+def duration(s: float) -> str:
+    if s >= 1:
+        return f"{s:.2f} s"
+    if s >= 1e-3:
+        return f"{s * 1e3:.1f} ms"
+    return f"{s * 1e6:.0f} us"
+
+
+def collectives_text(counts: Mapping[str, int]) -> str:
+    return " ".join(f"{SHORT[kind]}x{n}" for kind, n in counts.items()) or "none"
+
+
+def mesh_text(mesh: Mapping[str, int]) -> str:
+    return " x ".join(f"{name}={n}" for name, n in mesh.items())
+
+
+def header(plan: Plan) -> list[str]:
+    devices = math.prod(plan.mesh.values())
+    lines = [f"# model       : {plan.model.describe()}",
+             f"# mesh        : {mesh_text(plan.mesh)} ({devices} devices), "
+             f"{plan.form} form, compiled by JAX {plan.jax} ({plan.compiler}) in "
+             f"{plan.seconds:.1f} s from abstract inputs (nothing allocated)"]
+    seen = {}
+    for axis, profile in plan.interconnect.items():
+        seen.setdefault(profile.name, (profile, []))[1].append(axis)
+    for name, (profile, axes) in seen.items():
+        figures = (f"alpha {profile.link.alpha * 1e6:.1f} us, busbw "
+                   f"{profile.link.busbw / 1e9:.2f} GB/s")
+        if profile.kinds:
+            figures = "alpha and busbw per kind"
+        lines.append(f"# interconnect: {', '.join(axes)}: {name} ({figures}); "
+                     f"{profile.source}")
+    return lines
+
+
+_COLUMNS = ("strategy", "over", "collectives/step", "sent/device", "comm/step",
+            "params", "+Adam", "temp/unit", "cost model")
+
+
+def table_lines(plan: Plan) -> list[str]:
+    """The plan as a text table, with its header and legend."""
+    rows: list[tuple[str, ...]] = []
+    skipped: list[PlanRow] = []
+    for row in plan.rows:
+        if row.skipped:
+            skipped.append(row)
+            continue
+        rows.append((row.label, row.axis, collectives_text(row.collectives),
+                     size(row.sent), duration(row.seconds), size(row.params),
+                     size(row.params + row.optimizer), size(row.temp),
+                     "holds" if row.cost_model is None else
+                     "differs" if plan.compiler.startswith("TPU") else "DIFFERS"))
+    widths = [max(len(c), *(len(r[i]) for r in rows)) if rows else len(c)
+              for i, c in enumerate(_COLUMNS)]
+    left = {0, 1, 2, 8}
+
+    def line(cells: Sequence[str]) -> str:
+        return "  ".join(c.ljust(w) if i in left else c.rjust(w)
+                         for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+                         ).rstrip()
+
+    out = header(plan) + [line(_COLUMNS)] + [line(r) for r in rows]
+    for row in skipped:
+        out.append(f"{row.label}: not planned: {row.skipped}")
+    out.append("# per device and training step; " + ", ".join(
+        f"{short} {kind}" for kind, short in SHORT.items()) + ".")
+    out.append("# comm/step: the step's collectives one after another on the "
+               "interconnect (no overlap); params, +Adam: stored for the whole "
+               "model; temp/unit: XLA's temporaries for one compiled unit.")
+    for row in plan.rows:
+        if not row.skipped:
+            out.append(f"# {row.label}: {row.recipe}, {row.repeats:g} x ({row.unit})")
+    for row in plan.rows:
+        if row.cost_model is not None and not row.skipped:
+            out.append(f"# {row.label}: the cost model differs: {row.cost_model}")
+    return out
+
+
+def fits(row: PlanRow, memory: float | None) -> bool:
+    return memory is None or row.params + row.optimizer + row.temp <= memory
+
+
+def crossovers(plans: Sequence[Plan], memory: float | None = None) -> list[str]:
+    """Where the sweep's answer changes, in words: for each model, the
+    strategy with the least communication time among those that fit in
+    ``memory`` bytes per device (``None``: any), at each device count, and
+    the device counts where it changes; and where each strategy starts to fit."""
+    lines = []
+    models = list(dict.fromkeys(p.model.name for p in plans))
+    for name in models:
+        mine = sorted((p for p in plans if p.model.name == name),
+                      key=lambda p: math.prod(p.mesh.values()))
+        best_before = None
+        for p in mine:
+            devices = math.prod(p.mesh.values())
+            ok = [r for r in p.rows if not r.skipped and fits(r, memory)]
+            best = min(ok, key=lambda r: r.seconds).label if ok else None
+            if best != best_before:
+                if best is None:
+                    lines.append(f"{name}: at {devices} devices no strategy fits")
+                elif best_before is None:
+                    lines.append(f"{name}: from {devices} devices the least "
+                                 f"communication that fits: {best}")
+                else:
+                    lines.append(f"{name}: crossover at {devices} devices: {best} "
+                                 f"takes over from {best_before}")
+            best_before = best
+        if memory is not None:
+            labels = list(dict.fromkeys(r.label for p in mine for r in p.rows))
+            for label in labels:
+                first = next((math.prod(p.mesh.values()) for p in mine
+                              for r in p.rows if r.label == label and not r.skipped
+                              and fits(r, memory)), None)
+                lines.append(f"{name}: {label} fits in {size(memory)} per device "
+                             + (f"from {first} devices" if first else
+                                "at none of these counts"))
+    return lines
+
+
+def plot(plans: Sequence[Plan], path: str, memory: float | None = None) -> None:
+    """Predicted communication per step and memory per device against the
+    device count: one row of two panels per model, a line per strategy.
+
+    Raises:
+      RuntimeError: matplotlib is not installed.
+    """
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise RuntimeError(
+            "--plot needs matplotlib, which is not installed. Fix: pip install "
+            "matplotlib (jax-collectives' 'bench' extra; in a checkout: pip "
+            "install '.[bench]').") from None
+    models = list(dict.fromkeys(p.model.name for p in plans))
+    fig, axs = plt.subplots(len(models), 2, figsize=(10, 3.8 * len(models)),
+                            squeeze=False)
+    for (ax_time, ax_mem), name in zip(axs, models, strict=True):
+        mine = sorted((p for p in plans if p.model.name == name),
+                      key=lambda p: math.prod(p.mesh.values()))
+        labels = list(dict.fromkeys(r.label for p in mine for r in p.rows))
+        for label in labels:
+            pts = [(math.prod(p.mesh.values()), r) for p in mine for r in p.rows
+                   if r.label == label and not r.skipped]
+            if not pts:
+                continue
+            xs = [n for n, _ in pts]
+            (line,) = ax_time.plot(xs, [r.seconds for _, r in pts], marker="o",
+                                   label=label)
+            ax_mem.plot(xs, [r.params + r.optimizer + r.temp for _, r in pts],
+                        marker="o", color=line.get_color(), label=label)
+        for ax, what in ((ax_time, "communication per step (s)"),
+                         (ax_mem, "params + Adam + temp per device (bytes)")):
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_xlabel("devices")
+            ax.set_ylabel(what)
+            ax.grid(True, which="both", alpha=0.3)
+        ax_time.set_title(f"{mine[0].model.describe().split(',')[0]}", fontsize=10)
+        if memory is not None:
+            ax_mem.axhline(memory, color="black", linestyle="--", linewidth=1)
+            ax_mem.text(xs[0], memory * 1.1, f"{size(memory)} per device",
+                        fontsize=9)
+        ax_mem.legend(fontsize=9, ncol=2)
+    links = "; ".join(dict.fromkeys(
+        f"{axis}: {profile.name}" for axis, profile in plans[0].interconnect.items()))
+    fig.suptitle(f"Predicted per device and training step ({links})", fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,293 @@
+"""``python -m collectives plan``: groups to mesh axes, profiles, the step
+arithmetic, the model and mesh checks, and the command end to end on 64
+devices with its numbers checked against formulas written here."""
+
+import json
+import math
+import re
+
+import jax
+import numpy as np
+import pytest
+
+import collectives as cx
+from collectives import _cli
+from collectives._hlo_groups import parse_groups
+from collectives._hlo_groups import spanned_axes
+from collectives.hlo import collective_stats
+from collectives.plan import MODELS
+from collectives.plan import Link
+from collectives.plan import Profile
+from collectives.plan import default_mesh
+from collectives.plan import load_profiles
+from collectives.plan import measured_profile
+from collectives.plan import model_from
+from collectives.plan import read_profiles
+from collectives.plan._command import parse_mesh
+from collectives.plan._plan import check_mesh
+from collectives.plan._plan import link_for
+from collectives.plan._plan import step_row
+from collectives.plan._profiles import _machine_key
+from helpers import run_python
+
+# -- which mesh axes a compiled collective runs over ----------------------------
+
+
+@pytest.mark.parametrize("attrs,groups,names", [
+    ("replica_groups={{0,2,4,6},{1,3,5,7}}, to_apply=%add",
+     ((0, 2, 4, 6), (1, 3, 5, 7)), ()),
+    ("replica_groups=[4,2]<=[2,4]T(1,0), dimensions={0}",
+     ((0, 4), (1, 5), (2, 6), (3, 7)), ()),
+    ("replica_groups=[2,4]<=[8], to_apply=%add", ((0, 1, 2, 3), (4, 5, 6, 7)), ()),
+    ("replica_groups=mesh['i'=4,'j'=2]{'j'}, to_apply=%add", (), ("j",)),
+    ("source_target_pairs={{0,1},{1,0}}, channel_id=2", ((0, 1), (1, 0)), ()),
+    ("replica_groups={}, to_apply=%add", (), ()),
+])
+def test_parse_groups_reads_every_way_xla_writes_them(attrs, groups, names):
+    assert parse_groups(attrs) == (groups, names)
+
+
+def test_spanned_axes_are_the_axes_along_which_ids_differ():
+    assert spanned_axes([(0, 4), (1, 5)], (), ("i", "j"), (2, 4)) == ("i",)
+    assert spanned_axes([(0, 1, 2, 3)], (), ("i", "j"), (2, 4)) == ("j",)
+    # a ring over both axes: the first pair alone moves along j only
+    ring = [(k, (k + 1) % 8) for k in range(8)]
+    assert spanned_axes(ring, (), ("i", "j"), (2, 4)) == ("i", "j")
+    assert spanned_axes((), ("j", "i"), ("i", "j"), (2, 4)) == ("i", "j")
+
+
+@pytest.mark.parametrize("axis,want", [("i", ("i",)), ("j", ("j",)),
+                                       (("i", "j"), ("i", "j"))])
+def test_compiled_collectives_name_the_mesh_axes_they_run_over(axis, want):
+    mesh = cx.make_mesh((4, 2), ("i", "j"))
+    n = math.prod(mesh.shape[a] for a in ((axis,) if isinstance(axis, str) else axis))
+    for body in (lambda x: jax.lax.psum(x, axis),
+                 lambda x: jax.lax.all_gather(x, axis, tiled=True),
+                 lambda x: jax.lax.ppermute(x, axis, [(k, (k + 1) % n)
+                                                      for k in range(n)])):
+        f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=jax.P(("i", "j")),
+                                  out_specs=jax.P(("i", "j")), check_vma=False))
+        stats = collective_stats(f, jax.ShapeDtypeStruct((8, 4), np.float32))
+        assert [op.mesh_axes(mesh) for op in stats.ops] == [want]
+        assert stats.ops[0].dtype == "f32"
+
+
+# -- interconnect profiles ------------------------------------------------------
+
+
+def test_shipped_profiles_each_say_where_their_figures_come_from():
+    profiles = load_profiles()
+    assert {"nvlink-h100", "ib-ndr", "tpu-v5p-ici", "tpu-v5p-dcn"} <= set(profiles)
+    for name, p in profiles.items():
+        assert len(p.source) > 40 and p.description, name
+        assert p.link.alpha > 0 and p.link.busbw > 1e9, name
+    ib = profiles["ib-ndr"]
+    assert ib.seconds("all-reduce", 50e9) == pytest.approx(1 + 20e-6)
+
+
+@pytest.mark.parametrize("suffix", [".toml", ".json"])
+def test_profiles_from_a_file_with_per_kind_figures(tmp_path, suffix):
+    table = {"lab": {"alpha_us": 5, "busbw_GBps": 100, "source": "our nccl-tests",
+                     "kinds": {"all-to-all": {"busbw_GBps": 25}}}}
+    path = tmp_path / f"p{suffix}"
+    if suffix == ".json":
+        path.write_text(json.dumps(table))
+    else:
+        path.write_text('[lab]\nalpha_us = 5\nbusbw_GBps = 100\nsource = "our '
+                        'nccl-tests"\n[lab.kinds.all-to-all]\nbusbw_GBps = 25\n')
+    lab = read_profiles(path)["lab"]
+    assert lab.seconds("all-reduce", 1e9) == pytest.approx(5e-6 + 0.01)
+    assert lab.seconds("all-to-all", 1e9) == pytest.approx(5e-6 + 0.04)
+    assert "lab" in load_profiles(path) and "ib-ndr" in load_profiles(path)
+
+
+@pytest.mark.parametrize("text,match", [
+    ('[x]\nalpha_us = 5\nbusbw_GBps = -1\n', r"profile 'x': busbw_GBps=-1.*positive"),
+    ('[x]\nbusbw_GBps = 10\n', r"profile 'x': alpha_us=None"),
+    ('[x]\nalpha_us = 1\nbusbw_GBps = 10\n[x.kinds.psum]\nalpha_us = 1\n',
+     r"kinds.psum is not a collective kind.*all-reduce"),
+    ("[x\n", r"cannot read it.*TOML or JSON"),
+])
+def test_a_wrong_profile_file_is_named_with_the_value_and_the_fix(tmp_path, text,
+                                                                  match):
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=match):
+        read_profiles(path)
+
+
+def test_a_collective_over_two_axes_pays_the_slower_link():
+    fast = Profile("fast", Link(alpha=1e-6, busbw=400e9))
+    slow = Profile("slow", Link(alpha=20e-6, busbw=50e9))
+    links = {"data": slow, "model": fast}
+    assert link_for(["model"], links) is fast
+    assert link_for(["data"], links) is slow
+    both = link_for(["data", "model"], links)
+    assert both.seconds("all-gather", 1e9) == pytest.approx(20e-6 + 1e9 / 50e9)
+
+
+def test_measured_profile_is_read_back_from_its_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    cache = tmp_path / "jax-collectives" / "measured-profile.json"
+    cache.parent.mkdir(parents=True)
+    fits = {"all-reduce": {"alpha_us": 40.0, "busbw_GBps": 4.0},
+            "all-to-all": {"alpha_us": 60.0, "busbw_GBps": 0.5}}
+    cache.write_text(json.dumps({"key": _machine_key(8), "fits": fits,
+                                 "when": "2026-12-01"}))
+    p = measured_profile(8)
+    assert p.name == "measured" and "bench's alpha-beta fit" in p.source
+    assert p.seconds("all-to-all", 1e9) == pytest.approx(60e-6 + 2.0)
+    assert p.seconds("all-reduce", 4e9) == pytest.approx(40e-6 + 1.0)
+
+
+# -- the model and the mesh -----------------------------------------------------
+
+
+def test_model_sizes_and_overrides():
+    assert MODELS["1b"].parameters == 64 * (4096 ** 2 + 4096)
+    m = model_from("8b", width=1024, heads=8, dtype="float32")
+    assert (m.width, m.layers, m.itemsize, m.name) == (1024, 128, 4, "8b*")
+    with pytest.raises(ValueError, match=r"width=1000 does not divide by heads=64"):
+        model_from("8b", width=1000)
+    with pytest.raises(ValueError, match=r"layers=0; expected a positive integer"):
+        model_from("8b", layers=0)
+    with pytest.raises(ValueError, match=r"expected one of laptop, 1b, 8b, 70b, got "
+                                         r"'7b'"):
+        model_from("7b")
+
+
+def test_mesh_checks_name_the_value_and_the_fix():
+    assert default_mesh(2048) == (("data", "model"), (256, 8))
+    assert default_mesh(8) == (("data", "model"), (4, 2))
+    with pytest.raises(ValueError, match=r"devices: 20 .*multiple of 8"):
+        default_mesh(20)
+    with pytest.raises(ValueError, match=r"4096 devices.*at most 2048"):
+        check_mesh(("data", "model"), (512, 8))
+    with pytest.raises(ValueError, match=r"one or two named axes"):
+        check_mesh(("a", "b", "c"), (2, 2, 2))
+    assert parse_mesh("data=256,model=8") == {"data": 256, "model": 8}
+    with pytest.raises(ValueError, match=r"--mesh: expected AXIS=SIZE.*'256x8'"):
+        parse_mesh("256x8")
+
+
+# -- a step from one compiled unit -----------------------------------------------
+
+
+def test_a_step_counts_each_collective_per_unit_on_its_axis_link():
+    slow = Profile("slow", Link(alpha=10e-6, busbw=10e9))
+    fast = Profile("fast", Link(alpha=1e-6, busbw=100e9))
+    unit = {"recipe": "dp_tp_mlp", "form": "shard_map", "axis": None,
+            "dtype": "float32",
+            "ops": [{"kind": "all-reduce", "axes": ["data"], "bytes": 4e6,
+                     "group": 4, "dtype": "f32"},
+                    {"kind": "all-reduce", "axes": ["model"], "bytes": 8e6,
+                     "group": 2, "dtype": "f32"},
+                    {"kind": "all-reduce", "axes": ["data"], "bytes": 4,
+                     "group": 4, "dtype": "s32"}],
+            "memory": {"params": 1000, "temp": 400}, "cost_model": None,
+            "compile_s": 0.1}
+    model = model_from("1b", layers=8)  # bfloat16: f32 collectives count half
+    row = step_row(unit, model, {"data": 4, "model": 2},
+                   {"data": slow, "model": fast})
+    assert row.repeats == 2  # 8 layers, 4 per unit
+    assert row.collectives == {"all-reduce": 6}
+    assert row.sent_by_axes == {"data": pytest.approx(2 * (2e6 + 4)),
+                                "model": pytest.approx(2 * 4e6)}
+    want = 2 * ((10e-6 + 2e6 / 10e9) + (1e-6 + 4e6 / 100e9) + (10e-6 + 4 / 10e9))
+    assert row.seconds == pytest.approx(want)
+    assert (row.params, row.optimizer, row.temp) == (1000.0, 2000.0, 200.0)
+
+
+# -- the command, end to end -----------------------------------------------------
+
+
+def test_plan_on_64_devices_matches_formulas_written_here(tmp_path):
+    out = tmp_path / "plan.json"
+    done = run_python(
+        "-m", "collectives", "plan", "--devices", "64", "--model", "1b",
+        "--width", "1024", "--heads", "8", "--interconnect",
+        "model=nvlink-h100,data=ib-ndr", "--json", str(out), timeout=600)
+    text = done.stdout
+    for label in ("DP ", "FSDP ", "FSDP x TP", "PP ", "SP ring", "EP (MoE)"):
+        assert label in text, text
+    assert "DIFFERS" not in text and "holds" in text
+    plan = json.loads(out.read_text())["plans"][0]
+    assert plan["mesh"] == {"data": 8, "model": 8}
+    rows = {row["label"]: row for row in plan["rows"]}
+    profiles = load_profiles()
+    ib, nvlink = profiles["ib-ndr"], profiles["nvlink-h100"]
+    n, w, layers, item = 64, 1024, 64, 2  # bfloat16
+    unit_params = 4 * (w * w + w) * item
+    # DP: one all-reduce of a unit's gradients and loss over all 64 devices
+    # (both axes, so the InfiniBand link), 16 units per step
+    dp = rows["DP"]
+    grads = 2 * (n - 1) / n * unit_params
+    assert dp["params"] == pytest.approx(layers / 4 * unit_params)
+    assert dp["sent"] == pytest.approx(16 * grads, rel=1e-4)
+    count = dp["collectives"]["all-reduce"]
+    assert dp["seconds"] == pytest.approx(
+        count * ib.link.alpha + 16 * grads / ib.link.busbw, rel=1e-3)
+    # FSDP: each device stores 1/64 of the parameters
+    assert rows["FSDP"]["params"] == pytest.approx(dp["params"] / n)
+    # DP x TP: the Megatron pair's sums run over model, on NVLink
+    tp = rows["DP x TP"]["sent_by_axes"]
+    assert set(tp) == {"data", "model"}
+    # pipeline: 8 stages on model, 64/8 layers each
+    pp = rows["PP"]
+    assert pp["axis"] == "model" and set(pp["sent_by_axes"]) <= {"model"}
+    assert pp["params"] == pytest.approx((layers / 8) * (w * w + w) * item)
+    assert nvlink.link.busbw > ib.link.busbw
+
+
+@pytest.mark.parametrize("argv,match", [
+    (["--devices", "4096"], r"--devices: 4096; at most 2048"),
+    (["--devices", "64", "--interconnect", "infiniband"],
+     r"unknown profile 'infiniband'; known: measured, nvlink-h100"),
+    (["--devices", "64", "--interconnect", "data=ib-ndr"],
+     r"names axes \['data'\], the mesh has \['data', 'model'\]"),
+    (["--devices", "64", "-s", "zero3", "--interconnect", "ib-ndr"],
+     r"--strategies: unknown 'zero3'; expected one of .*FSDP"),
+    (["--mesh", "a=2,b=2,c=2", "--interconnect", "ib-ndr"], r"one or two named axes"),
+    (["--devices", "64", "--versus-bench", "--interconnect", "ib-ndr"],
+     r"--versus-bench: .*measured profile; drop --interconnect"),
+])
+def test_plan_errors_name_the_argument_and_the_fix(capsys, argv, match):
+    assert _cli.main(["plan", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and re.search(match, err), err
+
+
+def test_list_profiles_prints_each_source(capsys):
+    assert _cli.main(["plan", "--list-profiles"]) == 0
+    out = capsys.readouterr().out
+    assert "measured:" in out
+    for name, p in load_profiles().items():
+        assert f"{name}: " in out and p.source[:30] in out
+
+
+
+
+def test_a_topology_without_the_tpu_compiler_says_how_to_install_it(capsys):
+    pytest.importorskip("jax")
+    try:
+        import libtpu  # noqa: F401
+        pytest.skip("the TPU compiler is installed here")
+    except ImportError:
+        pass
+    argv = ["plan", "--devices", "8", "--topology", "v5p:2x2x2", "--interconnect",
+            "ib-ndr", "-s", "DP"]
+    assert _cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "--topology 'v5p:2x2x2'" in err and "pip install 'jax[tpu]'" in err, err
+
+
+def test_a_topology_plan_reads_the_tpu_compilers_collectives(tmp_path):
+    pytest.importorskip("libtpu", reason="needs pip install 'jax[tpu]' (no TPU)")
+    out = tmp_path / "tpu.json"
+    run_python("-m", "collectives", "plan", "--devices", "8", "--topology",
+               "v5p:2x2x2", "--model", "laptop", "--interconnect", "tpu-v5p-ici",
+               "--json", str(out), timeout=600)
+    plan = json.loads(out.read_text())["plans"][0]
+    assert plan["compiler"] == "TPU compiler, topology v5p:2x2x2"
+    rows = {row["label"]: row for row in plan["rows"]}
+    assert rows["PP"]["collectives"]["collective-permute"] > 0
