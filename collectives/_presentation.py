@@ -75,6 +75,14 @@ class PlanSpec:
         ``"last"``: over the last mesh axis (stages, the sequence, the
         experts), the other axes split the rest or hold replicas.
       mesh_axes: how many mesh axes the recipe needs (``None``: any).
+      replicas_sum_gradients: its replicas on the other mesh axes each train
+        on their share of the batch, so their gradients need a sum over
+        those axes that the recipe (one pipeline) does not run; the plan
+        adds that all-reduce by the cost model and says so.
+      scope: ``"model"``: its units train the whole model (parameters,
+        gradients, optimizer state), so strategies of this scope compare
+        with each other; ``"layer"``: one kind of layer (attention, experts)
+        whose cost adds to a model strategy's.
     """
 
     label: str
@@ -85,8 +93,13 @@ class PlanSpec:
     params: tuple[int, ...] = (0,)
     axis: str = "all"
     mesh_axes: int | None = None
+    scope: str = "model"
+    replicas_sum_gradients: bool = False
 
     def __post_init__(self) -> None:
         if self.axis not in ("all", "last"):
             raise ValueError(f"{self.label}: axis={self.axis!r}; expected 'all' or "
                              "'last'.")
+        if self.scope not in ("model", "layer"):
+            raise ValueError(f"{self.label}: scope={self.scope!r}; expected 'model' "
+                             "or 'layer'.")

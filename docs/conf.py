@@ -37,6 +37,7 @@ extensions = [
     "gallery",
     "collective_facts",
     "strategy_facts",
+    "plan_facts",
     "public_api",
     "compat_matrix",
     "readme_snippet",
@@ -136,6 +137,8 @@ html_show_sourcelink = False
 plot_legend_px = {
     "_static/bench_sweep.png": 7 * 110 / 72,
     "_static/bench_psum.png": 7 * 110 / 72,
+    # collectives/plan/_report.py: legend at 9 pt, 110 dpi
+    "_static/plan_gpu.png": 9 * 110 / 72,
 }
 
 

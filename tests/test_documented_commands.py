@@ -1,12 +1,15 @@
 """Every `python -m collectives ...` command shown in the README and on the
-start, benchmarks, multi-process and testing pages runs as shown.
+start, benchmarks, multi-process, testing and choosing-a-strategy pages runs
+as shown.
 
-Commands run as written, with three kinds of change, all listed in
-:data:`SHORTER`: bench budgets and sizes are cut (the figures are not the
-point here, a crash is), output files go to a temporary directory, and a
+Commands run as written, with four kinds of change: bench budgets and sizes
+are cut (:data:`SHORTER`; the figures are not the point here, a crash is), a
+plan sweep keeps its device counts up to 64 and its first model
+(:data:`PLAN_SWEEP`), output files go to a temporary directory, and a
 command that another test already runs verbatim is left to it. Commands
-with placeholders (`my_script.py`, `host0`, `$I`) or that need a cluster
-(`worker`) are parsed, not run: the cluster templates run for real in
+with placeholders (`my_script.py`, `host0`, `$I`), that need a cluster
+(`worker`) or the TPU compiler where it is not installed (`plan
+--topology`) are parsed, not run: the cluster templates run for real in
 tests/test_launchers.py. Marked ``documented`` (CI runs them; locally
 ``python -m pytest -m documented``).
 """
@@ -23,7 +26,7 @@ from helpers import only_with_marker
 from helpers import run_python
 
 PAGES = ["README.md", "docs/start.md", "docs/benchmarks.md", "docs/multi_process.md",
-         "docs/testing.md"]
+         "docs/testing.md", "docs/choosing.md"]
 PLACEHOLDERS = ("my_script.py", "host0", "$I", "SCRIPT")
 RUN_ELSEWHERE = {
     "python -m collectives launch -n 2 --devices-per-process 4 -- check":
@@ -35,6 +38,9 @@ SHORTER = {  # option: what it becomes here (None: its value, unchanged)
     "-b": "1K",
 }
 OUTPUTS = ("--json", "--csv", "--plot")
+PLAN_SWEEP = {"--devices": lambda n: int(n) <= 64, "--model": None}
+"""A plan sweep (several values) keeps the device counts up to 64 and the
+first model; a single value (``plan --devices 2048``) runs as shown."""
 
 
 def documented_commands(first_page_only=True):
@@ -76,7 +82,15 @@ def shortened(argv, tmp_path):
     words = iter(argv)
     for word in words:
         out.append(word)
-        if "bench" in argv and word in SHORTER:
+        if "plan" in argv and word in PLAN_SWEEP:
+            values = _values(argv, argv.index(word) + 1)
+            keep = PLAN_SWEEP[word]
+            if len(values) > 1:
+                values = [v for v in values if keep(v)] if keep else values[:1]
+            out += values
+            for _ in _values(argv, argv.index(word) + 1):
+                next(words)
+        elif "bench" in argv and word in SHORTER:
             next(words)
             out.append(SHORTER[word])
         elif word in OUTPUTS:
@@ -89,6 +103,28 @@ def shortened(argv, tmp_path):
         elif "--budget" not in argv:
             out += ["--budget", SHORTER["--budget"]]
     return out, outputs
+
+
+def _values(argv, start):
+    """The values of an option with several (up to the next option)."""
+    values = []
+    for word in argv[start:]:
+        if word.startswith("-"):
+            break
+        values.append(word)
+    return values
+
+
+def _needs_what_is_missing(argv):
+    """A command that needs a package CI does not install: the TPU compiler
+    for ``plan --topology`` (it is parsed instead)."""
+    if "--topology" not in argv:
+        return False
+    try:
+        import libtpu  # noqa: F401
+    except ImportError:
+        return True
+    return False
 
 
 def _parse_only(argv):
@@ -105,7 +141,8 @@ def test_documented_command_runs(request, tmp_path, page, command):
     if command in RUN_ELSEWHERE:
         pytest.skip(f"run verbatim by {RUN_ELSEWHERE[command]}")
     argv = shlex.split(command)
-    if any(p in command for p in PLACEHOLDERS) or argv[3] == "worker":
+    if (any(p in command for p in PLACEHOLDERS) or argv[3] == "worker"
+            or _needs_what_is_missing(argv)):
         _parse_only(argv)
         return
     argv, outputs = shortened(argv, tmp_path)

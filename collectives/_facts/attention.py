@@ -214,6 +214,7 @@ def _plan_shapes(axes: Axes, model):
 
 def _plan(label: str) -> PlanSpec:
     return PlanSpec(label=label, shapes=_plan_shapes, axis="last", params=(),
+                    scope="layer",
                     unit="one attention (q, k, v to output), forward",
                     repeats=lambda axes, model: model.layers)
 

@@ -254,6 +254,7 @@ def _plan_shapes(axes: Axes, model):
 
 _PLAN = PlanSpec(
     label="PP", shapes=_plan_shapes, axis="last", params=(0,),
+    replicas_sum_gradients=True,
     unit=f"one layer per stage, {MICROBATCHES} microbatches, loss and gradients",
     repeats=lambda axes, model: 1,
     # a stage holds layers / stages layers; the activations it passes on

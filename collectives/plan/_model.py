@@ -61,19 +61,22 @@ class Model:
 
     @property
     def parameters(self) -> int:
-        """Parameters of the dense stack: ``layers`` weights and biases."""
+        """How many parameters the dense stack has (``layers`` weights and
+        biases)."""
         return self.layers * (self.width * self.width + self.width)
 
     @property
     def tokens(self) -> int:
-        """Tokens per training step: ``batch * seq``."""
+        """How many tokens one training step takes, ``batch * seq``."""
         return self.batch * self.seq
 
     @property
     def itemsize(self) -> int:
+        """Bytes per element of ``dtype``."""
         return jnp.dtype(self.dtype).itemsize
 
     def describe(self) -> str:
+        """One line: name, parameters, depth and width, tokens, heads, dtype."""
         return (f"{self.name}: {self.parameters / 1e9:.2f}B parameters ({self.layers} "
                 f"layers of width {self.width}), {self.batch} x {self.seq} tokens per "
                 f"step, {self.heads} heads, experts of width {self.ffn}, {self.dtype}")
@@ -100,6 +103,7 @@ each trained on 2048 sequences of 4096 tokens per step in bfloat16; and
 ``laptop``, small enough to run here (``plan --versus-bench``)."""
 
 DEFAULT_MODEL = "8b"
+"""The model `plan` uses without --model."""
 
 
 def model_from(name: str = DEFAULT_MODEL, **overrides: int | str | None) -> Model:

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from collectives._registry import RECIPES
+from collectives.hlo import bytes_moved
 from collectives.plan._model import Model
 from collectives.plan._profiles import Profile
 from collectives.plan._profiles import profile_from
@@ -136,6 +137,13 @@ class PlanRow:
         program at this scale, else what differs.
       skipped: why the strategy has no row on this mesh and model, or ``None``.
       compile_s: seconds to compile the unit.
+      scope: ``"model"`` (trains the whole model) or ``"layer"`` (one kind
+        of layer, whose cost adds to a model strategy's), from its
+        :class:`collectives.PlanSpec`.
+      added: what the plan added to the compiled collectives, or ``None``:
+        a pipeline's replicas need their gradients summed over the other
+        axes, which the recipe does not run, so the plan adds that
+        all-reduce by the cost model (and says so).
     """
 
     label: str
@@ -153,6 +161,8 @@ class PlanRow:
     cost_model: str | None = None
     skipped: str | None = None
     compile_s: float = 0.0
+    scope: str = "model"
+    added: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -169,13 +179,14 @@ class Plan:
     compiler: str = "XLA:CPU, simulated devices"
 
     def row(self, label: str) -> PlanRow:
+        """The row of strategy ``label`` (e.g. ``"FSDP"``); KeyError if none."""
         for row in self.rows:
             if row.label == label:
                 return row
         raise KeyError(f"no row {label!r}; rows: {[r.label for r in self.rows]}")
 
     def as_json(self) -> dict[str, Any]:
-        """A JSON-ready dict; :meth:`from_json` reads it back."""
+        """A JSON-ready dict; :meth:`Plan.from_json` reads it back."""
         return {"model": dataclasses.asdict(self.model), "mesh": dict(self.mesh),
                 "form": self.form, "jax": self.jax, "seconds": self.seconds,
                 "compiler": self.compiler,
@@ -185,6 +196,7 @@ class Plan:
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> Plan:
+        """The plan :meth:`as_json` wrote (``plan --json`` holds a list)."""
         return cls(model=Model(**doc["model"]), mesh=dict(doc["mesh"]),
                    form=doc["form"], jax=doc["jax"], seconds=doc["seconds"],
                    compiler=doc.get("compiler", "XLA:CPU, simulated devices"),
@@ -209,7 +221,7 @@ def step_row(unit: Mapping[str, Any], model: Model, mesh: Mapping[str, int],
     spec = recipe.plan
     if "skipped" in unit:
         return PlanRow(label=spec.label, recipe=recipe.name, unit=spec.unit,
-                       skipped=unit["skipped"])
+                       skipped=unit["skipped"], scope=spec.scope)
     axes = _Axes(mesh, unit["axis"])
     repeats = float(spec.repeats(axes, model))
     stored = float((spec.stored or spec.repeats)(axes, model))
@@ -228,6 +240,20 @@ def step_row(unit: Mapping[str, Any], model: Model, mesh: Mapping[str, int],
             op["kind"], sent)
     params = unit["memory"]["params"] * stored * scale
     axis = unit["axis"]
+    others = [name for name in mesh if axis is not None and name != axis]
+    added = None
+    if spec.replicas_sum_gradients and others and axes.others_size > 1:
+        # the replicas' gradient sum the recipe leaves out: one all-reduce
+        # of the stored parameters' gradients over the other axes, by the
+        # cost model
+        sent = bytes_moved("all-reduce", params, axes.others_size)
+        counts["all-reduce"] = counts.get("all-reduce", 0) + 1 / repeats
+        key = ",".join(others)
+        by_axes[key] = by_axes.get(key, 0.0) + sent
+        seconds += link_for(others, interconnect).seconds("all-reduce", sent)
+        added = (f"one all-reduce of its {params / 1e9:.2f} GB of gradients over "
+                 f"{key} (its replicas' sum, which the recipe leaves out; by the "
+                 "cost model, not compiled)")
     return PlanRow(
         label=spec.label, recipe=recipe.name,
         axis=",".join(mesh) if axis is None else axis, unit=spec.unit,
@@ -236,7 +262,8 @@ def step_row(unit: Mapping[str, Any], model: Model, mesh: Mapping[str, int],
         sent=sum(by_axes.values()), sent_by_axes=by_axes, seconds=seconds,
         params=params, optimizer=2 * params,
         temp=float(unit["memory"]["temp"] or 0) * scale,
-        cost_model=unit["cost_model"], compile_s=unit["compile_s"])
+        cost_model=unit["cost_model"], compile_s=unit["compile_s"],
+        scope=spec.scope, added=added)
 
 
 class _Axes:

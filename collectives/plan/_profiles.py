@@ -47,6 +47,7 @@ class Link:
     busbw: float  # bytes per second per device
 
     def seconds(self, sent: float) -> float:
+        """Seconds for one collective in which a device sends ``sent`` bytes."""
         return self.alpha + sent / self.busbw
 
 
@@ -75,9 +76,12 @@ class Profile:
     source: str = ""
 
     def for_kind(self, kind: str) -> Link:
+        """The :class:`Link` a collective of ``kind`` pays."""
         return self.kinds.get(kind, self.link)
 
     def seconds(self, kind: str, sent: float) -> float:
+        """Seconds for one collective of ``kind`` sending ``sent`` bytes per
+        device."""
         return self.for_kind(kind).seconds(sent)
 
     def slowest(self, other: Profile) -> Profile:
@@ -184,7 +188,7 @@ def measured_profile(devices: int = 8, *, remeasure: bool = False,
     """The ``measured`` profile: bench's alpha-beta fit per collective kind
     on ``devices`` simulated CPU devices of this machine.
 
-    The sweep (:data:`MEASURE_ARGS`, about 20 s) runs once per machine and
+    The sweep (``MEASURE_ARGS``, about 20 s) runs once per machine and
     JAX version; its fits are cached (``$XDG_CACHE_HOME/jax-collectives``).
     A negative fitted alpha (within its interval of 0) counts as 0.
     """

@@ -58,7 +58,7 @@ def header(plan: Plan) -> list[str]:
 
 
 _COLUMNS = ("strategy", "over", "collectives/step", "sent/device", "comm/step",
-            "params", "+Adam", "temp/unit", "cost model")
+            "params", "params+Adam", "temp/unit", "cost model")
 
 
 def table_lines(plan: Plan) -> list[str]:
@@ -89,11 +89,19 @@ def table_lines(plan: Plan) -> list[str]:
     out.append("# per device and training step; " + ", ".join(
         f"{short} {kind}" for kind, short in SHORT.items()) + ".")
     out.append("# comm/step: the step's collectives one after another on the "
-               "interconnect (no overlap); params, +Adam: stored for the whole "
+               "interconnect (no overlap); params, params+Adam: stored for the whole "
                "model; temp/unit: XLA's temporaries for one compiled unit.")
+    layers = [row.label for row in plan.rows if row.scope == "layer"]
+    if layers:
+        out.append(f"# {', '.join(layers)}: one kind of layer each (its "
+                   "collectives for every layer of the model); they add to a "
+                   "whole-model strategy above rather than replace it.")
     for row in plan.rows:
         if not row.skipped:
             out.append(f"# {row.label}: {row.recipe}, {row.repeats:g} x ({row.unit})")
+    for row in plan.rows:
+        if row.added:
+            out.append(f"# {row.label}: + {row.added}")
     for row in plan.rows:
         if row.cost_model is not None and not row.skipped:
             out.append(f"# {row.label}: the cost model differs: {row.cost_model}")
@@ -106,9 +114,11 @@ def fits(row: PlanRow, memory: float | None) -> bool:
 
 def crossovers(plans: Sequence[Plan], memory: float | None = None) -> list[str]:
     """Where the sweep's answer changes, in words: for each model, the
-    strategy with the least communication time among those that fit in
-    ``memory`` bytes per device (``None``: any), at each device count, and
-    the device counts where it changes; and where each strategy starts to fit."""
+    strategy that trains the whole model (scope ``"model"``) with the least
+    communication time among those that fit in ``memory`` bytes per device
+    (``None``: any), at each device count, and the device counts where it
+    changes; and where each such strategy starts to fit. Strategies of one
+    layer (attention, experts) add to these and are not ranked with them."""
     lines = []
     models = list(dict.fromkeys(p.model.name for p in plans))
     for name in models:
@@ -117,7 +127,8 @@ def crossovers(plans: Sequence[Plan], memory: float | None = None) -> list[str]:
         best_before = None
         for p in mine:
             devices = math.prod(p.mesh.values())
-            ok = [r for r in p.rows if not r.skipped and fits(r, memory)]
+            ok = [r for r in p.rows
+                  if not r.skipped and r.scope == "model" and fits(r, memory)]
             best = min(ok, key=lambda r: r.seconds).label if ok else None
             if best != best_before:
                 if best is None:
@@ -130,7 +141,8 @@ def crossovers(plans: Sequence[Plan], memory: float | None = None) -> list[str]:
                                  f"takes over from {best_before}")
             best_before = best
         if memory is not None:
-            labels = list(dict.fromkeys(r.label for p in mine for r in p.rows))
+            labels = list(dict.fromkeys(r.label for p in mine for r in p.rows
+                                        if r.scope == "model"))
             for label in labels:
                 first = next((math.prod(p.mesh.values()) for p in mine
                               for r in p.rows if r.label == label and not r.skipped
@@ -170,10 +182,14 @@ def plot(plans: Sequence[Plan], path: str, memory: float | None = None) -> None:
             if not pts:
                 continue
             xs = [n for n, _ in pts]
+            # one layer's strategies (attention, experts) dashed: they add
+            # to a whole-model strategy rather than compete with it
+            style = "--" if pts[0][1].scope == "layer" else "-"
             (line,) = ax_time.plot(xs, [r.seconds for _, r in pts], marker="o",
-                                   label=label)
+                                   linestyle=style, label=label)
             ax_mem.plot(xs, [r.params + r.optimizer + r.temp for _, r in pts],
-                        marker="o", color=line.get_color(), label=label)
+                        marker="o", linestyle=style, color=line.get_color(),
+                        label=label)
         for ax, what in ((ax_time, "communication per step (s)"),
                          (ax_mem, "params + Adam + temp per device (bytes)")):
             ax.set_xscale("log", base=2)

@@ -194,7 +194,10 @@ class CollectiveCosts(SphinxDirective):
         return [_table(header, table_rows)]
 
 
-def _table(header: list[str], rows: list[list[str]]) -> nodes.table:
+def _table(header: list[str], rows: list[list[str]],
+           code_columns: tuple[int, ...] | None = None) -> nodes.table:
+    """A table; body cells of ``code_columns`` (default :data:`CODE_COLUMNS`)
+    are written as code."""
     table = nodes.table(classes=["collective-costs"])
     group = nodes.tgroup(cols=len(header))
     table += group
@@ -206,7 +209,7 @@ def _table(header: list[str], rows: list[list[str]]) -> nodes.table:
     body = nodes.tbody()
     group += body
     for row in rows:
-        body += _row(row, code_first=True)
+        body += _row(row, code_first=True, code_columns=code_columns)
     return table
 
 
@@ -214,12 +217,14 @@ def _table(header: list[str], rows: list[list[str]]) -> nodes.table:
 CODE_COLUMNS = (0, 3, 4)
 
 
-def _row(cells: list[str], code_first: bool = False) -> nodes.row:
+def _row(cells: list[str], code_first: bool = False,
+         code_columns: tuple[int, ...] | None = None) -> nodes.row:
     row = nodes.row()
+    columns = CODE_COLUMNS if code_columns is None else code_columns
     for i, text in enumerate(cells):
         entry = nodes.entry()
         para = nodes.paragraph()
-        code = code_first and i in CODE_COLUMNS and text not in ("—", "0")
+        code = code_first and i in columns and text not in ("—", "0")
         para += nodes.literal(text, text) if code else nodes.Text(text)
         entry += para
         row += entry
