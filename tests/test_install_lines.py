@@ -54,9 +54,15 @@ def extras(requirement):
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory):
+    # Built from a copy of the tree: setuptools writes build/ and *.egg-info
+    # beside the sources, so two test processes building the checkout at
+    # once would race there.
+    source = tmp_path_factory.mktemp("source") / "tree"
+    shutil.copytree(ROOT, source, symlinks=True, ignore=shutil.ignore_patterns(
+        ".git", "build", "dist", "*.egg-info", "_build", "__pycache__", ".tox"))
     out = tmp_path_factory.mktemp("dist")
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
-                    "-w", str(out), str(ROOT)],
+                    "-w", str(out), str(source)],
                    check=True, capture_output=True, timeout=300)
     (built,) = out.glob("jax_collectives-*.whl")
     return built
@@ -79,6 +85,9 @@ def test_the_wheel_is_jax_collectives_with_its_extras_and_recipe_files(wheel):
         names = set(archive.namelist())
     for recipe in sorted((ROOT / "recipes").glob("*.py")):
         assert f"collectives/recipes/{recipe.name}" in names, recipe.name
+    # the data files the package reads at run time
+    for data in ("collectives/bench/schema.json", "collectives/plan/profiles.toml"):
+        assert data in names, data
 
 
 def test_no_line_installs_the_unrelated_collectives_project():

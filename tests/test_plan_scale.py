@@ -20,11 +20,14 @@ per device, so a 2048-way all-to-all (``all_to_all_attention``,
 inside a node, other parallelism across nodes).
 """
 
+import resource
+
 import pytest
 
 import collectives as cx
 from collectives.plan import compile_units
 from helpers import only_with_marker
+from helpers import run_python
 
 FORMS = ("shard_map", "jit")
 SIZES = (8, 64, 256, 2048)
@@ -69,3 +72,17 @@ def test_compiled_bytes_meet_the_cost_model_at_scale(request, devices):
     assert not problems, "\n".join(problems)
     nowhere = [name for name, count in ran.items() if not count]
     assert not nowhere, f"compiled nowhere: {nowhere}"
+
+
+@pytest.mark.scale
+def test_plan_of_2048_devices_prints_every_strategy_within_4_gib(request):
+    only_with_marker(request, "scale", "CI runs them")
+    done = run_python("-m", "collectives", "plan", "--devices", "2048",
+                      "--interconnect", "nvlink-h100", timeout=300)
+    rows = {line.split("  ")[0]: line for line in done.stdout.splitlines()
+            if not line.startswith("#")}
+    for label in ("DP", "FSDP", "FSDP x TP", "PP", "SP ring", "EP (MoE)"):
+        assert label in rows and rows[label].endswith("holds"), done.stdout
+    assert "data=256 x model=8 (2048 devices)" in done.stdout
+    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
+    assert peak < 4 * 2**30, f"a child process peaked at {peak / 2**30:.2f} GiB"
