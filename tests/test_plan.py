@@ -232,10 +232,14 @@ def test_plan_on_64_devices_matches_formulas_written_here(tmp_path):
     # DP x TP: the Megatron pair's sums run over model, on NVLink
     tp = rows["DP x TP"]["sent_by_axes"]
     assert set(tp) == {"data", "model"}
-    # pipeline: 8 stages on model, 64/8 layers each
+    # pipeline: 8 stages on model, 64/8 layers each; its 8 replicas on data
+    # sum their stage's gradients: the one all-reduce the plan adds
     pp = rows["PP"]
-    assert pp["axis"] == "model" and set(pp["sent_by_axes"]) <= {"model"}
-    assert pp["params"] == pytest.approx((layers / 8) * (w * w + w) * item)
+    stage = (layers / 8) * (w * w + w) * item
+    assert pp["axis"] == "model" and set(pp["sent_by_axes"]) == {"model", "data"}
+    assert pp["params"] == pytest.approx(stage)
+    assert pp["sent_by_axes"]["data"] == pytest.approx(2 * 7 / 8 * stage)
+    assert "over data" in pp["added"] and "not compiled" in pp["added"]
     assert nvlink.link.busbw > ib.link.busbw
 
 
@@ -291,3 +295,28 @@ def test_a_topology_plan_reads_the_tpu_compilers_collectives(tmp_path):
     assert plan["compiler"] == "TPU compiler, topology v5p:2x2x2"
     rows = {row["label"]: row for row in plan["rows"]}
     assert rows["PP"]["collectives"]["collective-permute"] > 0
+
+
+def test_crossovers_rank_whole_model_strategies_that_fit():
+    from collectives.plan import Plan
+    from collectives.plan import PlanRow
+    from collectives.plan._report import crossovers
+
+    def sweep_point(devices, dp_memory):
+        rows = (PlanRow("DP", "dp_mlp", seconds=1.0, params=dp_memory),
+                PlanRow("FSDP", "fsdp_mlp", seconds=2.0, params=1e9),
+                PlanRow("SP ring", "ring_attention", seconds=0.1, scope="layer"))
+        return Plan(model=MODELS["1b"], mesh={"data": devices // 2, "model": 2},
+                    form="shard_map", interconnect={}, rows=rows, jax="x",
+                    seconds=0.0)
+
+    plans = [sweep_point(8, 90e9), sweep_point(64, 20e9)]
+    lines = crossovers(plans, memory=80e9)
+    assert lines[:2] == [
+        "1b: from 8 devices the least communication that fits: FSDP",
+        "1b: crossover at 64 devices: DP takes over from FSDP"]
+    assert "1b: DP fits in 80.0 GB per device from 64 devices" in lines
+    assert not any("SP ring" in line for line in lines)
+    # without a memory limit DP is the fastest everywhere
+    assert crossovers(plans) == [
+        "1b: from 8 devices the least communication that fits: DP"]

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from collections.abc import Sequence
 from typing import Any
 
+from collectives._pyplot import pyplot
 from collectives.bench._memory import MEMORY_FIELDS
 
 # -- the table -----------------------------------------------------------------
@@ -162,15 +163,7 @@ def plot(doc: Mapping[str, Any], path: str) -> None:
     Raises:
       RuntimeError: matplotlib is not installed.
     """
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise RuntimeError(
-            "--plot needs matplotlib, which is not installed. Fix: pip install "
-            "matplotlib (jax-collectives' 'bench' extra; in a checkout: pip "
-            "install '.[bench]').") from None
+    plt = pyplot()
     rows = doc["results"]
     names = list(dict.fromkeys(r["collective"] for r in rows if r["form"] != "copy"))
     cols = min(3, max(1, len(names)))

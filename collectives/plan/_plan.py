@@ -299,6 +299,14 @@ def plan(model: Model, mesh: Mapping[str, int], *,
     Raises:
       ValueError: a mesh the plan cannot compile, or an interconnect that
         does not name every axis.
+
+    Examples:
+      >>> from collectives.plan import MODELS, load_profiles, plan
+      >>> p = plan(MODELS["laptop"], {"data": 8}, recipes=["fsdp_mlp"],
+      ...          interconnect=load_profiles()["ib-ndr"])
+      >>> row = p.row("FSDP")  # 4 layers of 256 x 256 float32, split 8 ways
+      >>> row.params == 4 * (256 * 256 + 256) * 4 / 8, row.cost_model
+      (True, None)
     """
     names, shape = tuple(mesh), tuple(mesh.values())
     check_mesh(names, shape, limit=None if topology else MAX_DEVICES)

@@ -6,6 +6,7 @@ import math
 from collections.abc import Mapping
 from collections.abc import Sequence
 
+from collectives._pyplot import pyplot
 from collectives.plan._plan import Plan
 from collectives.plan._plan import PlanRow
 
@@ -160,15 +161,7 @@ def plot(plans: Sequence[Plan], path: str, memory: float | None = None) -> None:
     Raises:
       RuntimeError: matplotlib is not installed.
     """
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise RuntimeError(
-            "--plot needs matplotlib, which is not installed. Fix: pip install "
-            "matplotlib (jax-collectives' 'bench' extra; in a checkout: pip "
-            "install '.[bench]').") from None
+    plt = pyplot()
     models = list(dict.fromkeys(p.model.name for p in plans))
     fig, axs = plt.subplots(len(models), 2, figsize=(10, 3.8 * len(models)),
                             squeeze=False)
