@@ -134,9 +134,17 @@ def _parse_only(argv):
         worker_argv(args.target)
 
 
+@pytest.fixture(scope="module")
+def empty_cache(tmp_path_factory):
+    """A cache directory that starts empty, so the first plan measures this
+    machine's profile (its bench sweep) as on a fresh machine, and the
+    others read that measurement back."""
+    return {"XDG_CACHE_HOME": str(tmp_path_factory.mktemp("cache"))}
+
+
 @pytest.mark.documented
 @pytest.mark.parametrize("page,command", COMMANDS, ids=[c for _, c in COMMANDS])
-def test_documented_command_runs(request, tmp_path, page, command):
+def test_documented_command_runs(request, tmp_path, empty_cache, page, command):
     only_with_marker(request, "documented", "CI runs it")
     if command in RUN_ELSEWHERE:
         pytest.skip(f"run verbatim by {RUN_ELSEWHERE[command]}")
@@ -146,7 +154,8 @@ def test_documented_command_runs(request, tmp_path, page, command):
         _parse_only(argv)
         return
     argv, outputs = shortened(argv, tmp_path)
-    result = run_python(*argv[1:], cwd=ROOT, timeout=600, check=False)
+    result = run_python(*argv[1:], cwd=ROOT, timeout=600, check=False,
+                        env=empty_cache)
     assert result.returncode == 0, (
         f"{page}: `{command}` (run as `{shlex.join(argv)}`) exited "
         f"{result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
