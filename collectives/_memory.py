@@ -51,8 +51,9 @@ def device_bytes(tree: Any) -> dict[int, int]:
     return totals
 
 
-def _sharded_bytes(avals: Any, shardings: Any) -> int:
-    """Bytes of one device's shard of each ``aval`` under its sharding."""
+def sharded_bytes(avals: Any, shardings: Any) -> int:
+    """Bytes of one device's shard of each ``aval`` under its sharding (the
+    two trees leaf for leaf)."""
     total = 0
     for aval, sharding in zip(jax.tree_util.tree_leaves(avals),
                               jax.tree_util.tree_leaves(shardings), strict=True):
@@ -92,16 +93,26 @@ def compiled_memory(fn: Callable[..., Any], *args: Any) -> dict[str, int | None]
             f"fn: expected a jax.jit or jax.pmap callable (with .lower), got "
             f"{type(fn).__name__}. Fix: wrap it, compiled_memory(jax.jit(fn), ...).")
     compiled = lower(*args).compile()
+    analysed = analysed_memory(compiled)
+    if analysed is not None:
+        return analysed
+    outputs = jax.eval_shape(fn, *args)
+    return {"arguments": sharded_bytes(args, compiled.input_shardings[0]),
+            "outputs": sharded_bytes(outputs, compiled.output_shardings),
+            "temporaries": None, "aliased": None}
+
+
+def analysed_memory(compiled: Any) -> dict[str, int] | None:
+    """XLA's memory analysis of a compiled program, per device: arguments,
+    outputs, temporaries and aliased bytes; ``None`` where the backend gives
+    none."""
     try:
         stats = compiled.memory_analysis()
     except (NotImplementedError, RuntimeError):  # backends without the analysis
         stats = None
-    if stats is not None:
-        return {"arguments": int(stats.argument_size_in_bytes),
-                "outputs": int(stats.output_size_in_bytes),
-                "temporaries": int(stats.temp_size_in_bytes),
-                "aliased": int(stats.alias_size_in_bytes)}
-    outputs = jax.eval_shape(fn, *args)
-    return {"arguments": _sharded_bytes(args, compiled.input_shardings[0]),
-            "outputs": _sharded_bytes(outputs, compiled.output_shardings),
-            "temporaries": None, "aliased": None}
+    if stats is None:
+        return None
+    return {"arguments": int(stats.argument_size_in_bytes),
+            "outputs": int(stats.output_size_in_bytes),
+            "temporaries": int(stats.temp_size_in_bytes),
+            "aliased": int(stats.alias_size_in_bytes)}

@@ -205,11 +205,11 @@ def _main(args: argparse.Namespace) -> int:
     links = interconnect_for(args.interconnect, list(meshes[0]), profiles,
                              args.remeasure)
     plans: list[Plan] = []
+    # --mesh gives one mesh; --devices gives data x model meshes: one set of
+    # axis names, so one interconnect serves every plan of the run
     for model in models:
         for mesh in meshes:
-            mine = {axis: links[axis] for axis in mesh} if set(mesh) == set(links) \
-                else interconnect_for(args.interconnect, list(mesh), profiles)
-            result = plan(model, mesh, interconnect=mine, form=args.form,
+            result = plan(model, mesh, interconnect=links, form=args.form,
                           recipes=recipes, topology=args.topology,
                           timeout=args.timeout)
             plans.append(result)

@@ -11,7 +11,6 @@ model still holds at this size.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -22,11 +21,11 @@ import numpy as np
 
 from collectives._arrays import is_shape
 from collectives._layout import Axes
+from collectives._memory import analysed_memory
+from collectives._memory import sharded_bytes
 from collectives._recipe import Recipe
 from collectives._stacked import map_leaves
 from collectives.hlo import parse_collectives
-
-FORMS = ("shard_map", "jit")
 
 
 def plan_axis(recipe: Recipe, mesh: jax.sharding.Mesh) -> Any:
@@ -62,13 +61,6 @@ def abstract(recipe: Recipe, axes: Axes, args: Sequence[Any]) -> tuple[Any, ...]
 
     return tuple(map_leaves(arg, spec, one, name) for arg, spec, name in
                  zip(args, recipe.in_specs(axes), recipe.arg_names, strict=True))
-
-
-def shard_bytes(tree: Any) -> int:
-    """Bytes of one device's shard of every leaf of a tree of
-    ``ShapeDtypeStruct`` with shardings."""
-    return sum(math.prod(leaf.sharding.shard_shape(leaf.shape)) * leaf.dtype.itemsize
-               for leaf in jax.tree_util.tree_leaves(tree))
 
 
 def compile_unit(recipe: Recipe, mesh: jax.sharding.Mesh, form: str, *,
@@ -111,13 +103,14 @@ def compile_unit(recipe: Recipe, mesh: jax.sharding.Mesh, form: str, *,
     seconds = time.perf_counter() - start
     stats = parse_collectives(compiled.as_text())
     problems = [e.mismatch(stats) for e in recipe.expected_costs(form, axes, args)]
-    analysis = compiled.memory_analysis()
+    analysed = analysed_memory(compiled) or {}
+    params = [placed[i] for i in (recipe.plan.params if recipe.plan else ())]
     memory = {
-        "params": sum(shard_bytes(placed[i])
-                      for i in (recipe.plan.params if recipe.plan else ())),
-        "arguments": _field(analysis, "argument_size_in_bytes"),
-        "outputs": _field(analysis, "output_size_in_bytes"),
-        "temp": _field(analysis, "temp_size_in_bytes"),
+        "params": sharded_bytes(params, jax.tree_util.tree_map(
+            lambda leaf: leaf.sharding, params)),
+        "arguments": analysed.get("arguments"),
+        "outputs": analysed.get("outputs"),
+        "temp": analysed.get("temporaries"),
     }
     return {
         "recipe": recipe.name, "form": form, "axis": axis,
@@ -129,8 +122,3 @@ def compile_unit(recipe: Recipe, mesh: jax.sharding.Mesh, form: str, *,
         "cost_model": None if None in problems else "; ".join(problems),
         "compile_s": seconds,
     }
-
-
-def _field(analysis: Any, name: str) -> int | None:
-    value = getattr(analysis, name, None) if analysis is not None else None
-    return None if value is None else int(value)

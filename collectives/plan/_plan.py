@@ -12,18 +12,14 @@ theirs says.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
-import os
-import subprocess
-import sys
-import tempfile
 from collections.abc import Mapping
 from collections.abc import Sequence
 from typing import Any
 
 from collectives._registry import RECIPES
 from collectives.hlo import bytes_moved
+from collectives.plan._child import run_child
 from collectives.plan._model import Model
 from collectives.plan._profiles import Profile
 from collectives.plan._profiles import profile_from
@@ -91,27 +87,9 @@ def compile_units(names: Sequence[str], shape: Sequence[int], *,
                "recipes": list(recipes), "forms": list(forms), "dims": list(dims),
                "dtype": dtype, "topology": topology,
                "model": None if model is None else dataclasses.asdict(model)}
-    env = dict(os.environ)
-    if topology is None:
-        env |= {"JAX_NUM_CPU_DEVICES": str(math.prod(shape)), "JAX_PLATFORMS": "cpu"}
-    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
-        json.dump(request, f)
-    try:
-        done = subprocess.run(
-            [sys.executable, "-m", "collectives.plan._worker", f.name],
-            capture_output=True, text=True, timeout=timeout, env=env)
-    except subprocess.TimeoutExpired:
-        raise RuntimeError(f"plan: compiling for {math.prod(shape)} devices ran past "
-                           f"{timeout:g} s and was stopped.") from None
-    finally:
-        os.unlink(f.name)
-    if done.returncode != 0:
-        last = done.stderr.strip().splitlines()[-1:] or [""]
-        if last[0].startswith("--topology"):
-            raise ValueError(last[0])
-        raise RuntimeError(f"plan: the compiling process failed (exit "
-                           f"{done.returncode}):\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout)
+    return run_child("collectives.plan._worker", request,
+                     devices=None if topology else math.prod(shape), timeout=timeout,
+                     what=f"compiling for {math.prod(shape)} devices")
 
 
 @dataclasses.dataclass(frozen=True)

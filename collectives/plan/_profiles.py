@@ -22,6 +22,7 @@ import platform
 import subprocess
 import sys
 import tempfile
+import time
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -216,8 +217,6 @@ def measured_profile(devices: int = 8, *, remeasure: bool = False,
                           "busbw_GBps": fit["busbw_gbps"]}
             for fit in doc["fit"] if fit["form"] == "shard_map"
             and fit["collective"] == _BENCHED.get(fit["kind"])}
-    import time
-
     when = time.strftime("%Y-%m-%d")
     cache.parent.mkdir(parents=True, exist_ok=True)
     cache.write_text(json.dumps({"key": key, "fits": fits, "when": when}, indent=1))

@@ -18,15 +18,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
 import sys
-import tempfile
 from collections.abc import Mapping
 from collections.abc import Sequence
 from typing import Any
 
 from collectives.hlo import bus_factor
+from collectives.plan._child import run_child
 from collectives.plan._plan import Plan
 from collectives.plan._plan import compile_units
 from collectives.plan._profiles import _BENCHED as BENCHED
@@ -110,19 +108,9 @@ def versus_bench(plan: Plan, *, budget: float = 0.5, timeout: float = 900
 
 def _timed(ops: Sequence[tuple[str, int]], n: int, budget: float, timeout: float
            ) -> dict[tuple[str, int], dict[str, Any]]:
-    env = dict(os.environ, JAX_NUM_CPU_DEVICES=str(n), JAX_PLATFORMS="cpu")
-    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
-        json.dump({"ops": [list(op) for op in ops], "budget": budget}, f)
-    try:
-        done = subprocess.run([sys.executable, "-m", "collectives.plan._versus",
-                               f.name], capture_output=True, text=True, env=env,
-                              timeout=timeout)
-    finally:
-        os.unlink(f.name)
-    if done.returncode != 0:
-        raise RuntimeError(f"--versus-bench: the timing process failed (exit "
-                           f"{done.returncode}):\n{done.stderr[-3000:]}")
-    rows = json.loads(done.stdout)
+    rows = run_child("collectives.plan._versus",
+                     {"ops": [list(op) for op in ops], "budget": budget},
+                     devices=n, timeout=timeout, what="--versus-bench's timing")
     return {tuple(op): row for op, row in zip(ops, rows, strict=True)}
 
 

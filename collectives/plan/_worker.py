@@ -76,8 +76,8 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
             except Exception as err:  # the TPU compiler: out of device memory
                 if "RESOURCE_EXHAUSTED" not in str(err):
                     raise
-                reason = str(err).split("RESOURCE_EXHAUSTED:", 1)[1].split(". HLO")[0]
-                row["skipped"] = f"does not fit in device memory:{reason}"
+                oom = str(err).split("RESOURCE_EXHAUSTED:", 1)[1].split(". HLO")[0]
+                row["skipped"] = f"does not fit in device memory:{oom}"
             units.append(row)
     return {"jax": jax.__version__, "devices": mesh.devices.size,
             "platform": "tpu" if topology else jax.default_backend(),
