@@ -143,7 +143,7 @@ def interconnect_for(text: str, axes: Sequence[str], profiles: dict[str, Profile
             raise ValueError(f"--interconnect: unknown profile {name!r}; known: "
                              f"{', '.join(known)}. Fix: pick one, or add yours with "
                              "--profiles FILE.")
-    return out
+    return {axis: out[axis] for axis in axes}  # in the mesh's order
 
 
 def _strategies(wanted: Sequence[str] | None) -> list[str]:
