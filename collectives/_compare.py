@@ -275,6 +275,9 @@ def assert_forms_agree(
         mapping of at least two callables; or the inferred ``n_terms`` is so
         large for the dtype (64 in bfloat16) that the comparison could not
         fail.
+      RuntimeError: ``n_terms`` is to be inferred but a form's jaxpr holds
+        an equation that this package cannot read on the running JAX (the
+        message names the version and the equation); pass ``n_terms=``.
 
     A failure with an inferred ``n_terms`` says so in its tolerance line:
     ``n_terms=128 inferred from the jit form's jaxpr (longest chain of
@@ -334,6 +337,13 @@ def forms_agree(forms: Mapping[str, Callable[..., Any]], args: Sequence[Any], *,
         candidates = [n for n in dict.fromkeys([REFERENCE, "jit", *order])
                       if n in forms]
         inference = infer_n_terms([(n, forms[n]) for n in candidates], args)
+        if inference.unreadable:
+            form, why = inference.unreadable[0]
+            raise RuntimeError(
+                f"{label}: n_terms cannot be inferred: the {form} form's jaxpr "
+                f"could not be walked ({why}). Guessing would let the tolerance "
+                "fail a correct program. Fix: pass n_terms= (the rounded "
+                "operations behind one output element) or rtol= and atol=.")
         n_terms, inferred = inference.n_terms, inference.describe(REFERENCE)
         source = inferred[0]
         if n_terms is not None and not can_fail(dtype, n_terms):

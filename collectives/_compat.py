@@ -17,6 +17,12 @@ What differs across that span, and what each name here papers over:
     (:func:`all_gather_invariant`).
 * The axes a value varies over: ``jax.typeof(x).vma`` up to 0.9.2,
     ``jax.typeof(x).mat.varying`` from 0.10.0 (:func:`vma`).
+* How a jaxpr spells its control flow: ``scan`` says how its operands split
+    into constants, carry and scanned inputs with ``num_consts``/``num_carry``
+    up to 0.10 and with ``ft_in``/``ft_out`` flat trees from 0.11
+    (:func:`scan_operands`, :func:`scan_carry_count`; the other control-flow
+    and mapping equations through :func:`while_operands`,
+    :func:`cond_branches`, :func:`shard_map_body`, :func:`pmap_body`).
 * Bugs of single releases, with the recipe's workaround
     (``recipes/sharp_edges_versions.py``): :data:`VMAP_OF_SHARD_MAP_PSUM_FAILS`
     (0.8.1 to 0.8.3), :data:`PSUM_SCATTER_ACCEPTS_NEGATIVE_DIMENSION` (0.11+).
@@ -377,3 +383,73 @@ def use_loopback_gloo() -> None:
 
     _xla_bridge.register_backend_factory("cpu", make_cpu_client, priority=0,
                                          fail_quietly=False)
+
+
+# -- reading jaxprs: control flow and mapped bodies ---------------------------
+
+
+class JaxprNotUnderstood(Exception):
+    """An equation's parameters are not spelt as any supported JAX release
+    spells them (a release newer than this package, most likely)."""
+
+
+def _param(params: Any, name: str, primitive: str) -> Any:
+    try:
+        return params[name]
+    except KeyError:
+        raise JaxprNotUnderstood(
+            f"JAX {jax.__version__}: a {primitive!r} equation has no parameter "
+            f"{name!r} (it has {', '.join(sorted(params)) or 'none'})") from None
+
+
+def scan_operands(params: Any, values: Sequence[Any]
+                  ) -> tuple[list[Any], list[Any], list[Any]]:
+    """``values``, one per operand of a ``scan`` equation, split into its
+    constants, initial carry and scanned inputs (the order of the body's
+    inputs)."""
+    values = list(values)
+    if "num_consts" in params:  # up to JAX 0.10
+        n_consts = _param(params, "num_consts", "scan")
+        n_carry = _param(params, "num_carry", "scan")
+        return (values[:n_consts], values[n_consts:n_consts + n_carry],
+                values[n_consts + n_carry:])
+    consts, carry, xs = _param(params, "ft_in", "scan").update(values).unpack()
+    return list(consts), list(carry), list(xs)
+
+
+def scan_carry_count(params: Any) -> int:
+    """How many of a ``scan`` body's outputs are its carry (the rest are the
+    stacked outputs)."""
+    if "num_carry" in params:  # up to JAX 0.10
+        return int(params["num_carry"])
+    carry, _ = _param(params, "ft_out", "scan").unpack()
+    return len(list(carry))
+
+
+def while_operands(params: Any, values: Sequence[Any]
+                   ) -> tuple[Any, list[Any], list[Any]]:
+    """``(body, body constants, carry)`` of a ``while`` equation whose
+    operands ``values`` stand for (the condition's constants come first)."""
+    n_cond = _param(params, "cond_nconsts", "while")
+    n_body = _param(params, "body_nconsts", "while")
+    values = list(values)
+    return (_param(params, "body_jaxpr", "while"),
+            values[n_cond:n_cond + n_body], values[n_cond + n_body:])
+
+
+def cond_branches(params: Any) -> tuple[Any, ...]:
+    """The branches of a ``cond`` equation (operand 0 is the index)."""
+    return tuple(_param(params, "branches", "cond"))
+
+
+def shard_map_body(params: Any) -> tuple[Any, dict[str, int]]:
+    """A ``shard_map`` equation's body and the sizes of its mesh's axes."""
+    return (_param(params, "jaxpr", "shard_map"),
+            dict(_param(params, "mesh", "shard_map").shape))
+
+
+def pmap_body(params: Any) -> tuple[Any, dict[str, int]]:
+    """An ``xla_pmap`` equation's body and its axis name and size."""
+    return (_param(params, "call_jaxpr", "xla_pmap"),
+            {_param(params, "axis_name", "xla_pmap"):
+             _param(params, "global_axis_size", "xla_pmap")})

@@ -23,6 +23,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.extend import core as jax_core
 
+from collectives import _compat
+
 BUDGET = 200_000
 """Equations walked (loop bodies once per step) before giving up."""
 
@@ -90,6 +92,13 @@ class Uncountable(Exception):
     """A form's roundings cannot be counted (the message says why)."""
 
 
+class Unwalkable(Uncountable):
+    """A form's jaxpr holds an equation this package cannot read: the running
+    JAX spells its parameters as no supported release did (the message names
+    the JAX version and the equation). Unlike other reasons, this one says
+    nothing about the program, so no bound may be guessed for it."""
+
+
 UNTRACEABLE = "jax.make_jaxpr cannot trace it"
 
 
@@ -137,7 +146,15 @@ def _run(jaxpr: Any, ins: Sequence[Chain], walk: _Walk) -> list[Chain]:
     for eqn in jaxpr.eqns:
         walk.visit()
         inputs = [read(v) for v in eqn.invars]
-        for var, chain in zip(eqn.outvars, _equation(eqn, inputs, walk), strict=True):
+        try:
+            outs = _equation(eqn, inputs, walk)
+        except Uncountable:
+            raise
+        except Exception as err:  # parameters this JAX spells anew
+            raise Unwalkable(
+                f"JAX {jax.__version__} cannot be read: its {eqn.primitive.name!r} "
+                f"equation raised {type(err).__name__}: {err}") from None
+        for var, chain in zip(eqn.outvars, outs, strict=True):
             if not _inexact(var.aval):  # integers and booleans are exact
                 chain = Chain(from_args=any(c.from_args for c in inputs))
             chains[var] = chain
@@ -245,9 +262,8 @@ def _scatter_add(eqn: Any, ins: list[Chain], walk: _Walk) -> list[Chain]:
 
 def _scan(eqn: Any, ins: list[Chain], walk: _Walk) -> list[Chain]:
     params = eqn.params
-    n_consts, n_carry = params["num_consts"], params["num_carry"]
-    consts, carry = ins[:n_consts], ins[n_consts:n_consts + n_carry]
-    xs = ins[n_consts + n_carry:]
+    consts, carry, xs = _compat.scan_operands(params, ins)
+    n_carry = _compat.scan_carry_count(params)
     ys: list[Chain] | None = None
     for _ in range(params["length"]):
         out = _run(params["jaxpr"], [*consts, *carry, *xs], walk)
@@ -264,11 +280,9 @@ def _scan(eqn: Any, ins: list[Chain], walk: _Walk) -> list[Chain]:
 
 
 def _while(eqn: Any, ins: list[Chain], walk: _Walk) -> list[Chain]:
-    params = eqn.params
-    n_cond, n_body = params["cond_nconsts"], params["body_nconsts"]
-    consts, bound = ins[n_cond:n_cond + n_body], ins[n_cond + n_body:]
+    body, consts, bound = _compat.while_operands(eqn.params, ins)
     for _ in range(32):  # bound: the longest chain after any number of steps
-        new = _run(params["body_jaxpr"], [*consts, *bound], walk)
+        new = _run(body, [*consts, *bound], walk)
         if all(n.count <= b.count for n, b in zip(new, bound, strict=True)):
             return [_longest(p) for p in zip(bound, new, strict=True)]
         bound = [_longest(p) for p in zip(bound, new, strict=True)]
@@ -277,17 +291,19 @@ def _while(eqn: Any, ins: list[Chain], walk: _Walk) -> list[Chain]:
 
 
 def _cond(eqn: Any, ins: list[Chain], walk: _Walk) -> list[Chain]:
-    outs = [_run(branch, ins[1:], walk) for branch in eqn.params["branches"]]
+    outs = [_run(branch, ins[1:], walk)
+            for branch in _compat.cond_branches(eqn.params)]
     return [_longest(column) for column in zip(*outs, strict=True)]
 
 
 def _shard_map(eqn: Any, ins: list[Chain], walk: _Walk) -> list[Chain]:
-    return _run(eqn.params["jaxpr"], ins, walk.within(eqn.params["mesh"].shape))
+    body, axes = _compat.shard_map_body(eqn.params)
+    return _run(body, ins, walk.within(axes))
 
 
 def _pmap(eqn: Any, ins: list[Chain], walk: _Walk) -> list[Chain]:
-    axes = {eqn.params["axis_name"]: eqn.params["global_axis_size"]}
-    return _run(eqn.params["call_jaxpr"], ins, walk.within(axes))
+    body, axes = _compat.pmap_body(eqn.params)
+    return _run(body, ins, walk.within(axes))
 
 
 _RULES: dict[str, Callable[[Any, list[Chain], _Walk], list[Chain]]] = {
@@ -342,12 +358,16 @@ class Inference:
       form: the form whose chain it is.
       chain: that chain, described.
       skipped: ``(form, why)`` for each form that was not counted.
+      unreadable: ``(form, why)`` for each form among ``skipped`` whose
+        jaxpr this package cannot read (:class:`Unwalkable`): ``n_terms``
+        is then no bound, whatever the other forms gave.
     """
 
     n_terms: int | None
     form: str | None = None
     chain: str = ""
     skipped: tuple[tuple[str, str], ...] = ()
+    unreadable: tuple[tuple[str, str], ...] = ()
 
     def describe(self, reference: str) -> tuple[str, str]:
         """Where ``n_terms`` came from (or why there is none), and how to set
@@ -380,8 +400,8 @@ def count_roundings(fn: Callable[..., Any], args: Sequence[Any]) -> Chain:
 
     Raises:
       Uncountable: ``fn`` cannot be traced, its float outputs do not depend on
-        its arguments, or its jaxpr has no bound or cannot be walked (the
-        message says which).
+        its arguments, or its jaxpr has no bound (the message says which).
+      Unwalkable: its jaxpr holds an equation this package cannot read.
     """
     leaves, tree = jax.tree_util.tree_flatten(tuple(args))
     where = [i for i, leaf in enumerate(leaves) if _traced(leaf)]
@@ -406,13 +426,7 @@ def count_roundings(fn: Callable[..., Any], args: Sequence[Any]) -> Chain:
             chain = chain.then(f"{given.name} input rounded to "
                                f"{np.dtype(var.aval.dtype).name}", 1)
         starts.append(chain)
-    try:
-        chains = _run(closed, starts, _Walk({}, [BUDGET]))
-    except Uncountable:
-        raise
-    except Exception as err:  # an equation whose parameters this JAX spells anew
-        raise Uncountable(f"its jaxpr could not be walked ({type(err).__name__}: "
-                          f"{err})") from None
+    chains = _run(closed, starts, _Walk({}, [BUDGET]))
     outs = [c for c, var in zip(chains, closed.jaxpr.outvars, strict=True)
             if c.from_args and _inexact(var.aval)]
     if not outs:
@@ -424,17 +438,20 @@ def infer_n_terms(candidates: Sequence[tuple[str, Callable[..., Any]]],
                   args: Sequence[Any]) -> Inference:
     """The longest chain among ``candidates`` (``(form, fn)`` pairs; on a
     tie, the first). Each is called once more, under ``jax.make_jaxpr``."""
-    skipped = []
+    skipped, unreadable = [], []
     best: tuple[str, Chain] | None = None
     for form, fn in candidates:
         try:
             chain = count_roundings(fn, args)
         except Uncountable as why:
             skipped.append((form, str(why)))
+            if isinstance(why, Unwalkable):
+                unreadable.append((form, str(why)))
             continue
         if best is None or chain.count > best[1].count:
             best = (form, chain)
     if best is None:
-        return Inference(None, skipped=tuple(skipped))
+        return Inference(None, skipped=tuple(skipped), unreadable=tuple(unreadable))
     form, chain = best
-    return Inference(chain.count, form, chain.describe(), tuple(skipped))
+    return Inference(chain.count, form, chain.describe(), tuple(skipped),
+                     tuple(unreadable))

@@ -124,11 +124,18 @@ def test_a_gather_written_as_psum_shows_in_the_trace(record, monkeypatch):
     broken = diagram.trace(N)
     assert broken.loss == pytest.approx(broken.loss_oracle, rel=1e-5)
     # no gathers or scatters: all-reduces of the whole layers instead (XLA
-    # combines the four forward ones into one), each sending twice as much
+    # combines the four forward ones into one), each sending twice what a
+    # gather of its buffer sends
     assert not broken.of(diagram.FORWARD) and not broken.of(diagram.GRADIENT)
     assert {s.kind for s in broken.steps} == {"all-reduce"}
     assert N * int(record.held.sum()) in [s.operand_bytes for s in broken.steps]
-    assert sum(s.bytes for s in broken.steps) > 2 * sum(s.bytes for s in record.steps)
+    for step in broken.steps:
+        assert step.bytes == 2 * bytes_moved("all-gather", step.operand_bytes, N)
+    # more than twice what the gathers and scatters it replaces send (the
+    # backward re-gathers are left out: XLA merges them in either program on
+    # some releases, and not on others)
+    replaced = record.of(diagram.FORWARD) + record.of(diagram.GRADIENT)
+    assert sum(s.bytes for s in broken.steps) > 2 * sum(s.bytes for s in replaced)
 
 
 def test_equal_layer_blocks_are_refused():

@@ -18,6 +18,7 @@ from jax import lax
 from jax.sharding import PartitionSpec as P
 
 import collectives as cx
+from collectives import _compat
 from collectives.testing import assert_forms_agree
 from collectives.testing import tolerance
 
@@ -303,6 +304,79 @@ def test_collectives_count_their_axis_size(mesh):
     report = assert_forms_agree({"shard_map": moved, "reference": moved},
                                 np.ones((64, 4), np.float32))
     assert report.n_terms == 0 and report.rtol == 0  # data movement: exact
+
+
+def fori_ring_all_reduce(shift):
+    """An all-reduce as a ring in a ``fori_loop``: each of the N - 1 steps
+    passes a block on by ``shift`` and adds it (``shift=1`` is right)."""
+    perm = [(d, (d + shift) % N) for d in range(N)]
+
+    def body(block):
+        # block: f32[rows, 16] on each device -> the sum of all N blocks
+        def step(_, carry):
+            total, passing = carry
+            passing = lax.ppermute(passing, "i", perm)
+            return total + passing, passing
+
+        return lax.fori_loop(0, N - 1, step, (block, block))[0]
+
+    return body
+
+
+def ring_forms(mesh, shift):
+    ring = jax.jit(jax.shard_map(fori_ring_all_reduce(shift), mesh=mesh,
+                                 in_specs=P("i"), out_specs=P("i")))
+
+    def reference(x):  # every device's block holds the sum of all N
+        return np.tile(np.asarray(x, np.float64).reshape(N, -1, 16).sum(0), (N, 1))
+
+    return {"shard_map": ring, "reference": reference}
+
+
+def test_a_fori_loop_ring_all_reduce_is_counted_and_a_wrong_shift_fails(mesh):
+    x = np.random.default_rng(1).standard_normal((N * 4, 16)).astype(np.float32)
+    # the loop is a scan in the jaxpr: its 7 additions are the chain
+    report = assert_forms_agree(ring_forms(mesh, 1), x)
+    assert report.n_terms == N - 1 and report.n_terms_source == (
+        "inferred from the shard_map form's jaxpr (longest chain of roundings: "
+        "add (7 times))")
+    with pytest.raises(AssertionError, match="shard_map disagrees with the reference"):
+        assert_forms_agree(ring_forms(mesh, 2), x)  # every other block, twice
+
+
+def test_a_jaxpr_this_jax_spells_anew_is_an_error_not_a_guess(mesh, monkeypatch):
+    # stands for a JAX release that renames scan's parameters again
+    def renamed(params, values):
+        return params["num_consts_renamed"]
+
+    monkeypatch.setattr(_compat, "scan_operands", renamed)
+    x = np.ones((N * 4, 16), np.float32)
+    with pytest.raises(RuntimeError) as info:
+        assert_forms_agree(ring_forms(mesh, 1), x)
+    message = str(info.value)
+    assert f"JAX {jax.__version__}" in message
+    assert "'scan' equation raised KeyError: 'num_consts_renamed'" in message
+    assert "pass n_terms=" in message
+    # with n_terms given, nothing is read
+    assert assert_forms_agree(ring_forms(mesh, 1), x, n_terms=N - 1).n_terms == N - 1
+
+
+def test_scan_operands_split_as_the_body_reads_them():
+    def f(c, x, xs):
+        def step(carry, row):
+            a, b = carry
+            return (a + row * c, b * c), row * 2
+
+        return lax.scan(step, (x, x), xs)
+
+    closed = jax.make_jaxpr(f)(jnp.float32(2), jnp.ones(3), jnp.ones((5, 3)))
+    (eqn,) = [e for e in closed.jaxpr.eqns if e.primitive.name == "scan"]
+    consts, carry, xs = _compat.scan_operands(eqn.params, eqn.invars)
+    body = getattr(eqn.params["jaxpr"], "jaxpr", eqn.params["jaxpr"])
+    assert [v.aval.shape for v in carry] == [(3,), (3,)]
+    assert [v.aval.shape for v in xs] == [(5, 3)]
+    assert len(consts) + len(carry) + len(xs) == len(body.invars)
+    assert _compat.scan_carry_count(eqn.params) == 2
 
 
 def test_a_while_loop_that_accumulates_cannot_be_counted():
