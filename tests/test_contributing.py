@@ -123,11 +123,12 @@ PATTERN = dict(
     program='''
         def centre_program(x, n):
             blocks = x.reshape(n, -1, *x.shape[1:])
-            return (blocks - blocks.mean(0)).reshape(x.shape)''',
+            return (blocks - blocks.mean(0, keepdims=True)).reshape(x.shape)''',
     numpy='''
         def centre_numpy(x, n):
             blocks = np.asarray(x, np.float64).reshape(n, -1, *x.shape[1:])
-            return (blocks - blocks.mean(0)).reshape(x.shape).astype(x.dtype)''',
+            centred = blocks - blocks.mean(0, keepdims=True)
+            return centred.reshape(x.shape).astype(x.dtype)''',
     pmap_in_axes="0", pmap_args="x.reshape(n, -1, *x.shape[1:])",
     pmap_out="out.reshape(-1, *out.shape[2:])  # the blocks, in device order",
     in_specs='(P("i"),)', out_spec='P("i")',
