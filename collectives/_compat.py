@@ -174,6 +174,27 @@ def explicit_axis_types(ndim: int) -> tuple[Any, ...]:
     return (jax.sharding.AxisType.Explicit,) * ndim
 
 
+def with_axis_types(mesh: jax.sharding.Mesh, explicit: bool) -> jax.sharding.Mesh:
+    """``mesh`` (same devices, same order, same names) with every axis
+    ``Explicit`` (``explicit=True``) or ``Auto``; ``mesh`` itself where it
+    has those types already."""
+    types = (explicit_axis_types if explicit else auto_axis_types)(len(mesh.shape))
+    if tuple(mesh.axis_types) == types:
+        return mesh
+    return jax.sharding.Mesh(mesh.devices, mesh.axis_names, axis_types=types)
+
+
+def mesh_scope(mesh: jax.sharding.Mesh | None) -> Any:
+    """A context in which ``mesh`` is the mesh JAX traces against (``with
+    jax.set_mesh(mesh):``): it stands in for whatever mesh a caller set
+    globally, so a form runs on its own mesh's axis types. ``None``: no mesh
+    at all, as ``jax.pmap`` needs (it builds its own; JAX 0.8 refuses
+    ``set_mesh(None)``, so this passes JAX's empty mesh)."""
+    from jax._src import mesh as _mesh_lib  # the empty mesh has no public name
+
+    return jax.set_mesh(_mesh_lib.empty_concrete_mesh if mesh is None else mesh)
+
+
 def pvary(x: Any, axis_name: str | tuple[str, ...]) -> Any:
     """Mark ``x`` (an invariant value) as varying over ``axis_name``."""
     if HAS_PCAST_VARYING:

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
+from collectives import _compat
 from collectives import _devices
 from collectives import _layout
 from collectives._arrays import KINDS
@@ -42,7 +43,7 @@ from collectives._stacked import stacked_in_axes
 from collectives._stacked import unstack_outputs
 from collectives.hlo import Expectation
 
-FORMS: tuple[str, ...] = ("pmap", "shard_map", "jit")
+FORMS: tuple[str, ...] = ("pmap", "shard_map", "jit", "explicit")
 """The three forms every recipe runs in, legacy first."""
 
 FAMILIES: tuple[str, ...] = ("core", "pattern", "strategy")
@@ -122,6 +123,15 @@ class Recipe:
         (gathers, scatters, permutes) only one axis at a time, and pmap has
         no varying/invariant types.
       check_vma: passed to ``jax.shard_map``.
+      explicit_program: the global-view function of the explicit form,
+        ``explicit_program(*arrays, axes=...)``, traced on a mesh whose axes
+        are all ``Explicit`` (shardings in the types: ``reshard``,
+        ``out_sharding=``, ``auto_axes``); ``None``: ``program`` itself, where
+        the global program is already right in Explicit mode. Its outputs are
+        resharded to ``out_specs``.
+      explicit_reason: ``explicit_reason(axes)`` says why the explicit form
+        does not run on these axes (on this JAX), or ``None`` where it runs;
+        ``check`` shows the reason as a skipped row.
 
       *Tolerance*
 
@@ -167,9 +177,6 @@ class Recipe:
       plan: how ``python -m collectives plan`` sizes it for a model at scale
         (a :class:`PlanSpec`), or ``None`` for recipes it does not plan.
 
-    The older names ``count_terms``, ``hlo``, ``source`` and ``exact`` (of
-    ``n_terms``, ``cost_model``, ``recipe_file`` and ``bitwise``) are still
-    accepted, with a DeprecationWarning, for one release.
     """
 
     # the contract: the algorithm (from the recipe file) and its layouts
@@ -191,6 +198,8 @@ class Recipe:
     # forms
     pmap_body: Callable[..., Any] | None = None
     check_vma: bool = True
+    explicit_program: Callable[..., Any] | None = None
+    explicit_reason: Callable[[Axes], str | None] | None = None
     # tolerance
     n_terms: Callable[[Axes], int] = _no_terms
     magnitudes: Callable[..., Any] | None = None
@@ -269,6 +278,18 @@ class Recipe:
         """Run the global program under ``jax.jit`` with ``NamedSharding``."""
         return self.run("jit", args, self.validated_axes(args, mesh, axis))
 
+    def explicit(self, *args: Any, mesh: jax.sharding.Mesh | None = None,
+                 axis: AxisArg = None) -> Any:
+        """Run the global program in Explicit mode: under ``jax.jit`` on the
+        mesh's devices with every axis ``Explicit``, the inputs placed with
+        their specs (shardings in the types), the outputs resharded to theirs.
+
+        Raises:
+          NotImplementedError: the recipe's ``explicit_reason`` names why the
+            explicit form does not run on these axes.
+        """
+        return self.run("explicit", args, self.validated_axes(args, mesh, axis))
+
     def reference(self, *args: Any, mesh: jax.sharding.Mesh | None = None,
                   axis: AxisArg = None) -> Any:
         """The NumPy oracle on the host: what every form must return."""
@@ -290,8 +311,9 @@ class Recipe:
         once and calls this for each.
 
         Args:
-          form: ``"pmap"``, ``"shard_map"``, ``"jit"``, ``"reference"`` (the
-            oracle) or ``"magnitudes"`` (the ``magnitudes`` fact, or None).
+          form: ``"pmap"``, ``"shard_map"``, ``"jit"``, ``"explicit"``,
+            ``"reference"`` (the oracle) or ``"magnitudes"`` (the
+            ``magnitudes`` fact, or None).
           args: the global-view arguments.
           axes: what :meth:`validated_axes` returned for them.
         """
@@ -299,8 +321,8 @@ class Recipe:
             out = pmap_callable(self, axes)(*stack_args(self, axes, args))
             return jax.tree_util.tree_map(jnp.asarray,
                                           unstack_outputs(self, axes, out, "pmap"))
-        if form in ("shard_map", "jit"):
-            return _build(self, form, axes)(*self._placed(args, axes))
+        if form in PLACED_FORMS:
+            return _build(self, form, axes)(*self._placed(args, axes, form))
         host = {"reference": self.oracle, "magnitudes": self.magnitudes}
         if form not in host:
             raise ValueError(
@@ -309,12 +331,19 @@ class Recipe:
             return None
         return host[form](*jax.tree_util.tree_map(canonical, args), axes=axes)
 
+    def unrunnable_form(self, form: str, axes: Axes) -> str | None:
+        """Why ``form`` does not run on ``axes``, or ``None`` where it runs."""
+        if form == "explicit" and self.explicit_reason is not None:
+            return self.explicit_reason(axes)
+        return None
+
     def bound_forms(self, axes: Axes) -> dict[str, Callable[..., Any]]:
-        """The three forms and the oracle for arguments already validated
+        """The forms that run on ``axes`` and the oracle for arguments already validated
         for ``axes`` (:meth:`validated_axes`): callables that do not validate
         again."""
         return {form: functools.partial(_run_unpacked, self, form, axes)
-                for form in (*FORMS, "reference")}
+                for form in (*FORMS, "reference")
+                if self.unrunnable_form(form, axes) is None}
 
     # -- helpers other modules build on ------------------------------------
 
@@ -326,41 +355,45 @@ class Recipe:
 
     def forms(self, mesh: jax.sharding.Mesh | None = None,
               axis: AxisArg = None) -> dict[str, Callable[..., Any]]:
-        """The three forms and the oracle as callables bound to one mesh/axis."""
-        self.axes(mesh, axis)  # a bad mesh or axis fails here, not at the call
+        """The forms that run on this mesh and axis, and the oracle, as
+        callables bound to them."""
+        axes = self.axes(mesh, axis)  # a bad mesh or axis fails here, not at the call
         bound = dict(mesh=mesh, axis=axis)
-        return {
-            "pmap": functools.partial(self.pmap, **bound),
-            "shard_map": functools.partial(self.shard_map, **bound),
-            "jit": functools.partial(self.jit, **bound),
-            "reference": functools.partial(self.reference, **bound),
-        }
+        return {form: functools.partial(getattr(self, form), **bound)
+                for form in (*FORMS, "reference")
+                if self.unrunnable_form(form, axes) is None}
 
     def compiled(self, form: str, axes: Axes) -> Callable[..., Any]:
-        """The cached jitted callable of the ``"shard_map"`` or ``"jit"`` form.
+        """The cached jitted callable of the ``"shard_map"``, ``"jit"`` or
+        ``"explicit"`` form.
 
-        It takes arrays already placed by :meth:`place`, so benchmarks and HLO
-        inspection see the collective and nothing else.
+        It takes arrays already placed by :meth:`place` (for the same form),
+        so benchmarks and HLO inspection see the collective and nothing else.
         """
-        if form not in ("shard_map", "jit"):
+        if form not in PLACED_FORMS:
             raise ValueError(
-                f"form: expected 'shard_map' or 'jit', got {form!r}. The pmap form "
-                "has no placed-array callable; use Recipe.pmap.")
+                f"form: expected one of {', '.join(PLACED_FORMS)}, got {form!r}. "
+                "The pmap form has no placed-array callable; use Recipe.pmap.")
         return _build(self, form, axes)
 
-    def place(self, *args: Any, axes: Axes) -> tuple[Any, ...]:
-        """Put global arrays on the mesh with the recipe's input shardings.
+    def place(self, *args: Any, axes: Axes, form: str = "shard_map"
+              ) -> tuple[Any, ...]:
+        """Put global arrays on the mesh with the recipe's input shardings,
+        as ``form`` takes them (the jit form on ``Auto`` axes, the explicit
+        form on ``Explicit`` axes, shard_map on the mesh as given).
 
         Raises:
           TypeError, ValueError: as for the forms, for arguments that do not
             fit the recipe's specs.
         """
         self._check_args(args, axes)
-        return self._placed(args, axes)
+        return self._placed(args, axes, form)
 
-    def _placed(self, args: Sequence[Any], axes: Axes) -> tuple[Any, ...]:
+    def _placed(self, args: Sequence[Any], axes: Axes, form: str = "shard_map"
+                ) -> tuple[Any, ...]:
+        mesh = form_mesh(form, axes.mesh)
         specs = self.in_specs(axes)
-        return tuple(jax.device_put(arg, _layout.shardings(axes.mesh, spec))
+        return tuple(jax.device_put(arg, _layout.shardings(mesh, spec))
                      for arg, spec in zip(args, specs, strict=True))
 
     def example_args(self, mesh: jax.sharding.Mesh | None = None,
@@ -473,22 +506,80 @@ def pmap_callable(recipe: Recipe, axes: Axes) -> Callable[..., Any]:
     for name in reversed(names[1:]):
         fn = jax.vmap(fn, in_axes=in_axes, axis_name=name)
     first_column = mesh.devices[(slice(None),) + (0,) * (len(names) - 1)]
-    return jax.pmap(fn, axis_name=names[0], in_axes=in_axes,
-                    devices=list(first_column))
+    return _OnMesh(jax.pmap(fn, axis_name=names[0], in_axes=in_axes,
+                            devices=list(first_column)), None)
+
+
+PLACED_FORMS: tuple[str, ...] = ("shard_map", "jit", "explicit")
+"""The forms that run on arrays placed on the mesh (pmap takes stacks)."""
+
+
+def form_mesh(form: str, mesh: jax.sharding.Mesh) -> jax.sharding.Mesh:
+    """The mesh ``form`` runs on: the jit form on ``Auto`` axes and the
+    explicit form on ``Explicit`` axes whatever the caller's mesh says (the
+    same devices and names); shard_map on the mesh as given."""
+    if form in ("jit", "explicit"):
+        return _compat.with_axis_types(mesh, explicit=form == "explicit")
+    return mesh
+
+
+class _OnMesh:
+    """A jitted form that traces and runs with its own mesh in scope (no mesh
+    for pmap, which builds its own), so a mesh the caller set globally
+    (``jax.set_mesh``) does not reach it."""
+
+    def __init__(self, fn: Callable[..., Any], mesh: jax.sharding.Mesh | None
+                 ) -> None:
+        self._fn, self._mesh = fn, mesh
+        functools.update_wrapper(self, fn)
+
+    def __call__(self, *args: Any) -> Any:
+        with _compat.mesh_scope(self._mesh):
+            return self._fn(*args)
+
+    def lower(self, *args: Any, **kwargs: Any) -> Any:
+        with _compat.mesh_scope(self._mesh):
+            return self._fn.lower(*args, **kwargs)
+
+
+def _resharded(tree: Any, specs: Any) -> Any:
+    leaves = _layout.leaf_specs(specs, tree, "outputs")
+    values, treedef = jax.tree_util.tree_flatten(tree)
+    return jax.tree_util.tree_unflatten(treedef, [
+        jax.sharding.reshard(value, spec)
+        for value, spec in zip(values, leaves, strict=True)])
 
 
 @functools.cache
 def _build(recipe: Recipe, form: str, axes: Axes) -> Callable[..., Any]:
+    reason = recipe.unrunnable_form(form, axes)
+    if reason:
+        raise NotImplementedError(
+            f"{recipe.name}: the {form} form does not run on mesh "
+            f"{dict(axes.mesh.shape)} axis={axes.axis!r} (JAX {jax.__version__}): "
+            f"{reason}")
     in_specs = recipe.in_specs(axes)
     out_specs = recipe.out_specs(axes)
+    mesh = form_mesh(form, axes.mesh)
     if form == "shard_map":
-        return jax.jit(jax.shard_map(
-            functools.partial(recipe.body, axis=axes.axis), mesh=axes.mesh,
+        fn = jax.jit(jax.shard_map(
+            functools.partial(recipe.body, axis=axes.axis), mesh=mesh,
             in_specs=in_specs, out_specs=out_specs, check_vma=recipe.check_vma))
-    return jax.jit(
-        functools.partial(recipe.program, axes=axes),
-        in_shardings=_layout.shardings(axes.mesh, in_specs),
-        out_shardings=_layout.shardings(axes.mesh, out_specs))
+    elif form == "jit":
+        fn = jax.jit(
+            functools.partial(recipe.program, axes=axes),
+            in_shardings=_layout.shardings(mesh, in_specs),
+            out_shardings=_layout.shardings(mesh, out_specs))
+    else:  # explicit: the shardings are in the input types
+        program = recipe.explicit_program or recipe.program
+        axes_here = dataclasses.replace(axes, mesh=mesh)
+
+        def explicit(*args: Any) -> Any:
+            return _resharded(program(*args, axes=axes_here), out_specs)
+
+        explicit.__name__ = f"{recipe.name}_explicit"
+        fn = jax.jit(explicit)
+    return _OnMesh(fn, mesh)
 
 
 def clear_caches() -> None:
