@@ -14,7 +14,10 @@ legacy pmap code used the plain gather.
 
 Which form when: shard_map when the gather feeds more per-device work; jit
 when you only need the data replicated (an output sharding of ``P()`` is the
-whole recipe); pmap only as the legacy "before".
+whole recipe); explicit (Explicit mesh axes, JAX's default from 0.9) when the
+layout is part of the type: ``jax.sharding.reshard(x, P())`` turns
+``int32[16@i,3]`` into ``int32[16,3]`` and is the all-gather; pmap only as
+the legacy "before".
 
 The per-device bodies, the global programs and the NumPy oracles below are
 the ones ``collectives.RECIPES["all_gather"]`` and
@@ -39,6 +42,12 @@ from jax.sharding import PartitionSpec as P
 
 N_DEVICES = 8
 AXIS = "i"
+
+
+def make_explicit_mesh(n_devices):
+    # jax.make_mesh's default from JAX 0.9 on, spelled out for every version.
+    return jax.make_mesh((n_devices,), (AXIS,),
+                         axis_types=(jax.sharding.AxisType.Explicit,))
 
 
 def make_mesh(n_devices):
@@ -156,6 +165,24 @@ def all_gather_jit(x, mesh):
 # [end:jit]
 
 
+# [start:explicit]
+def all_gather_explicit(x, n_devices):
+    mesh = make_explicit_mesh(n_devices)
+    with jax.set_mesh(mesh):
+        x = jax.device_put(x, P(AXIS))  # jax.typeof(x): int32[16@i,3]
+
+        @jax.jit
+        def global_program(x):
+            # resharding to replicated is the gather: int32[16,3] and
+            # int32[8,2,3], whole on every device
+            return (jax.sharding.reshard(all_gather_program(x), P()),
+                    jax.sharding.reshard(all_gather_stacked_program(x, n_devices),
+                                         P()))
+
+        return global_program(x)
+# [end:explicit]
+
+
 # [start:numpy]
 def all_gather_numpy(x):
     return np.array(x)  # a copy: the same values, now on every device
@@ -178,6 +205,7 @@ def main():
         "pmap": all_gather_pmap(x, N_DEVICES),
         "shard_map": all_gather_shard_map(x, mesh),
         "jit": all_gather_jit(x, mesh),
+        "explicit": all_gather_explicit(x, N_DEVICES),
     }
     for form, outs in results.items():
         for op, got, expected in zip(("tiled", "stacked"), outs, want, strict=True):
@@ -190,7 +218,7 @@ def main():
           np.asarray(tiled)[6].tolist(), "(= x[6], from device 3)")
     print(f"stacked gather -> {list(stacked.shape)} on every device; entry 3:",
           np.asarray(stacked)[3].tolist(), "(= x[6:8], device 3's block)")
-    print("ok: pmap, shard_map and jit agree with NumPy for all_gather and "
+    print("ok: pmap, shard_map, jit and explicit agree with NumPy for all_gather and "
           "all_gather_stacked")
 
 

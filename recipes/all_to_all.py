@@ -11,8 +11,10 @@ Applied again with the axes swapped (``split_axis=0, concat_axis=1``) it
 undoes itself.
 
 Which form when: jit when all you need is the new layout (change the output
-sharding, XLA emits the all-to-all); shard_map inside a larger per-device
-program; pmap as the legacy form.
+sharding, XLA emits the all-to-all); explicit (Explicit mesh axes) when the
+layout is in the type: ``jax.sharding.reshard(x, P(None, "i"))`` turns
+``int32[16@i,24]`` into ``int32[16,24@i]`` with one all-to-all; shard_map
+inside a larger per-device program; pmap as the legacy form.
 
 The per-device body, the global program and the NumPy oracle below are the
 ones ``collectives.RECIPES["all_to_all"]`` runs: ``axis`` may be one mesh
@@ -34,6 +36,12 @@ from jax.sharding import PartitionSpec as P
 
 N_DEVICES = 8
 AXIS = "i"
+
+
+def make_explicit_mesh(n_devices):
+    # jax.make_mesh's default from JAX 0.9 on, spelled out for every version.
+    return jax.make_mesh((n_devices,), (AXIS,),
+                         axis_types=(jax.sharding.AxisType.Explicit,))
 
 
 def make_mesh(n_devices):
@@ -89,6 +97,21 @@ def all_to_all_jit(x, mesh):
 # [end:jit]
 
 
+# [start:explicit]
+def all_to_all_explicit(x, n_devices):
+    mesh = make_explicit_mesh(n_devices)
+    with jax.set_mesh(mesh):
+        x = jax.device_put(x, P(AXIS, None))  # jax.typeof(x): int32[16@i,24]
+
+        @jax.jit
+        def global_program(x):
+            # rows -> columns in the type: int32[16,24@i], one all-to-all
+            return jax.sharding.reshard(all_to_all_program(x), P(None, AXIS))
+
+        return global_program(x)
+# [end:explicit]
+
+
 # [start:numpy]
 def all_to_all_numpy(x):
     return np.array(x)  # a copy: the same values, a new layout
@@ -106,7 +129,8 @@ def main():
     want = all_to_all_numpy(x)
     moved, restored = all_to_all_shard_map(x, mesh)
     for form, got in (("pmap", all_to_all_pmap(x, N_DEVICES)),
-                      ("shard_map", moved), ("jit", all_to_all_jit(x, mesh))):
+                      ("shard_map", moved), ("jit", all_to_all_jit(x, mesh)),
+                      ("explicit", all_to_all_explicit(x, N_DEVICES))):
         np.testing.assert_array_equal(np.asarray(got), want,
                                       err_msg=f"all_to_all ({form} form)")
     np.testing.assert_array_equal(np.asarray(restored), x)
@@ -118,7 +142,8 @@ def main():
     np.testing.assert_array_equal(device_1, x[:, 3:6])
     print("device 1 now holds columns 3..5; its first two rows:",
           device_1[:2].tolist(), f"(x[r, c] = {x.shape[1]}*r + c)")
-    print("ok: pmap, shard_map and jit agree with NumPy; applying the inverse "
+    print("ok: pmap, shard_map, jit and explicit agree with NumPy; applying the "
+          "inverse "
           "all_to_all restores the rows layout")
 
 

@@ -34,6 +34,12 @@ N_DEVICES = 8
 AXIS = "i"
 
 
+def make_explicit_mesh(shape, names):
+    # jax.make_mesh's default from JAX 0.9 on, spelled out for every version.
+    return jax.make_mesh(shape, names,
+                         axis_types=(jax.sharding.AxisType.Explicit,) * len(shape))
+
+
 def make_mesh(shape, names):
     # Auto axes on every JAX version (jax.make_mesh defaults to Explicit from 0.9).
     return jax.make_mesh(shape, names,
@@ -90,6 +96,17 @@ def add_index_jit(x, mesh):
 # [end:jit]
 
 
+# [start:explicit]
+def add_index_explicit(x, n_devices):
+    mesh = make_explicit_mesh((n_devices,), (AXIS,))
+    with jax.set_mesh(mesh):
+        x = jax.device_put(x, P(AXIS))  # jax.typeof(x): int32[16@i,2]
+        # the index of each row's device is a function of the row: no
+        # communication; the result keeps x's type, int32[16@i,2]
+        return jax.jit(lambda x: axis_index_program(x, n_devices))(x)
+# [end:explicit]
+
+
 # [start:numpy]
 def axis_index_numpy(x, n):
     device_of_row = np.repeat(np.arange(n), x.shape[0] // n)
@@ -107,7 +124,8 @@ def main():
     want = axis_index_numpy(x, N_DEVICES)
     for form, got in (("pmap", add_index_pmap(x, N_DEVICES)),
                       ("shard_map", add_index_shard_map(x, mesh)),
-                      ("jit", add_index_jit(x, mesh))):
+                      ("jit", add_index_jit(x, mesh)),
+                      ("explicit", add_index_explicit(x, N_DEVICES))):
         np.testing.assert_array_equal(np.asarray(got), want,
                                       err_msg=f"axis_index ({form} form)")
     index, total = linear_index_2d(make_mesh((4, 2), ("i", "j")))
@@ -116,7 +134,7 @@ def main():
     print("device of each row:", np.asarray(want)[:, 0].tolist())
     print("linear index on a 4x2 mesh:\n", np.asarray(index))
     print(f"psum of the index = {int(total)} = n(n-1)/2")
-    print("ok: pmap, shard_map and jit agree with NumPy for axis_index")
+    print("ok: pmap, shard_map, jit and explicit agree with NumPy for axis_index")
 
 
 if __name__ == "__main__":

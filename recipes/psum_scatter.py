@@ -9,7 +9,10 @@ gradients scattered.
 
 Which form when: shard_map to keep the scattered slice for more local work
 (e.g. updating a sharded parameter); jit when a sum's output sharding is
-``P("i")`` (XLA emits the reduce-scatter for you); pmap as the legacy form.
+``P("i")`` (XLA emits the reduce-scatter for you); explicit (Explicit mesh
+axes) when the sum's result type should say it stays sharded: the program
+reshards it to ``P("i")`` (GPU and TPU compilers emit a reduce-scatter;
+XLA:CPU an all-reduce and a slice, as for jit); pmap as the legacy form.
 
 The per-device bodies, the global program and the NumPy oracle below are
 the ones ``collectives.RECIPES["psum_scatter"]`` runs: ``axis`` may be one
@@ -32,6 +35,12 @@ from jax.sharding import PartitionSpec as P
 
 N_DEVICES = 8
 AXIS = "i"
+
+
+def make_explicit_mesh(n_devices):
+    # jax.make_mesh's default from JAX 0.9 on, spelled out for every version.
+    return jax.make_mesh((n_devices,), (AXIS,),
+                         axis_types=(jax.sharding.AxisType.Explicit,))
 
 
 def make_mesh(n_devices):
@@ -115,6 +124,21 @@ def psum_scatter_jit(x, mesh):
 # [end:jit]
 
 
+# [start:explicit]
+def psum_scatter_explicit(x, n_devices):
+    mesh = make_explicit_mesh(n_devices)
+    with jax.set_mesh(mesh):
+        x = jax.device_put(x, P(AXIS))  # jax.typeof(x): int32[64@i,2]
+
+        @jax.jit
+        def global_program(x):
+            # the sum over the sharded blocks, kept sharded by rows: int32[8@i,2]
+            return jax.sharding.reshard(psum_scatter_program(x, n_devices), P(AXIS))
+
+        return global_program(x)
+# [end:explicit]
+
+
 # [start:numpy]
 def wide(x):
     # x in the widest dtype of its kind, so NumPy rounds once, at the end
@@ -144,7 +168,8 @@ def main():
     want = psum_scatter_numpy(x, N_DEVICES)
     for form, got in (("pmap", psum_scatter_pmap(x, N_DEVICES)),
                       ("shard_map", psum_scatter_shard_map(x, mesh)),
-                      ("jit", psum_scatter_jit(x, mesh))):
+                      ("jit", psum_scatter_jit(x, mesh)),
+                      ("explicit", psum_scatter_explicit(x, N_DEVICES))):
         np.testing.assert_array_equal(np.asarray(got), want,
                                       err_msg=f"psum_scatter ({form} form)")
     gathered, summed = psum_via_scatter_then_gather(x, mesh)
@@ -155,7 +180,7 @@ def main():
     print("device 0 keeps their sum              :",
           np.asarray(psum_scatter_shard_map(x, mesh))[0].tolist())
     print("sum, reassembled from the slices ->", np.asarray(want).ravel().tolist())
-    print("ok: pmap, shard_map and jit agree with NumPy; "
+    print("ok: pmap, shard_map, jit and explicit agree with NumPy; "
           "all_gather(psum_scatter(x)) == psum(x)")
 
 

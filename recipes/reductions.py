@@ -1,4 +1,4 @@
-"""All-reduce: psum, pmean, pmax and pmin in pmap, shard_map and jit form.
+"""All-reduce: psum, pmean, pmax and pmin in pmap, shard_map, jit and explicit form.
 
 What it shows: every device holds one block of rows of ``x``; an all-reduce
 combines the blocks elementwise (sum, mean, max, min) and leaves the result
@@ -10,6 +10,11 @@ Which form when:
     communication.
   * jit: you write the global program (``x.reshape(n, k, m).sum(0)``) and
     say how inputs and outputs are laid out; XLA inserts the all-reduce.
+  * explicit: the same global program on a mesh whose axes are Explicit
+    (JAX's default from 0.9): the sharding is part of each array's type
+    (``jax.typeof(x)`` is ``float32[16@i,3]``), the reduction over the
+    sharded blocks is the all-reduce, and ``jax.sharding.reshard`` says where
+    the result lives. It compiles to the same all-reduce as shard_map.
   * pmap: the legacy form, shown as the "before" of a migration.
 
 The per-device bodies, the global programs and the NumPy oracles below are
@@ -35,6 +40,12 @@ from jax.sharding import PartitionSpec as P
 
 N_DEVICES = 8
 AXIS = "i"
+
+
+def make_explicit_mesh(n_devices):
+    # jax.make_mesh's default from JAX 0.9 on, spelled out for every version.
+    return jax.make_mesh((n_devices,), (AXIS,),
+                         axis_types=(jax.sharding.AxisType.Explicit,))
 
 
 def make_mesh(n_devices):
@@ -136,6 +147,24 @@ def reductions_jit(x, mesh):
 # [end:jit]
 
 
+# [start:explicit]
+def reductions_explicit(x, n_devices):
+    mesh = make_explicit_mesh(n_devices)
+    with jax.set_mesh(mesh):
+        x = jax.device_put(x, P(AXIS))  # jax.typeof(x): float32[16@i,3]
+
+        @jax.jit
+        def global_program(x):
+            # each program reduces over the sharded blocks: the all-reduce;
+            # the result's type says it is on every device: float32[2,3]
+            return tuple(jax.sharding.reshard(program(x, n_devices), P())
+                         for program in (psum_program, pmean_program, pmax_program,
+                                         pmin_program))
+
+        return global_program(x)
+# [end:explicit]
+
+
 # [start:numpy]
 def wide(x):
     # x in the widest dtype of its kind, so NumPy rounds once, at the end
@@ -181,6 +210,7 @@ def main():
         "pmap": reductions_pmap(x, N_DEVICES),
         "shard_map": reductions_shard_map(x, mesh),
         "jit": reductions_jit(x, mesh),
+        "explicit": reductions_explicit(x, N_DEVICES),
     }
     for form, outs in results.items():
         for op, got, expected in zip(("psum", "pmean", "pmax", "pmin"), outs, want,
@@ -195,7 +225,8 @@ def main():
     print("x[0::2].sum(0), by hand  :", x[0::2].sum(0).tolist())
     print("pmax, row 0              :", pmax[0].tolist())
     print("x[0::2].max(0), by hand  :", x[0::2].max(0).tolist())
-    print("ok: pmap, shard_map and jit agree with NumPy for psum, pmean, pmax, pmin")
+    print("ok: pmap, shard_map, jit and explicit agree with NumPy for psum, pmean, "
+          "pmax, pmin")
 
 
 if __name__ == "__main__":

@@ -270,3 +270,24 @@ def test_an_unknown_profile_is_a_clear_error(monkeypatch):
                                          r".*\['ci', 'deep', 'dev'\]"):
         register_profiles()
     assert settings.get_current_profile_name() == before  # left as it was
+
+
+def test_an_unreduced_array_is_named_as_a_partial_sum_not_unpacked():
+    # Explicit mode's unreduced state: each device holds its partial sum of
+    # x.T @ x; assert_replicated says so (JAX refuses to unpack such a spec)
+    import jax.numpy as jnp
+
+    mesh = jax.make_mesh((8,), ("i",), axis_types=(jax.sharding.AxisType.Explicit,))
+    with jax.set_mesh(mesh):
+        x = jax.device_put(np.arange(16.0, dtype=np.float32).reshape(8, 2), P("i"))
+        partial = jax.jit(lambda x: jnp.einsum(
+            "bd,bk->dk", x, x, out_sharding=P(unreduced={"i"})))(x)
+        summed = jax.jit(lambda x: jnp.einsum("bd,bk->dk", x, x, out_sharding=P()))(x)
+    with pytest.raises(AssertionError, match=r"y is unreduced over \['i'\] "
+                       r"\(spec P\(None, None, unreduced=\{'i'\}\)\): each device "
+                       r"holds a partial sum.*jax.sharding.reshard"):
+        assert_replicated(partial, name="y")
+    assert_replicated(summed, name="y")
+    np.testing.assert_array_equal(np.asarray(summed),
+                                  np.arange(16.0).reshape(8, 2).T
+                                  @ np.arange(16.0).reshape(8, 2))

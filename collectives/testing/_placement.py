@@ -43,8 +43,15 @@ def _describe_device(device: Any, sharding: Any) -> str:
 
 
 def _spec(spec: P) -> str:
-    """``P('i', None)`` on every JAX version (older ones print PartitionSpec)."""
-    return f"P({', '.join(map(repr, spec))})"
+    """``P('i', None)`` on every JAX version (older ones print PartitionSpec),
+    with its ``unreduced``/``reduced`` axes where it has any (JAX refuses to
+    unpack such a spec: its entries are ``spec.partitions`` there)."""
+    entries = [repr(entry) for entry in getattr(spec, "partitions", spec)]
+    for state in ("unreduced", "reduced"):
+        axes = getattr(spec, state, None)
+        if axes:
+            entries.append(f"{state}={set(axes)!r}")
+    return f"P({', '.join(entries)})"
 
 
 def _fmt(value: np.ndarray) -> str:
@@ -112,8 +119,10 @@ def assert_replicated(x: Any, *, name: str = "x") -> None:
 
     Raises:
       TypeError: ``x`` is not a ``jax.Array``.
-      AssertionError: ``x`` is sharded, or a device's copy differs; the
-        message names the device, its mesh position, the index and both values.
+      AssertionError: ``x`` is sharded or unreduced (each device a partial
+        sum: Explicit mode's ``unreduced`` state), or a device's copy
+        differs; the message names the device, its mesh position, the index
+        and both values.
 
     Examples:
       >>> import jax, numpy as np
@@ -130,6 +139,14 @@ def assert_replicated(x: Any, *, name: str = "x") -> None:
       AssertionError: x: device copies of block x[:] differ at index (0,): device 1 ...
     """
     x = _require_array(x, "assert_replicated")
+    spec = getattr(x.sharding, "spec", None)
+    pending = set(getattr(spec, "unreduced", None) or ())
+    if pending:
+        raise AssertionError(
+            f"{name} is unreduced over {sorted(pending)} (spec {_spec(spec)}): each "
+            "device holds a partial sum, not the value. Fix: sum it inside jit, "
+            "jax.sharding.reshard(x, P(...)) without unreduced=, before it is "
+            "returned.")
     if not x.sharding.is_fully_replicated:
         spec = getattr(x.sharding, "spec", None)
         spelled = f" (spec {_spec(spec)})" if spec is not None else ""
