@@ -31,6 +31,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO
 
+from collectives import _compat
 from collectives.distributed._results import LOOPBACK
 from collectives.distributed._results import LaunchResult
 from collectives.distributed._results import ProcessResult
@@ -169,8 +170,6 @@ class _Launch:
         self.bind_failed = False
 
     def _env(self, settings: WorkerEnv) -> dict[str, str]:
-        from collectives import _compat
-
         env = {**os.environ, **self.extra_env, **settings.to_env()}
         package_root = str(Path(__file__).resolve().parent.parent)
         paths = [package_root, *env.get("PYTHONPATH", "").split(os.pathsep)]
