@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import inspect
+import json
 import time
 import warnings
 from collections.abc import Callable
@@ -275,7 +276,6 @@ def write_check_json(rows: Sequence[CheckResult], path: str) -> None:
     """The ``check`` rows as JSON: ``{"jax": version, "rows": [row, ...]}``.
 
     A row's ``max_error`` is ``null`` where it is NaN (the form failed)."""
-    import json
 
     def plain(row: CheckResult) -> dict[str, Any]:
         out = dataclasses.asdict(row)
