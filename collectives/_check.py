@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import inspect
+import json
 import time
 import warnings
 from collections.abc import Callable
@@ -17,6 +18,7 @@ import jax
 import numpy as np
 
 from collectives._arrays import dtype_kind
+from collectives._compare import Agreement
 from collectives._compare import forms_agree
 from collectives._devices import MESH_NAMES
 from collectives._devices import make_mesh
@@ -132,51 +134,72 @@ def check(
         recipe = RECIPES[name]
         for shape, mesh_names, axis in configs or standard_configs():
             mesh = make_mesh(shape, mesh_names)
-            axes = recipe.axes(mesh, axis)
-            if recipe.unsupported_reason(axes) is not None:
+            if recipe.unsupported_reason(recipe.axes(mesh, axis)) is not None:
                 continue
             for dtype in dtypes:
                 if dtype_kind(dtype) not in recipe.dtype_kinds:
                     continue
-                start = time.perf_counter()
-                report, skipped = None, False
-                try:
-                    bitwise = exact and recipe.bitwise
-                    if exact and not recipe.draws_exact(dtype):
-                        raise UnsupportedDtypeError(_inexact_dtype(recipe, dtype))
-                    args = recipe.example_args(mesh, axis, dtype=dtype, seed=seed,
-                                               exact=exact)
-                    # its own refusals first; the one validation of this row
-                    axes = recipe.validated_axes(args, mesh, axis)
-                    n_terms = recipe.n_terms(axes)
-                    if not bitwise and not can_fail(dtype, n_terms):
-                        raise UnsupportedDtypeError(
-                            _cannot_fail(recipe, n_terms, dtype))
-                    tol = {"rtol": 0, "atol": 0} if bitwise else {}
-                    report = forms_agree(
-                        forms_for(recipe, axes), args, recipe=recipe,
-                        axes=axes, n_terms=n_terms, **tol)
-                    ok, detail = True, ""
-                    done, error = report.forms, max(report.max_error.values())
-                except (ImportError, UnsupportedDtypeError) as err:
-                    # an optional dependency (optax), or a dtype it refuses
-                    # (for any input, or for small integers)
-                    ok, detail, done, error = True, str(err), (), float("nan")
-                    skipped = True
-                except Exception as err:  # reported in the table, not raised
-                    ok, detail = False, f"{type(err).__name__}: {err}"
-                    done, error = (), float("nan")
-                row = CheckResult(
-                    recipe=name, mesh="x".join(map(str, shape)),
-                    axis=",".join(axes.names), dtype=str(dtype), forms=done,
-                    max_error=error, ok=ok, detail=detail,
-                    seconds=time.perf_counter() - start, skipped=skipped)
+                row, args, report = _check_row(recipe, shape, mesh, axis, dtype,
+                                               seed=seed, exact=exact,
+                                               forms_for=forms_for)
                 rows.append(row)
                 if report is not None and on_report is not None:
                     on_report(row, args, report)
                 if progress is not None:
                     progress(row)
     return rows
+
+
+def _check_row(recipe: Recipe, shape: tuple[int, ...], mesh: Any, axis: Any,
+               dtype: Any, *, seed: int, exact: bool, forms_for: FormsFor
+               ) -> tuple[CheckResult, Any, Agreement | None]:
+    """One row of ``check``, its inputs, and what the forms agreed on (None
+    where they did not run or did not agree: the row says why)."""
+    start = time.perf_counter()
+    args, report, skipped = None, None, False
+    try:
+        args, report = _agreement(recipe, mesh, axis, dtype, seed=seed,
+                                  exact=exact, forms_for=forms_for)
+        ok, detail = True, ""
+        done, error = report.forms, max(report.max_error.values())
+    except (ImportError, UnsupportedDtypeError) as err:
+        # an optional dependency (optax), or a dtype it refuses
+        # (for any input, or for small integers)
+        ok, detail, done, error = True, str(err), (), float("nan")
+        skipped = True
+    except Exception as err:  # reported in the table, not raised
+        ok, detail = False, f"{type(err).__name__}: {err}"
+        done, error = (), float("nan")
+    row = CheckResult(
+        recipe=recipe.name, mesh="x".join(map(str, shape)),
+        axis=",".join(recipe.axes(mesh, axis).names), dtype=str(dtype),
+        forms=done, max_error=error, ok=ok, detail=detail,
+        seconds=time.perf_counter() - start, skipped=skipped)
+    return row, args, report
+
+
+def _agreement(recipe: Recipe, mesh: Any, axis: Any, dtype: Any, *, seed: int,
+               exact: bool, forms_for: FormsFor) -> tuple[Any, Agreement]:
+    """``recipe``'s example inputs, and its forms compared with its oracle.
+
+    Raises:
+      UnsupportedDtypeError: ``exact`` inputs leave the range ``dtype`` keeps
+        exact, or the tolerance for ``dtype`` could not fail.
+      Exception: whatever the recipe or the comparison raises.
+    """
+    bitwise = exact and recipe.bitwise
+    if exact and not recipe.draws_exact(dtype):
+        raise UnsupportedDtypeError(_inexact_dtype(recipe, dtype))
+    args = recipe.example_args(mesh, axis, dtype=dtype, seed=seed, exact=exact)
+    # its own refusals first; the one validation of this row
+    axes = recipe.validated_axes(args, mesh, axis)
+    n_terms = recipe.n_terms(axes)
+    if not bitwise and not can_fail(dtype, n_terms):
+        raise UnsupportedDtypeError(_cannot_fail(recipe, n_terms, dtype))
+    tol = {"rtol": 0, "atol": 0} if bitwise else {}
+    report = forms_agree(forms_for(recipe, axes), args, recipe=recipe, axes=axes,
+                         n_terms=n_terms, **tol)
+    return args, report
 
 
 def _forms_hook(forms: Callable[..., Any] | None) -> FormsFor:
@@ -253,7 +276,6 @@ def write_check_json(rows: Sequence[CheckResult], path: str) -> None:
     """The ``check`` rows as JSON: ``{"jax": version, "rows": [row, ...]}``.
 
     A row's ``max_error`` is ``null`` where it is NaN (the form failed)."""
-    import json
 
     def plain(row: CheckResult) -> dict[str, Any]:
         out = dataclasses.asdict(row)

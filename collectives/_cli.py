@@ -8,14 +8,28 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+import jax
+
+from collectives import bench
 from collectives._check import add_check_arguments
 from collectives._check import add_mesh_arguments
 from collectives._check import add_run_arguments
 from collectives._check import axis_from_args
+from collectives._check import print_check
+from collectives._check import print_run
+from collectives._check import write_check_json
+from collectives._compiled_view import compiled_view
 from collectives._devices import MESH_NAMES
+from collectives._devices import use_cpu_devices
+from collectives._diagram import diagram
+from collectives._diagram import diagram_names
+from collectives._registry import RECIPES
+from collectives.bench import add_arguments as add_bench_arguments
 from collectives.distributed._cli import add_launch_arguments
 from collectives.distributed._cli import add_worker_command
 from collectives.distributed._cli import run_launch_command
+from collectives.plan._command import add_arguments as add_plan_arguments
+from collectives.plan._command import main as plan_main
 
 DEFAULT_DEVICES = 8
 
@@ -32,18 +46,12 @@ def _device_options() -> argparse.ArgumentParser:
 
 
 def _setup(args: argparse.Namespace) -> None:
-    import jax
-
-    from collectives import use_cpu_devices
-
     if args.x64:
         jax.config.update("jax_enable_x64", True)
     use_cpu_devices(args.devices)
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from collectives import RECIPES
-
     width = max(map(len, RECIPES))
     for name, recipe in RECIPES.items():
         print(f"{name:<{width}}  {recipe.summary}")
@@ -51,8 +59,6 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def _lookup(name: str):
-    from collectives import RECIPES
-
     if name not in RECIPES:
         print(f"error: no recipe named {name!r}. Known recipes: "
               f"{', '.join(RECIPES)}", file=sys.stderr)
@@ -62,9 +68,6 @@ def _lookup(name: str):
 
 def _show_diagram(name: str) -> None:
     """The before/after grid of a core collective, as comment lines."""
-    from collectives._diagram import diagram
-    from collectives._diagram import diagram_names
-
     if name not in diagram_names():
         return
     try:
@@ -80,8 +83,6 @@ def cmd_show(args: argparse.Namespace) -> int:
         return 2
     _setup(args)
     if args.hlo or args.hlo_text:
-        from collectives._compiled_view import compiled_view
-
         shape = args.mesh or (args.devices,)
         print(compiled_view(recipe, shape, MESH_NAMES[:len(shape)],
                             axis_from_args(args), hlo_text=args.hlo_text))
@@ -102,17 +103,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     if _lookup(args.name) is None:
         return 2
     _setup(args)
-    from collectives._check import print_run
-
     print_run(args)
     return 0
 
 
 def cmd_check(args: argparse.Namespace) -> int:
     _setup(args)
-    from collectives._check import print_check
-    from collectives._check import write_check_json
-
     try:
         rows = print_check(args)
     except (KeyError, ValueError) as err:
@@ -125,14 +121,10 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     _setup(args)
-    from collectives import bench
-
     return bench.main(args)
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from collectives.plan._command import main as plan_main
-
     return plan_main(args)
 
 
@@ -172,8 +164,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also write the rows and the JAX version to FILE as JSON")
     p.set_defaults(func=cmd_check)
 
-    from collectives.bench import add_arguments as add_bench_arguments
-
     p = sub.add_parser(
         "bench", parents=[devices],
         help="nccl-tests-style benchmark of every collective in every form",
@@ -182,8 +172,6 @@ def build_parser() -> argparse.ArgumentParser:
                     "and #wrong against the NumPy oracle.")
     add_bench_arguments(p)
     p.set_defaults(func=cmd_bench)
-
-    from collectives.plan._command import add_arguments as add_plan_arguments
 
     p = sub.add_parser(
         "plan", help="each strategy's collectives, bytes, memory and predicted "

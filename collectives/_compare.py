@@ -320,6 +320,42 @@ def forms_agree(forms: Mapping[str, Callable[..., Any]], args: Sequence[Any], *,
     source = "given" if n_terms is not None else "default"
     if recipe is not None and n_terms is None:
         n_terms, source = recipe.n_terms(axes), "recipe"
+    results = _run_forms(forms, args, label)
+    dtype = _result_dtype(results)
+    given = (rtol is not None, atol is not None)
+    inferred = None
+    if n_terms is None and not all(given) and tolerance(dtype)[0]:
+        n_terms, inferred = _infer_n_terms(forms, list(results), args, dtype, label)
+        source = inferred[0]
+    n_terms = 1 if n_terms is None else n_terms
+    default_rtol, unit_atol = tolerance(dtype, n_terms)
+    scale = _input_scale(args)
+    rtol = default_rtol if rtol is None else float(rtol)
+    has_reference = REFERENCE in results
+    terms = None
+    if atol is None and recipe is not None and has_reference:
+        terms = recipe.run("magnitudes", args, axes)
+    atol = _atol(atol, terms, unit_atol, scale)
+    max_error, wrong, problems = _compare_forms(results, rtol, atol)
+    if problems:
+        tol = _describe_tolerance(dtype, rtol, _largest(atol), given=given,
+                                  n_terms=n_terms, scale=scale,
+                                  pairwise=not has_reference,
+                                  per_element=terms is not None,
+                                  inferred=inferred)
+        raise AssertionError(
+            f"{label}: {_disagreement(list(results), wrong)}.\n  "
+            + "\n  ".join(problems)
+            + f"\n  tolerance: {tol}\n  inputs: {_describe_args(args)}")
+    return Agreement(forms=tuple(results), max_error=max_error, rtol=rtol,
+                     atol=_largest(atol), results=results, n_terms=n_terms,
+                     n_terms_source=source)
+
+
+def _run_forms(forms: Mapping[str, Callable[..., Any]], args: Sequence[Any],
+               label: str) -> dict[str, Any]:
+    """Each form's result, in the order of :data:`FORMS`, then the others in
+    the given order, the reference last."""
     order = [n for n in (*FORMS, *forms) if n in forms and n != REFERENCE]
     order = list(dict.fromkeys(order)) + ([REFERENCE] if REFERENCE in forms else [])
     results: dict[str, Any] = {}
@@ -329,47 +365,59 @@ def forms_agree(forms: Mapping[str, Callable[..., Any]], args: Sequence[Any], *,
         except Exception as err:
             err.add_note(f"(raised by form {name!r} of {label})")
             raise
-    dtype = _result_dtype(results)
-    given = (rtol is not None, atol is not None)
-    inferred = None
-    if n_terms is None and not all(given) and tolerance(dtype)[0]:
-        # a tie names the reference, else the global program (jit)
-        candidates = [n for n in dict.fromkeys([REFERENCE, "jit", *order])
-                      if n in forms]
-        inference = infer_n_terms([(n, forms[n]) for n in candidates], args)
-        if inference.unreadable:
-            form, why = inference.unreadable[0]
-            raise RuntimeError(
-                f"{label}: n_terms cannot be inferred: the {form} form's jaxpr "
-                f"could not be walked ({why}). Guessing would let the tolerance "
-                "fail a correct program. Fix: pass n_terms= (the rounded "
-                "operations behind one output element) or rtol= and atol=.")
-        n_terms, inferred = inference.n_terms, inference.describe(REFERENCE)
-        source = inferred[0]
-        if n_terms is not None and not can_fail(dtype, n_terms):
-            raise ValueError(
-                f"n_terms: {n_terms} {source}; the policy then allows a relative "
-                f"error of {tolerance(dtype, n_terms)[0]:.3g} in {dtype.name}, so "
-                "the comparison could not fail. Fix: pass n_terms= (e.g. 1 where "
-                "a matmul accumulates in float32 and rounds once at the end, as "
-                "XLA does on CPU) or rtol= and atol=.")
-    n_terms = 1 if n_terms is None else n_terms
-    default_rtol, unit_atol = tolerance(dtype, n_terms)
-    scale = _input_scale(args)
-    rtol = default_rtol if rtol is None else float(rtol)
-    has_reference = REFERENCE in results
-    terms = None
-    if atol is None and recipe is not None and has_reference:
-        terms = recipe.run("magnitudes", args, axes)
+    return results
+
+
+def _infer_n_terms(forms: Mapping[str, Callable[..., Any]], order: list[str],
+                   args: Sequence[Any], dtype: np.dtype, label: str
+                   ) -> tuple[int | None, tuple[str, str]]:
+    """``n_terms`` from the forms' jaxprs, and (where it came from, how to set it).
+
+    Raises:
+      RuntimeError: a form's jaxpr cannot be walked.
+      ValueError: the inferred ``n_terms`` lets the comparison not fail.
+    """
+    # a tie names the reference, else the global program (jit)
+    candidates = [n for n in dict.fromkeys([REFERENCE, "jit", *order]) if n in forms]
+    inference = infer_n_terms([(n, forms[n]) for n in candidates], args)
+    if inference.unreadable:
+        form, why = inference.unreadable[0]
+        raise RuntimeError(
+            f"{label}: n_terms cannot be inferred: the {form} form's jaxpr "
+            f"could not be walked ({why}). Guessing would let the tolerance "
+            "fail a correct program. Fix: pass n_terms= (the rounded "
+            "operations behind one output element) or rtol= and atol=.")
+    n_terms, inferred = inference.n_terms, inference.describe(REFERENCE)
+    if n_terms is not None and not can_fail(dtype, n_terms):
+        raise ValueError(
+            f"n_terms: {n_terms} {inferred[0]}; the policy then allows a relative "
+            f"error of {tolerance(dtype, n_terms)[0]:.3g} in {dtype.name}, so "
+            "the comparison could not fail. Fix: pass n_terms= (e.g. 1 where "
+            "a matmul accumulates in float32 and rounds once at the end, as "
+            "XLA does on CPU) or rtol= and atol=.")
+    return n_terms, inferred
+
+
+def _atol(atol: float | None, terms: Any, unit_atol: float, scale: float) -> Any:
+    """The absolute tolerance: as given, else the policy's scaled by the
+    largest input, or per element by the size of its ``terms``."""
     if atol is not None:
-        atol = float(atol)
-    elif terms is None:
-        atol = unit_atol * scale
-    else:  # per element: the size of its terms, at least the inputs'
-        atol = jax.tree_util.tree_map(
-            lambda m: unit_atol * np.maximum(np.asarray(m, np.float64), scale), terms)
-    computed = [n for n in order if n != REFERENCE]
-    against = REFERENCE if has_reference else computed[0]
+        return float(atol)
+    if terms is None:
+        return unit_atol * scale
+    # per element: the size of its terms, at least the inputs'
+    return jax.tree_util.tree_map(
+        lambda m: unit_atol * np.maximum(np.asarray(m, np.float64), scale), terms)
+
+
+def _compare_forms(results: Mapping[str, Any], rtol: float, atol: Any
+                   ) -> tuple[dict[str, float], list[str], list[str]]:
+    """Each form's result against the reference's (without one: the first
+    form's, at twice the tolerance): per form the largest error, the forms
+    that disagree, and every problem found."""
+    computed = [n for n in results if n != REFERENCE]
+    has_reference = REFERENCE in results
+    against = _baseline(list(results))
     factor = 1 if has_reference else 2
     problems: list[str] = []
     wrong: list[str] = []
@@ -385,30 +433,32 @@ def forms_agree(forms: Mapping[str, Callable[..., Any]], args: Sequence[Any], *,
             wrong.append(name)
             problems += found
     problems += _dtype_problems(computed, results)
-    if problems:
-        agree = [n for n in computed if n not in wrong and n != against]
-        one = len(wrong) == 1
-        if not wrong:
-            head = "forms differ in dtype"
-        elif has_reference:
-            head = (f"{', '.join(wrong)} {'disagrees' if one else 'disagree'} with "
-                    "the reference")
-        else:
-            head = (f"{', '.join(wrong)} {'differs' if one else 'differ'} from "
-                    f"{against} (no reference given)")
-        if agree:
-            head += f"; {', '.join(agree)} {'agrees' if len(agree) == 1 else 'agree'}"
-        tol = _describe_tolerance(dtype, rtol, _largest(atol), given=given,
-                                  n_terms=n_terms, scale=scale,
-                                  pairwise=not has_reference,
-                                  per_element=terms is not None,
-                                  inferred=inferred)
-        raise AssertionError(
-            f"{label}: {head}.\n  " + "\n  ".join(problems)
-            + f"\n  tolerance: {tol}\n  inputs: {_describe_args(args)}")
-    return Agreement(forms=tuple(order), max_error=max_error, rtol=rtol,
-                     atol=_largest(atol), results=results, n_terms=n_terms,
-                     n_terms_source=source)
+    return max_error, wrong, problems
+
+
+def _baseline(order: list[str]) -> str:
+    """What every form is compared with: the reference, else the first form
+    (the reference comes last in ``order``)."""
+    return REFERENCE if REFERENCE in order else order[0]
+
+
+def _disagreement(order: list[str], wrong: list[str]) -> str:
+    """Which forms disagree, with what, and which agree."""
+    computed = [n for n in order if n != REFERENCE]
+    against = _baseline(order)
+    agree = [n for n in computed if n not in wrong and n != against]
+    one = len(wrong) == 1
+    if not wrong:
+        head = "forms differ in dtype"
+    elif against == REFERENCE:
+        head = (f"{', '.join(wrong)} {'disagrees' if one else 'disagree'} with "
+                "the reference")
+    else:
+        head = (f"{', '.join(wrong)} {'differs' if one else 'differ'} from "
+                f"{against} (no reference given)")
+    if agree:
+        head += f"; {', '.join(agree)} {'agrees' if len(agree) == 1 else 'agree'}"
+    return head
 
 
 def _largest(atol: Any) -> float:

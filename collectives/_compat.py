@@ -52,6 +52,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import inspect
+import os
 import re
 from collections.abc import Iterator
 from collections.abc import Sequence
@@ -59,7 +60,10 @@ from typing import Any
 
 import jax
 from jax import lax
+from jax._src import clusters as _clusters
+from jax._src import distributed as _distributed
 from jax._src import xla_bridge as _xla_bridge
+from jax._src.lib import _jax as _jaxlib
 
 
 def _parse_version(text: str) -> tuple[int, ...]:
@@ -209,6 +213,7 @@ def all_gather_invariant(
     if HAS_PUBLIC_ALL_GATHER_INVARIANT:  # JAX 0.8.0 and 0.8.1
         return lax.all_gather_invariant(x, axis_name, axis=axis, tiled=tiled)
     if not HAS_ALL_GATHER_TO_INVARYING:  # JAX 0.8.2 to 0.9.2: private only
+        # private, and only here on these versions: newer JAX may drop it
         from jax._src.lax import parallel as _parallel
 
         return _parallel.all_gather_invariant(x, axis_name, axis=axis, tiled=tiled)
@@ -323,11 +328,7 @@ def detect_cluster(timeout: int | None = None) -> DetectedCluster | None:
       RuntimeError: JAX found a cluster but cannot read it (e.g. Open MPI 5
         without mpi4py).
     """
-    import os
-
-    from jax._src import clusters
-
-    for env in clusters.ClusterEnv._cluster_types:
+    for env in _clusters.ClusterEnv._cluster_types:
         if getattr(env, "opt_in_only_method", False) or not env.is_env_present():
             continue
         kwargs: dict[str, Any] = {"timeout_secs": timeout}
@@ -349,8 +350,6 @@ def detect_cluster(timeout: int | None = None) -> DetectedCluster | None:
 def key_value_set(key: str, value: str) -> None:
     """Store ``value`` under ``key`` in the coordination service (every process
     can read it; needs ``jax.distributed.initialize`` first)."""
-    from jax._src import distributed as _distributed
-
     _distributed.global_state.client.key_value_set(key, value)
 
 
@@ -360,8 +359,6 @@ def key_value_get(key: str, timeout_s: float) -> str:
     Raises:
       Exception: JAX's runtime error when the key does not appear in time.
     """
-    from jax._src import distributed as _distributed
-
     return _distributed.global_state.client.blocking_key_value_get(
         key, max(1, int(timeout_s * 1000)))
 
@@ -385,9 +382,6 @@ def use_loopback_gloo() -> None:
     Raises:
       RuntimeError: JAX's backends have already started.
     """
-    from jax._src import distributed as _distributed
-    from jax._src.lib import _jax as _jaxlib
-
     if backends_initialized():
         raise RuntimeError(
             "use_loopback_gloo() came too late: JAX's backends already started. "

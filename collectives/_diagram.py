@@ -19,6 +19,7 @@ import jax
 import numpy as np
 
 from collectives import _devices
+from collectives import _diagram_plot
 from collectives._registry import RECIPES
 
 
@@ -113,8 +114,6 @@ class Diagram:
           ImportError: matplotlib is not installed (``pip install
             matplotlib``, or the ``docs`` extra).
         """
-        from collectives import _diagram_plot
-
         return _diagram_plot.figure(self)
 
     def save(self, path: str) -> None:

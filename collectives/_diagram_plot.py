@@ -16,7 +16,7 @@ _COMBINED_COLOUR = "#d9d9d9"
 
 
 def _colour(source: int) -> Any:
-    import matplotlib
+    import matplotlib  # optional: the docs extra
 
     if source < 0:
         return _COMBINED_COLOUR
@@ -27,7 +27,7 @@ def _colour(source: int) -> Any:
 
 def _draw_panel(ax: Any, blocks, sources, x0: float, title: str) -> float:
     """Draw one column per device from ``x0``; return the x where it ends."""
-    from matplotlib.patches import Rectangle
+    from matplotlib.patches import Rectangle  # optional: the docs extra
 
     width = max(b.shape[1] for b in blocks)
     x = x0
@@ -52,7 +52,7 @@ def _draw_panel(ax: Any, blocks, sources, x0: float, title: str) -> float:
 
 def figure(diagram: Any) -> Any:
     """The matplotlib ``Figure`` for ``diagram``: before → after, devices as columns."""
-    try:
+    try:  # optional: the docs extra
         from matplotlib.figure import Figure
     except ImportError as error:  # pragma: no cover - depends on the install
         raise ImportError(

@@ -12,7 +12,7 @@ def pyplot() -> Any:
       RuntimeError: matplotlib is not installed; the message says how to
         install it.
     """
-    try:
+    try:  # optional: the bench extra
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt

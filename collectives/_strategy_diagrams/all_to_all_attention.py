@@ -194,7 +194,7 @@ def text(record: AllToAllAttentionTrace) -> str:
 
 
 def _colour(device: int):
-    import matplotlib
+    import matplotlib  # optional: the docs extra
 
     if device < 0:
         return (1.0, 1.0, 1.0) if device == MISSING else (0.3, 0.3, 0.3)
@@ -205,7 +205,7 @@ def _colour(device: int):
 def draw(record: AllToAllAttentionTrace, path) -> None:
     """Write the SVG: three panels (before, between, after), heads across,
     positions down, each cell coloured by the device holding it."""
-    import matplotlib
+    import matplotlib  # optional: the docs extra
 
     matplotlib.use("Agg")
     from matplotlib.figure import Figure

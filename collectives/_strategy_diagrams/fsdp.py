@@ -26,7 +26,15 @@ from __future__ import annotations
 import dataclasses
 import re
 
+import jax
 import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from collectives._devices import make_mesh
+from collectives.hlo import parse_collectives
+from collectives.hlo import shape_bytes
+from collectives.recipes import fsdp as fsdp_file
 
 SIZES = (8, 16, 24, 32, 8)
 """Layer widths: every layer's block a different size, so a collective's
@@ -40,16 +48,10 @@ FORWARD, BACKWARD, GRADIENT, OTHER = "forward", "backward", "gradient", "other"
 (the loss's all-reduce; with a model axis the Megatron pair's sums)."""
 
 
-def _jax_version() -> str:
-    import jax
-
-    return jax.__version__
-
-
 CAPTION = (
     "FSDP on 8 devices: the collectives of recipes/fsdp.py's shard_map form "
     "(value_and_grad_shard_map, MLP widths 8-16-24-32-8) as they appear in the "
-    f"program compiled by JAX {_jax_version()}'s XLA, in program order, each "
+    f"program compiled by JAX {jax.__version__}'s XLA, in program order, each "
     "attributed to its layer by its operand shape, with the bytes each device "
     "sends; below, what one device holds of each layer against the layer "
     "gather_layer assembles, from a run on blocks filled with their device's "
@@ -127,9 +129,6 @@ def _block_bytes(arrays) -> int:
 def _marker_blocks(mesh, specs, params):
     """Every parameter placed as ``specs`` says, each device's block filled
     with the device's index on the data axis."""
-    import jax
-    from jax.sharding import NamedSharding
-
     data = list(mesh.axis_names).index(DATA)
     coords = {d: idx[data] for idx, d in np.ndenumerate(mesh.devices)}
     placed = {}
@@ -146,19 +145,16 @@ def _marker_blocks(mesh, specs, params):
     return placed
 
 
-def _holdings(file, mesh, specs, markers, model_axis):
+def _holdings(mesh, specs, markers, model_axis):
     """Run the file's ``gather_layer`` on marker blocks: per layer, bytes
     gathered, and whose block each gathered slice is."""
-    import jax
-    from jax.sharding import PartitionSpec as P
-
     every = tuple(mesh.axis_names)
     gathered, owners = [], []
     for k in range(1, len(markers) // 2 + 1):
         w_dim = 1 if k == 3 and model_axis is not None else 0
 
         def gather(w, b, w_dim=w_dim):
-            w, b = file.gather_layer(w, b, DATA, w_dim)
+            w, b = fsdp_file.gather_layer(w, b, DATA, w_dim)
             return w[None], b[None]  # this device's copy, stacked by device
 
         run = jax.jit(jax.shard_map(
@@ -181,8 +177,6 @@ _WRITTEN_GATHER = re.compile(r"=\s*(\w+\[[^\]]*\])\S*\s+all-gather(?:-start)?\("
 def _written_regathers(text: str, gathered_bytes) -> tuple[int, ...]:
     """Layers whose all-gather appears more than once in the HLO text as
     written (found by the gathered buffer's bytes)."""
-    from collectives.hlo import shape_bytes
-
     count: dict[int, int] = {}
     for shape in _WRITTEN_GATHER.findall(text):
         layer = gathered_bytes.get(shape_bytes(shape), 0)
@@ -214,23 +208,17 @@ def trace(devices: int = 8, model: int = 1, sizes=SIZES, seed: int = 0) -> FsdpT
     """Compile and run the file's shard_map FSDP step on ``devices`` devices
     (``model > 1``: FSDP x TP on a ``(devices // model, model)`` mesh) and
     record its collectives per layer (see the module docstring)."""
-    import jax
-
-    from collectives._devices import make_mesh
-    from collectives.hlo import parse_collectives
-    from collectives.recipes import fsdp as file
-
     n = devices // model
     if model == 1:
         mesh, model_axis = make_mesh((devices,), DATA), None
     else:
         mesh, model_axis = make_mesh((n, model), (DATA, MODEL)), MODEL
     sizes = tuple(sizes)
-    params = file.init_params(sizes, seed)
+    params = fsdp_file.init_params(sizes, seed)
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((ROWS * n, sizes[0])).astype(np.float32)
     y = rng.standard_normal((ROWS * n, sizes[-1])).astype(np.float32)
-    specs = file.fsdp_specs(DATA, model_axis)
+    specs = fsdp_file.fsdp_specs(DATA, model_axis)
 
     markers = _marker_blocks(mesh, specs, params)
     held = np.array([_block_bytes((markers[f"w{k}"], markers[f"b{k}"]))
@@ -239,15 +227,15 @@ def trace(devices: int = 8, model: int = 1, sizes=SIZES, seed: int = 0) -> FsdpT
         raise ValueError(f"sizes {sizes}: layers hold blocks of equal size "
                          f"({held.tolist()} bytes), so a collective's operand "
                          "cannot name its layer; pick distinct widths")
-    gathered, owners = _holdings(file, mesh, specs, markers, model_axis)
+    gathered, owners = _holdings(mesh, specs, markers, model_axis)
 
-    step = file.value_and_grad_shard_map(mesh, model_axis)
+    step = fsdp_file.value_and_grad_shard_map(mesh, model_axis)
     lowered = step.lower(params, x, y)
     compiled = parse_collectives(lowered.compile().as_text())
     written = _written_regathers(lowered.as_text(dialect="hlo"),
                                  {int(g): k for k, g in enumerate(held * n, 1)})
     loss, _ = step(params, x, y)
-    loss_oracle, _ = file.value_and_grad_numpy(params, x, y)
+    loss_oracle, _ = fsdp_file.value_and_grad_numpy(params, x, y)
     for array in (held, gathered, *owners):
         array.flags.writeable = False
     return FsdpTrace(
@@ -321,7 +309,7 @@ def text(record: FsdpTrace) -> str:
 def draw(record: FsdpTrace, path) -> None:
     """Write the SVG: the collectives per layer in program order (top) and one
     device's blocks against the gathered layers (bottom)."""
-    import matplotlib
+    import matplotlib  # optional: the docs extra
 
     matplotlib.use("Agg")
     from matplotlib.figure import Figure

@@ -23,7 +23,12 @@ from __future__ import annotations
 import dataclasses
 import functools
 
+import jax
 import numpy as np
+from jax.sharding import PartitionSpec as P
+
+from collectives._devices import make_mesh
+from collectives.recipes import moe as moe_file
 
 CAPTION = (
     "Mixture-of-experts dispatch and combine of recipes/moe.py, recorded from a "
@@ -118,20 +123,14 @@ def trace(n_devices: int = 4, tokens_per_device: int = 8, n_experts: int = 4,
 
     ``capacity`` defaults to the file's ``expert_capacity`` (capacity
     factor 1: ``ceil(t / E)``)."""
-    import jax
-    from jax.sharding import PartitionSpec as P
-
-    import collectives
-    from collectives.recipes import moe as file
-
     n, t = n_devices, tokens_per_device
-    mesh = collectives.make_mesh((n,), _AXIS)
+    mesh = make_mesh((n,), _AXIS)
     router_w, w_in, w_out, x = _marker_inputs(n, t, n_experts, seed)
-    slots = file.expert_capacity(t, n_experts, 1, capacity)
+    slots = moe_file.expert_capacity(t, n_experts, 1, capacity)
 
     def routing(router_w, x):
-        gate, expert = file.route(router_w, x)  # [t, 1] each
-        mask, _ = file.assign_slots(expert, n_experts, slots, x.dtype)
+        gate, expert = moe_file.route(router_w, x)  # [t, 1] each
+        mask, _ = moe_file.assign_slots(expert, n_experts, slots, x.dtype)
         return gate[:, 0], expert[:, 0], mask.sum(axis=1)  # mask: [t, C]
 
     by_device = P(_AXIS)
@@ -139,11 +138,11 @@ def trace(n_devices: int = 4, tokens_per_device: int = 8, n_experts: int = 4,
         routing, mesh=mesh, in_specs=(P(), by_device),
         out_specs=(by_device, by_device, by_device)))(router_w, x)
     layer = jax.jit(jax.shard_map(
-        functools.partial(file.moe_body, axis=_AXIS, capacity=slots), mesh=mesh,
+        functools.partial(moe_file.moe_body, axis=_AXIS, capacity=slots), mesh=mesh,
         in_specs=(P(), by_device, by_device, by_device), out_specs=(by_device, P())))
     out, dropped = layer(router_w, w_in, w_out, x)
     out = np.asarray(out, np.float64)
-    want, want_dropped = file.moe_numpy(router_w, w_in, w_out, x, n, capacity=slots)
+    want, want_dropped = moe_file.moe_numpy(router_w, w_in, w_out, x, n, capacity=slots)
 
     slot_mask = np.asarray(slot_mask)
     slot = np.where(slot_mask.any(axis=1), slot_mask.argmax(axis=1), DROPPED)
@@ -214,7 +213,7 @@ def text(record: MoeTrace) -> str:
 
 def draw(record: MoeTrace, path) -> None:
     """Write dispatch, expert buffers and combine as an SVG: three panels."""
-    import matplotlib
+    import matplotlib  # optional: the docs extra
 
     matplotlib.use("Agg")
     from matplotlib.figure import Figure

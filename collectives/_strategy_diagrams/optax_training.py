@@ -163,7 +163,7 @@ def text(record: DpAdamTrace, step: int = 0) -> str:
 
 def draw(record: DpAdamTrace, path, step: int = 0) -> None:
     """Write the SVG: step ``step``'s pmean (in, out) above the loss curves."""
-    import matplotlib
+    import matplotlib  # optional: the docs extra
 
     matplotlib.use("Agg")
     from matplotlib.colors import TwoSlopeNorm

@@ -25,7 +25,15 @@ import dataclasses
 import functools
 import threading
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+from jax import lax
+from jax.experimental import io_callback
+from jax.sharding import PartitionSpec as P
+
+from collectives._devices import make_mesh
+from collectives.recipes import pipeline as pipeline_file
 
 CAPTION = (
     "The GPipe schedule of recipes/pipeline.py, recorded from a real run: "
@@ -85,11 +93,6 @@ class PipelineTrace:
 
 def _tap(axis, forward_log, backward_log):
     """An identity whose forward and backward record on the host, in order."""
-    import jax
-    import jax.numpy as jnp
-    from jax import lax
-    from jax.experimental import io_callback
-
     lock = threading.Lock()
 
     def recorder(log):
@@ -147,21 +150,15 @@ def _which(activation, expected) -> int:
 def trace(stages: int = 8, microbatches: int = 4) -> PipelineTrace:
     """Run the file's ``pipeline_value_and_grad`` on ``stages`` devices and
     record the schedule (see the module docstring)."""
-    import jax
-    from jax.sharding import PartitionSpec as P
-
-    import collectives
-    from collectives.recipes import pipeline as file
-
-    mesh = collectives.make_mesh((stages,), _AXIS)
+    mesh = make_mesh((stages,), _AXIS)
     forward_log: dict = {}
     backward_log: dict = {}
     tap = _tap(_AXIS, forward_log, backward_log)
 
     def layer(params, a):
-        return file.stage_layer(params, tap(a))
+        return pipeline_file.stage_layer(params, tap(a))
 
-    body = functools.partial(file.pipeline_value_and_grad, axis=_AXIS,
+    body = functools.partial(pipeline_file.pipeline_value_and_grad, axis=_AXIS,
                              microbatches=microbatches, layer=layer)
     split = {"w": P(_AXIS), "b": P(_AXIS)}
     step = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(split, P(), P()),
@@ -169,9 +166,9 @@ def trace(stages: int = 8, microbatches: int = 4) -> PipelineTrace:
     params, x, y = _marker_inputs(stages, microbatches)
     loss, _ = step(params, x, y)
     jax.block_until_ready(loss)
-    loss_oracle, _ = file.pipeline_numpy(params, x, y)
+    loss_oracle, _ = pipeline_file.pipeline_numpy(params, x, y)
 
-    acts, _ = file.forward_numpy(params, x)  # acts[s]: the input of layer s
+    acts, _ = pipeline_file.forward_numpy(params, x)  # acts[s]: the input of layer s
     ticks = microbatches + stages - 1
     forward_input = np.full((stages, ticks), OTHER)
     forward_used = np.zeros((stages, ticks), bool)
@@ -181,7 +178,7 @@ def trace(stages: int = 8, microbatches: int = 4) -> PipelineTrace:
         if len(calls) != ticks or len(grads) != ticks:
             raise RuntimeError(f"stage {s}: {len(calls)} forward and {len(grads)} "
                                f"backward layer calls, expected {ticks} each")
-        expected = file.split_microbatches(acts[s], microbatches)
+        expected = pipeline_file.split_microbatches(acts[s], microbatches)
         for t, ((a,), (residual, g)) in enumerate(zip(calls, grads[::-1],
                                                       strict=True)):
             if not np.array_equal(a, residual):
@@ -196,13 +193,12 @@ def trace(stages: int = 8, microbatches: int = 4) -> PipelineTrace:
 
 
 def _title(record: PipelineTrace) -> str:
-    from collectives.recipes.pipeline import bubble_fraction
-
     s, m, t = record.stages, record.microbatches, record.ticks
     idle = sorted(set(record.idle.tolist()))
     count = idle[0] if len(idle) == 1 else "/".join(map(str, idle))
+    bubble = pipeline_file.bubble_fraction(s, m)
     return (f"GPipe, {s} stages x {m} microbatches: bubble {count} of {t} ticks per "
-            f"stage and pass = bubble_fraction({s}, {m}) = {bubble_fraction(s, m):.2f}")
+            f"stage and pass = bubble_fraction({s}, {m}) = {bubble:.2f}")
 
 
 def _cell(value: int, backward: bool) -> str:
@@ -226,7 +222,7 @@ def text(record: PipelineTrace) -> str:
 
 def draw(record: PipelineTrace, path) -> None:
     """Write the schedule as an SVG: ticks across, stages down."""
-    import matplotlib
+    import matplotlib  # optional: the docs extra
 
     matplotlib.use("Agg")
     from matplotlib.figure import Figure

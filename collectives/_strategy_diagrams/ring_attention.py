@@ -195,7 +195,7 @@ def text(record: RingAttentionTrace) -> str:
 
 
 def _colour(block: int):
-    import matplotlib
+    import matplotlib  # optional: the docs extra
 
     red, green, blue, _ = matplotlib.colormaps["tab10"](block % 10)
     return (0.45 + 0.55 * red, 0.45 + 0.55 * green, 0.45 + 0.55 * blue)
@@ -203,7 +203,7 @@ def _colour(block: int):
 
 def draw(record: RingAttentionTrace, path) -> None:
     """Write the SVG: one panel per variant, steps as columns, devices as rows."""
-    import matplotlib
+    import matplotlib  # optional: the docs extra
 
     matplotlib.use("Agg")
     from matplotlib.figure import Figure

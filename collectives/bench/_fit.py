@@ -57,7 +57,8 @@ class Fit:
 
 def _t_quantile(dof: int) -> float:
     """The two-sided 95 % Student-t quantile."""
-    from scipy import stats  # a dependency of jax itself
+    # start-up time: scipy.stats takes seconds to import (scipy comes with jax)
+    from scipy import stats
 
     return float(stats.t.ppf(0.975, dof))
 

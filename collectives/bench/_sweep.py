@@ -196,80 +196,137 @@ def run(collectives: Sequence[str] = DEFAULT_COLLECTIVES,
                for name in collectives for target in sizes}
     timed = {key: [case for case in plans if not isinstance(case, str)]
              for key, plans in planned.items()}
-    # the copy's row and one per form, for each collective and size timed
-    total = sum(1 + len(cases) for cases in timed.values() if cases)
-    bar = None if progress is None else Progress(
-        progress, total, expected=budget * sum(1 for cases in timed.values() if cases))
-
-    def show(line: str) -> None:
-        if out is None:
-            return
-        if bar is None:
-            print(line, file=out, flush=True)
-        else:
-            bar.echo(line, out)
-
-    show(f"# collectives bench: {machine['devices']} {machine['backend']} devices"
-         f"{' (simulated)' if machine['simulated'] else ''}, JAX {machine['jax']}, "
-         f"{dtype_name}, {samples} to {stopping.max_samples} samples (until "
-         f"±{100 * precision:g} % at 95 % or {budget:g} s), warm-up {warmup}, iters "
-         f"{iters or f'auto (>= {1000 * min_time:g} ms per call)'}")
-    if axes.size == 1:
-        show("# note: on 1 device every collective is the identity and XLA may "
-             "remove it (and the loop\n#   of iters around it): times then measure "
-             "dispatch, not a link. Use 2 or more devices.")
+    echo = _Echo(out, progress, timed, budget)
+    for line in _heading(machine, dtype_name, stopping, warmup=warmup,
+                         iters=iters, min_time=min_time, n_devices=axes.size):
+        echo.line(line)
     rows: list[dict[str, Any]] = []
     skipped: list[dict[str, str]] = []
     for name in collectives:
-        kind = _cases.KIND[name]
-        show(f"#\n# {name} ({kind}): busbw = algbw * {link_factor(kind, axes.size):.4g}"
-             f" on {axes.size} devices")
-        for line in _report.header_lines():
-            show(line)
-        for form, reason in zip(forms, planned[name, sizes[0]], strict=True):
-            if isinstance(reason, str):
-                skipped.append({"collective": name, "form": form, "reason": reason})
-                show(f"#   {form}: skipped, {reason}")
-        counts: dict[str, tuple[int, int]] = {}
-        for target in sizes:
-            cases = timed[name, target]
-            if not cases:
-                continue
-            if bar is not None:
-                bar.begin(f"{name} {format_size(cases[0].size)}")
-            new_rows, counts = _one_size(cases, timing_args, counts, memory)
-            for row in new_rows:
-                rows.append(row)
-                show(_report.format_row(row, precision))
-            if bar is not None:
-                bar.advance(len(new_rows))
+        skipped += _collective_header(name, forms, planned[name, sizes[0]],
+                                      axes.size, echo)
+        rows += _collective_rows(name, [timed[name, target] for target in sizes],
+                                 timing_args, memory, precision, echo)
         averages = _report.averages([r for r in rows if r["collective"] == name])
-        show("# Avg bus bandwidth (GB/s): " + ", ".join(
+        echo.line("# Avg bus bandwidth (GB/s): " + ", ".join(
             f"{form} {bw:.3f}" for form, bw in averages.get(name, {}).items()))
     fits = fit_rows(rows)
     comparisons = ring_vs_native(fits)
-    if fits:
-        for line in _report.format_fits(fits, comparisons):
-            show(line)
-    measured = [r for r in rows if r["form"] != "copy"]
-    wrong = sum(r["wrong"] for r in rows)
-    avg = sum(r["busbw_gbps"] for r in measured) / len(measured) if measured else None
-    show("#")
-    for line in _report.precision_lines(rows, precision, budget):
-        show(line)
-    show(f"# Out of bounds values : {wrong} {'OK' if wrong == 0 else 'FAILED'}")
-    show(f"# Avg bus bandwidth    : {avg or 0:.4f} GB/s (every row but copy)")
-    if bar is not None:
-        bar.finish()
+    summary = _summary(rows, fits, comparisons, precision, budget, echo)
+    echo.finish()
     return {
         "schema": SCHEMA_ID, "machine": machine,
         "settings": settings(collectives, forms, dtype_name, sizes, stopping,
                              warmup=warmup, iters=iters, min_time=min_time),
         "results": rows, "skipped": skipped, "fit": fits,
-        "ring_vs_native": comparisons,
-        "summary": {"avg_busbw_gbps": avg, "wrong": wrong,
-                    "by_collective": _report.averages(rows)},
+        "ring_vs_native": comparisons, "summary": summary,
     }
+
+
+def _heading(machine: dict[str, Any], dtype_name: str, stopping: Stopping, *,
+             warmup: int, iters: int | None, min_time: float,
+             n_devices: int) -> list[str]:
+    """The sweep's opening lines: what runs where, and how it is sampled."""
+    lines = [
+        f"# collectives bench: {machine['devices']} {machine['backend']} devices"
+        f"{' (simulated)' if machine['simulated'] else ''}, JAX {machine['jax']}, "
+        f"{dtype_name}, {stopping.min_samples} to {stopping.max_samples} samples "
+        f"(until ±{100 * stopping.precision:g} % at 95 % or {stopping.budget:g} s), "
+        f"warm-up {warmup}, iters "
+        f"{iters or f'auto (>= {1000 * min_time:g} ms per call)'}"]
+    if n_devices == 1:
+        lines.append(
+            "# note: on 1 device every collective is the identity and XLA may "
+            "remove it (and the loop\n#   of iters around it): times then measure "
+            "dispatch, not a link. Use 2 or more devices.")
+    return lines
+
+
+class _Echo:
+    """Where the table goes as rows complete (``out``), and the progress line
+    (``progress``) kept out of its way; ``None`` for either: nowhere."""
+
+    def __init__(self, out: TextIO | None, progress: TextIO | None,
+                 timed: dict[Any, list[_cases.Case]], budget: float):
+        self._out = out
+        # the copy's row and one per form, for each collective and size timed
+        total = sum(1 + len(cases) for cases in timed.values() if cases)
+        self._bar = None if progress is None else Progress(
+            progress, total,
+            expected=budget * sum(1 for cases in timed.values() if cases))
+
+    def line(self, line: str) -> None:
+        if self._out is None:
+            return
+        if self._bar is None:
+            print(line, file=self._out, flush=True)
+        else:
+            self._bar.echo(line, self._out)
+
+    def begin(self, label: str) -> None:
+        if self._bar is not None:
+            self._bar.begin(label)
+
+    def advance(self, rows: int) -> None:
+        if self._bar is not None:
+            self._bar.advance(rows)
+
+    def finish(self) -> None:
+        if self._bar is not None:
+            self._bar.finish()
+
+
+def _collective_header(name: str, forms: Sequence[str],
+                       plans: list[_cases.Case | str], n_devices: int,
+                       echo: _Echo) -> list[dict[str, str]]:
+    """Print one collective's heading and its skipped forms; return those."""
+    kind = _cases.KIND[name]
+    echo.line(f"#\n# {name} ({kind}): busbw = algbw * "
+              f"{link_factor(kind, n_devices):.4g} on {n_devices} devices")
+    for line in _report.header_lines():
+        echo.line(line)
+    skipped = []
+    for form, reason in zip(forms, plans, strict=True):
+        if isinstance(reason, str):
+            skipped.append({"collective": name, "form": form, "reason": reason})
+            echo.line(f"#   {form}: skipped, {reason}")
+    return skipped
+
+
+def _collective_rows(name: str, cases_by_size: list[list[_cases.Case]],
+                     timing_args: dict[str, Any], memory: bool, precision: float,
+                     echo: _Echo) -> list[dict[str, Any]]:
+    """Time one collective at every size, printing each row as it completes."""
+    rows: list[dict[str, Any]] = []
+    counts: dict[str, tuple[int, int]] = {}
+    for cases in cases_by_size:
+        if not cases:
+            continue
+        echo.begin(f"{name} {format_size(cases[0].size)}")
+        new_rows, counts = _one_size(cases, timing_args, counts, memory)
+        for row in new_rows:
+            rows.append(row)
+            echo.line(_report.format_row(row, precision))
+        echo.advance(len(new_rows))
+    return rows
+
+
+def _summary(rows: list[dict[str, Any]], fits: Any, comparisons: Any,
+             precision: float, budget: float, echo: _Echo) -> dict[str, Any]:
+    """Print the fits and the closing lines; return the ``summary`` object."""
+    if fits:
+        for line in _report.format_fits(fits, comparisons):
+            echo.line(line)
+    measured = [r for r in rows if r["form"] != "copy"]
+    wrong = sum(r["wrong"] for r in rows)
+    avg = sum(r["busbw_gbps"] for r in measured) / len(measured) if measured else None
+    echo.line("#")
+    for line in _report.precision_lines(rows, precision, budget):
+        echo.line(line)
+    echo.line(f"# Out of bounds values : {wrong} {'OK' if wrong == 0 else 'FAILED'}")
+    echo.line(f"# Avg bus bandwidth    : {avg or 0:.4f} GB/s (every row but copy)")
+    return {"avg_busbw_gbps": avg, "wrong": wrong,
+            "by_collective": _report.averages(rows)}
 
 
 def settings(collectives: Sequence[str], forms: Sequence[str], dtype: str,

@@ -25,6 +25,9 @@ from __future__ import annotations
 
 import os
 
+import jax
+
+from collectives import _compat
 from collectives.distributed import _cluster
 from collectives.distributed import _worker
 from collectives.distributed._cluster import ClusterError
@@ -92,10 +95,6 @@ def initialize(*, startup_timeout: int = 300, heartbeat_timeout: int = 100
       ...
       RuntimeError: distributed.initialize() came too late: ...
     """
-    import jax
-
-    from collectives import _compat
-
     if jax.distributed.is_initialized():
         return False
     if _compat.backends_initialized():

@@ -33,6 +33,7 @@ from jax.sharding import PartitionSpec as P
 from collectives import bench
 from collectives.bench._command import SWEEP_SAMPLES
 from collectives.distributed import _ranks
+from collectives.hlo import bus_factor
 
 ITER_BYTES = 8 << 20
 """With no ``-n``: ``ITER_BYTES // S`` collectives per timed call (1 to 64)."""
@@ -132,8 +133,6 @@ def _compact(row: dict[str, Any]) -> dict[str, Any]:
 
 def report(everyone: list[dict[str, Any]], skipped: Sequence[str] = ()) -> list[str]:
     """The combined table: one line per (collective, form, size) over ranks."""
-    from collectives.hlo import bus_factor
-
     n_ranks = len(everyone)
     first = everyone[0]["rows"]
     out = [f"# collectives bench across {n_ranks} processes, "

@@ -19,9 +19,14 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import socket
 import sys
 import threading
 from collections.abc import Mapping
+
+import jax
+
+from collectives import _compat
 
 EXIT_NOT_JOINED = 3
 """Exit code of a rank that could not join the other ranks in time."""
@@ -127,8 +132,6 @@ class Plan:
         loopback coordinator)."""
         if self.loopback:
             return "127.0.0.1"
-        import socket
-
         host = self.coordinator.rsplit(":", 1)[0].strip("[]")
         try:
             return socket.gethostbyname(host)
@@ -152,8 +155,6 @@ def plan(*, coordinator: str | None = None, num_processes: int | None = None,
         but no cluster JAX can join was found (or it cannot be read); or the
         options are incomplete.
     """
-    from collectives import _compat
-
     seen = cluster_variables()
     given = {"--coordinator": coordinator, "--num-processes": num_processes,
              "--process-id": process_id}
@@ -179,8 +180,6 @@ def plan(*, coordinator: str | None = None, num_processes: int | None = None,
             f"{describe(seen)}. {_FIXES}") from err
     if found is None:
         if expects_several_processes():
-            import jax
-
             raise ClusterError(
                 f"this process looks like one of several ({describe(seen)}), but "
                 f"JAX {jax.__version__} detects no cluster it can join, so it "
@@ -201,10 +200,6 @@ def join(target: Plan, *, startup_timeout: int, heartbeat_timeout: int,
     ``startup_timeout`` seconds (JAX itself would abort a few seconds later
     with ``DEADLINE_EXCEEDED``).
     """
-    import jax
-
-    from collectives import _compat
-
     if say:
         print(f"joining: {target.where()}; waiting up to {startup_timeout} s "
               "for every rank", flush=True)

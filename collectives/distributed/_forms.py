@@ -34,6 +34,7 @@ from collectives import _stacked
 from collectives._layout import Axes
 from collectives._layout import AxisArg
 from collectives._recipe import Recipe
+from collectives._tolerance import tolerance
 
 
 def process_slice(sharding: jax.sharding.Sharding,
@@ -260,8 +261,6 @@ def _align_copies(y: np.ndarray, mesh: jax.sharding.Mesh, spec: P,
     lanes may differ in the last bits across processes. Copies that really
     differ stay, and ``from_stacked`` reports them.
     """
-    from collectives._tolerance import tolerance
-
     k = len(mesh.axis_names)
     used = {n for names in _layout.spec_axes(spec, y.ndim - k) for n in names}
     rtol, atol = tolerance(y.dtype, n_terms)

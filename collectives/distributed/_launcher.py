@@ -31,6 +31,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO
 
+from collectives import _compat
 from collectives.distributed._results import LOOPBACK
 from collectives.distributed._results import LaunchResult
 from collectives.distributed._results import ProcessResult
@@ -169,8 +170,6 @@ class _Launch:
         self.bind_failed = False
 
     def _env(self, settings: WorkerEnv) -> dict[str, str]:
-        from collectives import _compat
-
         env = {**os.environ, **self.extra_env, **settings.to_env()}
         package_root = str(Path(__file__).resolve().parent.parent)
         paths = [package_root, *env.get("PYTHONPATH", "").split(os.pathsep)]
@@ -281,6 +280,26 @@ class _Launch:
                 w.proc.wait(timeout=10)
             w.close()
 
+    def execute(self) -> LaunchResult:
+        """Start the workers, watch them and stop them; report the launch."""
+        start = time.monotonic()
+        with tempfile.TemporaryDirectory(prefix="collectives-launch-") as launch_dir:
+            kind, culprit, message = "failed", None, "launch interrupted"
+            try:
+                self.start(launch_dir)
+                kind, culprit, message = self.watch()
+            finally:
+                self.stop()
+            results = self.results(kind, time.monotonic() - start)
+        ok = kind == "ok" and all(p.status == "ok" for p in results)
+        if kind == "ok" and not ok:
+            bad = [p.index for p in results if p.status != "ok"]
+            message = f"launch failed: processes {bad} exited non-zero."
+        return LaunchResult(ok=ok, returncode=0 if ok else 1, message=message,
+                            processes=results, coordinator=self.coordinator,
+                            devices_per_process=self.m,
+                            culprit=None if culprit is None else culprit.index)
+
     def results(self, kind: str, elapsed: float) -> tuple[ProcessResult, ...]:
         out = []
         for w in self.workers:
@@ -356,6 +375,37 @@ def launch(target: Sequence[str], *, num_processes: int = 2,
       (True, ['2', '2'])
     """
     argv = worker_argv(target)
+    _check_arguments(num_processes=num_processes,
+                     devices_per_process=devices_per_process,
+                     heartbeat_timeout=heartbeat_timeout,
+                     collective_timeout=collective_timeout, timeout=timeout,
+                     startup_timeout=startup_timeout, echo=echo, port=port)
+    attempts = 1 if port is not None else 2
+    for attempt in range(attempts):
+        chosen = port if port is not None else free_port()
+        run = _Launch(argv, num_processes=num_processes,
+                      devices_per_process=devices_per_process, port=chosen,
+                      timeout=timeout, startup_timeout=startup_timeout,
+                      heartbeat_timeout=heartbeat_timeout,
+                      collective_timeout=collective_timeout, env=env, cwd=cwd,
+                      echo=echo, stream=stream or sys.stdout)
+        result = run.execute()
+        if run.bind_failed and attempt + 1 < attempts:
+            continue  # another program took the free port first: pick another
+        return result
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _check_arguments(*, num_processes: int, devices_per_process: int,
+                     heartbeat_timeout: int, collective_timeout: int,
+                     timeout: float, startup_timeout: float, echo: str,
+                     port: int | None) -> None:
+    """``launch``'s arguments, checked before anything starts.
+
+    Raises:
+      ValueError: a count, a time or ``echo`` is invalid.
+      LaunchError: ``port`` is not free.
+    """
     for name, value, low in (("num_processes", num_processes, 1),
                              ("devices_per_process", devices_per_process, 1),
                              ("heartbeat_timeout", heartbeat_timeout, 1),
@@ -370,32 +420,3 @@ def launch(target: Sequence[str], *, num_processes: int = 2,
         raise ValueError(f"echo: expected 'first', 'all' or 'none', got {echo!r}.")
     if port is not None:
         check_port(port)
-    attempts = 1 if port is not None else 2
-    for attempt in range(attempts):
-        chosen = port if port is not None else free_port()
-        run = _Launch(argv, num_processes=num_processes,
-                      devices_per_process=devices_per_process, port=chosen,
-                      timeout=timeout, startup_timeout=startup_timeout,
-                      heartbeat_timeout=heartbeat_timeout,
-                      collective_timeout=collective_timeout, env=env, cwd=cwd,
-                      echo=echo, stream=stream or sys.stdout)
-        start = time.monotonic()
-        with tempfile.TemporaryDirectory(prefix="collectives-launch-") as launch_dir:
-            kind, culprit, message = "failed", None, "launch interrupted"
-            try:
-                run.start(launch_dir)
-                kind, culprit, message = run.watch()
-            finally:
-                run.stop()
-            results = run.results(kind, time.monotonic() - start)
-        if run.bind_failed and attempt + 1 < attempts:
-            continue  # another program took the free port first: pick another
-        ok = kind == "ok" and all(p.status == "ok" for p in results)
-        if kind == "ok" and not ok:
-            bad = [p.index for p in results if p.status != "ok"]
-            message = f"launch failed: processes {bad} exited non-zero."
-        return LaunchResult(ok=ok, returncode=0 if ok else 1, message=message,
-                            processes=results, coordinator=run.coordinator,
-                            devices_per_process=devices_per_process,
-                            culprit=None if culprit is None else culprit.index)
-    raise AssertionError("unreachable")  # pragma: no cover

@@ -15,6 +15,8 @@ import json
 import time
 from typing import Any
 
+from collectives import _compat
+
 _KEY = "collectives/{what}/{rank}"
 
 
@@ -47,16 +49,12 @@ class RankResult:
 
 def publish(what: str, rank: int, payload: Any) -> None:
     """Store ``payload`` (JSON-serialisable) as rank ``rank``'s ``what``."""
-    from collectives import _compat
-
     _compat.key_value_set(_KEY.format(what=what, rank=rank), json.dumps(payload))
 
 
 def collect(what: str, num_processes: int, timeout: float) -> list[Any]:
     """Every rank's ``what``, waiting up to ``timeout`` seconds in all; ``None``
     for a rank that did not publish it in time."""
-    from collectives import _compat
-
     deadline = time.monotonic() + timeout
     out: list[Any] = []
     for rank in range(num_processes):

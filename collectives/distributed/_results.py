@@ -17,6 +17,11 @@ import socket
 from collections.abc import Sequence
 from typing import Any
 
+from collectives import _check
+from collectives._registry import RECIPES
+from collectives.distributed import _bench
+from collectives.distributed import _check as _process_check
+
 LOOPBACK = "127.0.0.1"
 _TARGETS = ("check", "run", "bench", "python")
 
@@ -136,14 +141,8 @@ def _check_arguments(target: list[str]) -> None:
     """Parse a ``check``, ``run`` or ``bench`` target here, so that a typo fails
     at once instead of in every worker after start-up."""
     if target[0] == "bench":
-        from collectives.distributed import _bench
-
         _parse_quietly(target, lambda: _bench.parse(target[1:]))
         return
-    from collectives import _check
-    from collectives._registry import RECIPES
-    from collectives.distributed import _check as _process_check
-
     parser = (_process_check.check_parser() if target[0] == "check"
               else _process_check.run_parser())
     args = _parse_quietly(target, lambda: parser.parse_args(target[1:]))

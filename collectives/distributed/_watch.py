@@ -36,6 +36,8 @@ import threading
 import time
 from collections.abc import Callable
 
+from collectives import _compat
+
 EXIT_PEER_LOST = 4
 """Exit code of a rank stopped because another rank ended without a result."""
 
@@ -87,8 +89,6 @@ class PeerWatch:
         Where rank 0 cannot listen on ``address`` the watch stays off (a
         note says so) and a lost rank is found by JAX's heartbeat instead.
         """
-        from collectives import _compat
-
         if self.num_processes < 2:
             return
         if self.rank == 0:

@@ -36,6 +36,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import jax
+
+from collectives import _compat
+from collectives._devices import use_cpu_devices
+from collectives.distributed import _bench
+from collectives.distributed import _check as _process_check
 from collectives.distributed import _cluster
 from collectives.distributed import _ranks
 from collectives.distributed import _watch
@@ -104,8 +110,6 @@ class WorkerEnv:
 
 def join(settings: WorkerEnv) -> None:
     """Simulate the devices and join the distributed runtime (127.0.0.1 only)."""
-    from collectives._devices import use_cpu_devices
-
     use_cpu_devices(settings.devices_per_process)
     # The launcher watches start-up itself and reports first; the watchdog
     # here is the backstop.
@@ -173,8 +177,6 @@ def _run_python(argv: Sequence[str]) -> tuple[int, str]:
 
 
 def _dispatch(argv: Sequence[str]) -> tuple[int, str]:
-    from collectives.distributed import _check as _process_check
-
     target, rest = argv[0], argv[1:]
     if target == "check":
         return _process_check.cmd_check(rest)
@@ -183,8 +185,6 @@ def _dispatch(argv: Sequence[str]) -> tuple[int, str]:
     if target == "python":
         return _run_python(rest)
     if target == "bench":
-        from collectives.distributed import _bench
-
         return _bench.cmd_bench(rest)
     raise ValueError(f"unknown target {target!r}: expected check, run, bench or "
                      "python.")
@@ -381,11 +381,6 @@ def _main_in_cluster(argv: Sequence[str], options: WorkerOptions) -> int:
 
 def _simulate_cpu_devices(n: int, collective_timeout: int) -> None:
     """CPU only, ``n`` simulated devices, collectives bounded in time."""
-    import jax
-
-    from collectives import _compat
-    from collectives._devices import use_cpu_devices
-
     jax.config.update("jax_platforms", "cpu")
     use_cpu_devices(n)
     flags = _compat.cpu_collective_timeout_flags(collective_timeout)

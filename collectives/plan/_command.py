@@ -9,6 +9,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from collectives._registry import RECIPES
 from collectives.plan._model import DEFAULT_MODEL
 from collectives.plan._model import MODELS
 from collectives.plan._model import model_from
@@ -147,8 +148,6 @@ def interconnect_for(text: str, axes: Sequence[str], profiles: dict[str, Profile
 
 
 def _strategies(wanted: Sequence[str] | None) -> list[str]:
-    from collectives._registry import RECIPES
-
     names = planned_recipes()
     if not wanted:
         return names

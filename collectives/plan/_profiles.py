@@ -28,6 +28,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import jax
+
 from collectives.hlo import KINDS
 
 MEASURED = "measured"
@@ -178,8 +180,6 @@ def _cache_path() -> Path:
 
 
 def _machine_key(devices: int) -> dict[str, Any]:
-    import jax
-
     return {"host": platform.node(), "machine": platform.machine(),
             "cpus": os.cpu_count(), "jax": jax.__version__, "devices": devices}
 

@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from collections.abc import Sequence
 from typing import Any
 
+from collectives.bench._sweep import run
 from collectives.hlo import bus_factor
 from collectives.plan._child import run_child
 from collectives.plan._plan import Plan
@@ -42,8 +43,6 @@ def time_collectives(ops: Sequence[tuple[str, int]], *, budget: float
     """Time each ``(kind, size S)`` with ``bench`` on a 1-D mesh of every
     device (in this process); one dict per op: ``seconds``, ``low``,
     ``high`` (the 95 % interval of the median) and the size timed."""
-    from collectives.bench._sweep import run
-
     out = []
     for kind, size in ops:
         doc = run([BENCHED[kind]], ["shard_map"], sizes=[size], budget=budget,

@@ -15,11 +15,19 @@ import sys
 import time
 from typing import Any
 
+import jax
+from jax.experimental import topologies
+
+from collectives._costs import compiling_for
+from collectives._devices import make_mesh
+from collectives._registry import RECIPES
+from collectives.plan._compile import compile_unit
+from collectives.plan._compile import unsupported
+from collectives.plan._model import Model
+
 
 def _topology_mesh(topology: str, shape: tuple[int, ...], names: tuple[str, ...]):
     """A mesh of a named TPU topology's devices, for compiling only."""
-    from jax.experimental import topologies
-
     try:
         topo = topologies.get_topology_desc(topology, platform="tpu")
     except Exception as err:  # no TPU compiler, or a name it does not know
@@ -37,15 +45,6 @@ def _topology_mesh(topology: str, shape: tuple[int, ...], names: tuple[str, ...]
 
 
 def run(request: dict[str, Any]) -> dict[str, Any]:
-    import jax
-
-    from collectives._costs import compiling_for
-    from collectives._devices import make_mesh
-    from collectives._registry import RECIPES
-    from collectives.plan._compile import compile_unit
-    from collectives.plan._compile import unsupported
-    from collectives.plan._model import Model
-
     names, shape = request["mesh_names"], request["mesh_shape"]
     start = time.perf_counter()
     topology = request.get("topology")

@@ -52,6 +52,7 @@ def register_profiles(default: str | None = "ci") -> str | None:
       >>> settings.get_profile("deep").max_examples
       200
     """
+    # optional: the test extra (importing collectives.testing needs no hypothesis)
     from hypothesis import HealthCheck
     from hypothesis import settings
     from hypothesis.errors import InvalidArgument

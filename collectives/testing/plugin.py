@@ -29,7 +29,13 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import jax
 import pytest
+
+from collectives import _compat
+from collectives._devices import make_mesh
+from collectives._devices import use_cpu_devices
+from collectives.testing._profiles import register_profiles
 
 ENV = "JAX_NUM_CPU_DEVICES"
 _CONFIGURED = pytest.StashKey[tuple[int | None, str] | None]()
@@ -88,12 +94,8 @@ def _configure_devices(config: pytest.Config) -> None:
     config.stash[_CONFIGURED] = wanted
     if count is None:
         return
-    import jax
-
-    from collectives import use_cpu_devices
-
     try:
-        if not os.environ.get("JAX_PLATFORMS") and not _compat_started():
+        if not os.environ.get("JAX_PLATFORMS") and not _compat.backends_initialized():
             # Otherwise an accelerator would be the default backend and the
             # simulated devices unused: tests asking for 8 devices would see 1 GPU.
             jax.config.update("jax_platforms", "cpu")
@@ -107,12 +109,6 @@ def _configure_devices(config: pytest.Config) -> None:
             "another plugin, a sitecustomize, or pytest.main() in a process that "
             f"already used JAX. Fix: set {ENV}={count} in the environment before "
             "Python starts, or find what starts JAX early.") from None
-
-
-def _compat_started() -> bool:
-    from collectives import _compat
-
-    return _compat.backends_initialized()
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -129,15 +125,13 @@ def pytest_configure(config: pytest.Config) -> None:
     _configure_devices(config)  # when the plugin was loaded late (conftest)
     profile = str(config.getini("hypothesis_profile")).strip()
     if profile:
-        try:
+        try:  # optional: the test extra
             import hypothesis  # noqa: F401
         except ImportError as err:
             raise pytest.UsageError(
                 f"ini setting hypothesis_profile = {profile!r} needs hypothesis "
                 f"({err}). Fix: pip install hypothesis (jax-collectives' 'test' "
                 "extra; in a checkout: pip install '.[test]').") from None
-        from collectives.testing._profiles import register_profiles
-
         try:
             register_profiles(default=profile)
         except ValueError as err:
@@ -148,8 +142,6 @@ def pytest_report_header(config: pytest.Config) -> str | None:
     wanted = config.stash.get(_CONFIGURED, None)
     if wanted is None:
         return None
-    import jax
-
     return (f"collectives: {jax.device_count()} {jax.default_backend()} device(s) "
             f"(from {wanted[1]})")
 
@@ -172,8 +164,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     needs = {item: _marked_devices(item) for item in items}
     if not any(needs.values()):
         return  # nothing asks: leave JAX alone
-    import jax
-
     have = jax.device_count()
     for item, need in needs.items():
         if need is not None and have < need:
@@ -184,16 +174,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def _count(request: pytest.FixtureRequest) -> int:
-    import jax
-
     return _marked_devices(request.node) or jax.device_count()
 
 
 @pytest.fixture
 def mesh_1d(request: pytest.FixtureRequest) -> Any:
     """A 1-D mesh, axis ``"i"``, over the ``devices`` mark's count (or all)."""
-    from collectives import make_mesh
-
     return make_mesh((_count(request),), ("i",))
 
 
@@ -201,8 +187,6 @@ def mesh_1d(request: pytest.FixtureRequest) -> Any:
 def mesh_2d(request: pytest.FixtureRequest) -> Any:
     """A 2-D mesh ``(n // 2, 2)``, axes ``("i", "j")``, over the ``devices``
     mark's count (or all devices); skips unless that count is even and >= 4."""
-    from collectives import make_mesh
-
     n = _count(request)
     if n < 4 or n % 2:
         pytest.skip(f"mesh_2d needs an even number of devices >= 4, got {n}; "
