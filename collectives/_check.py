@@ -7,7 +7,6 @@ import dataclasses
 import inspect
 import json
 import time
-import warnings
 from collections.abc import Callable
 from collections.abc import Iterable
 from collections.abc import Mapping
@@ -52,6 +51,9 @@ class CheckResult:
       skipped: not a failure: the recipe needs an optional package that is
         not installed, refuses the dtype, or (with ``exact``) does not keep
         small integers of the dtype exact; ``detail`` says which and the fix.
+      explicit: the explicit form's part: ``"ok"`` (it ran and agreed),
+        ``"skipped: why"`` (the recipe has no explicit form on these axes on
+        this JAX), ``"FAIL"`` or ``"-"`` (not compared).
     """
 
     recipe: str
@@ -64,6 +66,7 @@ class CheckResult:
     detail: str
     seconds: float
     skipped: bool = False
+    explicit: str = "-"
 
 
 def standard_configs(n_devices: int | None = None) -> list[MeshConfig]:
@@ -174,8 +177,21 @@ def _check_row(recipe: Recipe, shape: tuple[int, ...], mesh: Any, axis: Any,
         recipe=recipe.name, mesh="x".join(map(str, shape)),
         axis=",".join(recipe.axes(mesh, axis).names), dtype=str(dtype),
         forms=done, max_error=error, ok=ok, detail=detail,
-        seconds=time.perf_counter() - start, skipped=skipped)
+        seconds=time.perf_counter() - start, skipped=skipped,
+        explicit=_explicit_status(recipe, mesh, axis, done, ok, skipped))
     return row, args, report
+
+
+def _explicit_status(recipe: Recipe, mesh: Any, axis: Any, done: Sequence[str],
+                     ok: bool, skipped: bool) -> str:
+    """The row's ``explicit`` column: ``ok``, ``FAIL``, ``skipped: why``, or
+    ``-`` (the row did not run, or the forms compared were chosen without it)."""
+    if "explicit" in done:
+        return "ok"
+    reason = recipe.unrunnable_form("explicit", recipe.axes(mesh, axis))
+    if reason:
+        return f"skipped: {reason}"
+    return "FAIL" if not ok and not skipped and not done else "-"
 
 
 def _agreement(recipe: Recipe, mesh: Any, axis: Any, dtype: Any, *, seed: int,
@@ -208,13 +224,12 @@ def _forms_hook(forms: Callable[..., Any] | None) -> FormsFor:
         return lambda recipe, axes: recipe.bound_forms(axes)
     try:
         inspect.signature(forms).bind(None, None)
-    except TypeError:  # an older hook: forms(recipe, mesh, axis)
-        warnings.warn(
-            "check(forms=...): a hook forms(recipe, mesh, axis) is deprecated; "
-            "take forms(recipe, axes) (axes.mesh, axes.axis) and return "
-            "recipe.bound_forms(axes) or your own callables.", DeprecationWarning,
-            stacklevel=3)
-        return lambda recipe, axes: forms(recipe, axes.mesh, axes.axis)
+    except TypeError:
+        raise TypeError(
+            f"check(forms=...): expected forms(recipe, axes), got {forms!r}, which "
+            "does not take two arguments. Fix: take (recipe, axes) (axes.mesh, "
+            "axes.axis) and return recipe.bound_forms(axes) or your own "
+            "callables.") from None
     return forms
 
 
@@ -322,14 +337,17 @@ def print_check(args: argparse.Namespace, *, forms: FormsFor | None = None,
     configs = configs_from_args(args)
     width = max(len("recipe"), *map(len, args.names or RECIPES))
     header = (f"{'recipe':<{width}} {'mesh':<5} {'axis':<5} {'dtype':<10} "
-              f"{'forms':<18} {'max error':>10}  status")
+              f"{'forms':<18} {'explicit':<8} {'max error':>10}  status")
     print(header)
     print("-" * len(header))
 
     def show(row: CheckResult) -> None:
-        done = "+".join(f for f in row.forms if f != "reference") or "-"
+        done = "+".join(f for f in row.forms
+                        if f not in ("reference", "explicit")) or "-"
+        explicit, _, why = row.explicit.partition(": ")
+        status = _status(row) + (f" (explicit skipped: {why})" if why else "")
         print(f"{row.recipe:<{width}} {row.mesh:<5} {row.axis:<5} {row.dtype:<10} "
-              f"{done:<18} {row.max_error:>10.3g}  {_status(row)}",
+              f"{done:<18} {explicit:<8} {row.max_error:>10.3g}  {status}",
               flush=True)
 
     rows = check(args.names or None, dtypes=args.dtype, seed=args.seed,

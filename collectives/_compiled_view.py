@@ -1,6 +1,6 @@
 """What a recipe's forms compile to: ``python -m collectives show NAME --hlo``.
 
-For each placed form (shard_map and jit) on one mesh: the collectives XLA
+For each placed form (shard_map, jit and explicit) on one mesh: the collectives XLA
 emitted (kind, count, operand dtype, bytes each device sends, the mesh axes
 each runs over), the recipe's cost model for that form, and whether the
 compiled program meets it. This is what a new recipe's ``cost_model`` fact
@@ -15,11 +15,9 @@ import jax
 import numpy as np
 
 from collectives._devices import make_mesh
+from collectives._recipe import PLACED_FORMS
 from collectives._recipe import Recipe
 from collectives.hlo import collective_stats
-
-PLACED_FORMS = ("shard_map", "jit")
-"""The forms with a placed, compiled program (pmap's has no placed callable)."""
 
 
 def compiled_view(recipe: Recipe, shape: Sequence[int], names: Sequence[str],
@@ -55,12 +53,16 @@ def compiled_view(recipe: Recipe, shape: Sequence[int], names: Sequence[str],
     if reason:
         return f"{recipe.name}: not on this mesh ({reason})"
     args = recipe.example_args(mesh, axes.names)
-    placed = recipe.place(*args, axes=axes)
     shapes = ", ".join(f"{np.dtype(a.dtype).name}{list(a.shape)}"
                        for a in jax.tree_util.tree_leaves(args))
     lines = [f"{recipe.name} on mesh {dict(mesh.shape)}, axis "
              f"{','.join(axes.names)}, inputs {shapes}"]
     for form in PLACED_FORMS:
+        reason = recipe.unrunnable_form(form, axes)
+        if reason:
+            lines += ["", f"{form} form: skipped ({reason})"]
+            continue
+        placed = recipe.place(*args, axes=axes, form=form)
         stats = collective_stats(recipe.compiled(form, axes), *placed)
         expected = recipe.expected_costs(form, axes, args)
         problems = [e.mismatch(stats) for e in expected]

@@ -61,6 +61,12 @@ def per_device_bytes(kind: str, block: float, n: int, *, whole: bool = False
     return bytes_moved(kind, block, n)
 
 
+GLOBAL_FORMS = ("jit", "explicit")
+"""The forms that compile a global program (the partitioner places the
+collectives): a builder's ``jit`` facts hold for both, unless a recipe's
+explicit program differs and its cost model says so."""
+
+
 def no_collectives(axes: Axes, args: tuple[Any, ...], form: str) -> Expectation:
     """The fact of a recipe that communicates nothing in any form."""
     del axes, args, form
@@ -73,15 +79,16 @@ def one_collective(kind: str, *, cpu_jit: str | None = None
 
     Args:
       kind: the HLO kind every form compiles to.
-      cpu_jit: where XLA's CPU pipeline writes the jit form differently (a
-        sharded sum as all-reduce + dynamic-slice, which the GPU pipeline
-        fuses into a reduce-scatter), the kind the jit form has on CPU.
+      cpu_jit: where XLA's CPU pipeline writes the global-program forms (jit,
+        explicit) differently (a sharded sum as all-reduce + dynamic-slice,
+        which the GPU pipeline fuses into a reduce-scatter), the kind they
+        have on CPU.
     """
 
     def fact(axes: Axes, args: tuple[Any, ...], form: str) -> Expectation:
         (x,) = args
         op = kind
-        if form == "jit" and cpu_jit is not None and compiled_for() == "cpu":
+        if form in GLOBAL_FORMS and cpu_jit is not None and compiled_for() == "cpu":
             op = cpu_jit
         whole = kind == "reduce-scatter"
         moved = per_device_bytes(op, block_bytes(axes, x), axes.size, whole=whole)
@@ -92,12 +99,12 @@ def one_collective(kind: str, *, cpu_jit: str | None = None
 
 def fixed(counts: Mapping[str, int], jit: Mapping[str, int] | None = None
           ) -> Callable[[Axes, tuple[Any, ...], str], Expectation]:
-    """The fact "these counts" (``jit`` for the jit form where it differs),
-    whatever the mesh and the sizes."""
+    """The fact "these counts" (``jit`` for the global-program forms, jit and
+    explicit, where it differs), whatever the mesh and the sizes."""
 
     def fact(axes: Axes, args: tuple[Any, ...], form: str) -> Expectation:
         del axes, args
-        return Expectation(jit if form == "jit" and jit is not None else counts)
+        return Expectation(jit if form in GLOBAL_FORMS and jit is not None else counts)
 
     return fact
 

@@ -240,10 +240,10 @@ class Recipe:
           ValueError: the recipe declares no ``cost_model``, or ``form`` is not a
             placed form.
         """
-        if form not in ("shard_map", "jit"):
+        if form not in PLACED_FORMS:
             raise ValueError(
-                f"form: expected 'shard_map' or 'jit', got {form!r}; the pmap "
-                "form is pinned by its own test.")
+                f"form: expected one of {', '.join(PLACED_FORMS)}, got {form!r}; "
+                "the pmap form is pinned by its own test.")
         if self.cost_model is None:
             raise ValueError(
                 f"{self.name}: declares no cost model. Fix: pass cost_model=... to its "

@@ -131,14 +131,24 @@ def test_unknown_recipe_in_show():
     assert result.returncode == 2 and "Known recipes" in result.stderr
 
 
-def test_a_forms_hook_of_the_older_signature_still_works_with_a_warning():
+def test_a_forms_hook_of_another_signature_is_refused_with_the_fix():
     def older(recipe, mesh, axis):
         return recipe.forms(mesh, axis)
 
     one = [((8,), ("i",), None)]
-    with pytest.warns(DeprecationWarning, match=r"forms\(recipe, axes\)"):
-        (row,) = cx.check(["psum"], configs=one, forms=older)
-    assert row.ok and not row.skipped
+    with pytest.raises(TypeError, match=r"expected forms\(recipe, axes\).*Fix: take "
+                       r"\(recipe, axes\)"):
+        cx.check(["psum"], configs=one, forms=older)
+    (row,) = cx.check(["psum"], configs=one,
+                      forms=lambda recipe, axes: recipe.bound_forms(axes))
+    assert row.ok and not row.skipped and row.explicit == "ok"
+
+
+def test_check_prints_an_explicit_column():
+    out = run_python("-m", "collectives", "check", "psum", "--mesh", "4x2").stdout
+    header, _, row = out.splitlines()[:3]
+    assert "explicit" in header.split()
+    assert row.split()[header.split().index("explicit")] == "ok", out
 
 
 def test_check_validates_each_row_once(monkeypatch):

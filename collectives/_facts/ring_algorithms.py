@@ -32,6 +32,7 @@ from typing import Any
 
 import jax.numpy as jnp
 
+from collectives._costs import GLOBAL_FORMS
 from collectives._facts import all_gather as _all_gather
 from collectives._facts import psum_scatter as _psum_scatter
 from collectives._facts import reductions as _reductions
@@ -206,13 +207,13 @@ def _mirror(native: Recipe, name: str, summary: str, ring: Callable[..., Any],
 
 
 def _ring_fact(native: Recipe) -> CostModel:
-    """The jit form is the native program; the shard_map form is ring steps:
-    2(n-1) permutes for an all-reduce (chunks padded to n equal parts), else
-    n-1 permutes moving the native collective's bytes."""
+    """The jit and explicit forms are the native program; the shard_map form
+    is ring steps: 2(n-1) permutes for an all-reduce (chunks padded to n
+    equal parts), else n-1 permutes moving the native collective's bytes."""
 
     def fact(axes: Axes, args: tuple[Any, ...], form: str) -> Expectation:
         (expected,) = native.expected_costs("shard_map", axes, args)
-        if form == "jit":
+        if form in GLOBAL_FORMS:
             return native.cost_model(axes, args, form)
         (kind,) = expected.counts
         permute = "collective-permute"
