@@ -375,11 +375,10 @@ def launch(target: Sequence[str], *, num_processes: int = 2,
       (True, ['2', '2'])
     """
     argv = worker_argv(target)
-    _check_arguments(num_processes=num_processes,
-                     devices_per_process=devices_per_process,
-                     heartbeat_timeout=heartbeat_timeout,
-                     collective_timeout=collective_timeout, timeout=timeout,
-                     startup_timeout=startup_timeout, echo=echo, port=port)
+    _validate_launch_arguments(
+        num_processes=num_processes, devices_per_process=devices_per_process,
+        heartbeat_timeout=heartbeat_timeout, collective_timeout=collective_timeout,
+        timeout=timeout, startup_timeout=startup_timeout, echo=echo, port=port)
     attempts = 1 if port is not None else 2
     for attempt in range(attempts):
         chosen = port if port is not None else free_port()
@@ -396,10 +395,10 @@ def launch(target: Sequence[str], *, num_processes: int = 2,
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def _check_arguments(*, num_processes: int, devices_per_process: int,
-                     heartbeat_timeout: int, collective_timeout: int,
-                     timeout: float, startup_timeout: float, echo: str,
-                     port: int | None) -> None:
+def _validate_launch_arguments(*, num_processes: int, devices_per_process: int,
+                               heartbeat_timeout: int, collective_timeout: int,
+                               timeout: float, startup_timeout: float, echo: str,
+                               port: int | None) -> None:
     """``launch``'s arguments, checked before anything starts.
 
     Raises:
