@@ -16,7 +16,9 @@ Which form when: use the native collectives; XLA and the runtime pick good
 algorithms. Write a ring yourself to overlap its steps with computation (see
 collective_matmul.py) or to control the exact communication pattern. There
 is no jit form of a hand-written ring: the global program of a jit form is
-``x.sum(...)`` and XLA chooses the collective, shown here for comparison.
+``x.sum(...)`` and XLA chooses the collective, shown here for comparison;
+the explicit form (Explicit mesh axes) is that global program with the
+layouts in the types, and compiles to the native collectives too.
 A ring result is the same on every device, but shard_map types ppermute
 results as varying, so a replicated out_specs needs ``check_vma=False``.
 
@@ -46,6 +48,12 @@ from jax.sharding import PartitionSpec as P
 
 N_DEVICES = 8
 AXIS = "i"
+
+
+def make_explicit_mesh(n_devices):
+    # jax.make_mesh's default from JAX 0.9 on, spelled out for every version.
+    return jax.make_mesh((n_devices,), (AXIS,),
+                         axis_types=(jax.sharding.AxisType.Explicit,))
 
 
 def make_mesh(n_devices):
@@ -221,6 +229,25 @@ def rings_jit(x, mesh):
 # [end:jit]
 
 
+# [start:explicit]
+def rings_explicit(x, n_devices):
+    mesh = make_explicit_mesh(n_devices)
+    with jax.set_mesh(mesh):
+        x = jax.device_put(x, P(AXIS))  # jax.typeof(x): float32[64@i,3]
+
+        @jax.jit
+        def program(x):
+            # the global programs; each reshard names where a result lives
+            # (replicated: float32[8,3] and float32[64,3]; by rows: [8@i,3])
+            return (jax.sharding.reshard(all_reduce_program(x, n_devices), P()),
+                    jax.sharding.reshard(all_gather_program(x, n_devices), P()),
+                    jax.sharding.reshard(reduce_scatter_program(x, n_devices),
+                                         P(AXIS)))
+
+        return program(x)
+# [end:explicit]
+
+
 # [start:numpy]
 def wide(x):
     # x in the widest dtype of its kind, so NumPy rounds once, at the end
@@ -265,7 +292,8 @@ def main():
     results = {"pmap": rings_pmap(x, N_DEVICES),
                "shard_map": rings_shard_map(x, mesh),
                "native shard_map": natives_shard_map(x, mesh),
-               "jit": rings_jit(x, mesh)}
+               "jit": rings_jit(x, mesh),
+               "explicit": rings_explicit(x, N_DEVICES)}
     ops = ("all-reduce", "all-gather", "reduce-scatter")
     for form, outs in results.items():
         for op, got, expected in zip(ops, outs, want, strict=True):
@@ -284,7 +312,7 @@ def main():
           "(the same: row 0 of every device's block)")
     print(f"ring all-reduce compiles to {permutes} collective-permutes, no all-reduce")
     print("ok: ring all-reduce, all-gather and reduce-scatter equal psum, all_gather "
-          "and psum_scatter and NumPy in pmap, shard_map and jit form")
+          "and psum_scatter and NumPy in pmap, shard_map, jit and explicit form")
 
 
 if __name__ == "__main__":

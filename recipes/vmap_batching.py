@@ -17,6 +17,9 @@ The same body runs as
     a plain ``sum`` first (shown too);
   * vmap of vmap on ONE device: the device axis is just another named vmap;
   * jit: the global program ``x.sum(0)``, no names at all.
+  * explicit: the same global program on Explicit mesh axes; the example
+    axis is just the rows of ``float32[32@i,3]``, and ``reshard`` says where
+    each result lives.
 And the other way round: ``vmap`` of a shard_map adds a batch dimension to
 it; ``spmd_axis_name="i"`` splits that batch over mesh axis "i" instead of
 repeating it on every device.
@@ -45,6 +48,12 @@ from jax.sharding import PartitionSpec as P
 N_DEVICES = 8
 AXIS = "i"  # the device axis
 EXAMPLE = "example"  # the vmapped example axis
+
+
+def make_explicit_mesh(shape, names):
+    # jax.make_mesh's default from JAX 0.9 on, spelled out for every version.
+    return jax.make_mesh(shape, names,
+                         axis_types=(jax.sharding.AxisType.Explicit,) * len(shape))
 
 
 def make_mesh(shape, names):
@@ -163,6 +172,23 @@ def batching_jit(x, mesh):
 # [end:jit]
 
 
+# [start:explicit]
+def batching_explicit(x, n_devices):
+    mesh = make_explicit_mesh((n_devices,), (AXIS,))
+    with jax.set_mesh(mesh):
+        x = jax.device_put(x, P(AXIS))  # jax.typeof(x): float32[32@i,3]
+
+        @jax.jit
+        def global_program(x):
+            # the total on every device (float32[3]), the centred rows kept
+            # where they are (float32[32@i,3])
+            return (jax.sharding.reshard(vmap_psum_program(x), P()),
+                    jax.sharding.reshard(vmap_center_program(x), P(AXIS)))
+
+        return global_program(x)
+# [end:explicit]
+
+
 # [start:numpy]
 def wide(x):
     # x in the widest dtype of its kind, so NumPy rounds once, at the end
@@ -201,6 +227,7 @@ def main():
         "shard_map + vmap": batching_shard_map(x, mesh),
         "vmap(vmap), one device": batching_one_device(x, N_DEVICES),
         "jit": batching_jit(x, mesh),
+        "explicit": batching_explicit(x, N_DEVICES),
     }
     for form, (total, centred) in results.items():
         np.testing.assert_array_equal(np.asarray(total), want_total,
@@ -229,8 +256,8 @@ def main():
           "=", (x[0] - x.mean(0)).tolist())
     print("vmap(shard_map): each device computes 8 examples; with "
           "spmd_axis_name='i', 2")
-    print("ok: pmap(vmap), shard_map + vmap, vmap(vmap) on one device and jit agree "
-          "with NumPy")
+    print("ok: pmap(vmap), shard_map + vmap, vmap(vmap) on one device, jit and "
+          "explicit agree with NumPy")
 
 
 if __name__ == "__main__":
