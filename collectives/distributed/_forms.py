@@ -33,7 +33,10 @@ from collectives import _recipe
 from collectives import _stacked
 from collectives._layout import Axes
 from collectives._layout import AxisArg
+from collectives._recipe import FORMS
+from collectives._recipe import PLACED_FORMS
 from collectives._recipe import Recipe
+from collectives._recipe import form_mesh
 from collectives._tolerance import tolerance
 
 
@@ -167,7 +170,8 @@ def process_forms(recipe: Recipe, mesh: jax.sharding.Mesh | None = None,
       axis: the collective axes (default: every mesh axis).
 
     Returns:
-      ``{"pmap": f, "shard_map": f, "jit": f, "reference": oracle}``.
+      ``{"pmap": f, "shard_map": f, "jit": f, "explicit": f, "reference":
+      oracle}`` (``explicit`` where the recipe has that form on this mesh).
 
     Examples:
       >>> import numpy as np
@@ -180,27 +184,27 @@ def process_forms(recipe: Recipe, mesh: jax.sharding.Mesh | None = None,
       >>> bool(np.array_equal(forms["pmap"](x), forms["reference"](x)))
       True
     """
-    recipe.axes(mesh, axis)  # a bad mesh or axis fails here, not at the call
+    axes = recipe.axes(mesh, axis)  # a bad mesh or axis fails here, not at the call
 
     def validating(form: str) -> Callable[..., Any]:
         def run(*args: Any) -> Any:
             axes = recipe.validated_axes(args, mesh, axis)
             return bound_process_forms(recipe, axes)[form](*args)
         return run
-    return {form: validating(form) for form in ("pmap", "shard_map", "jit",
-                                                "reference")}
+    return {form: validating(form) for form in (*FORMS, "reference")
+            if recipe.unrunnable_form(form, axes) is None}
 
 
 def bound_process_forms(recipe: Recipe, axes: Axes) -> dict[str, Callable[..., Any]]:
     """:func:`process_forms` for arguments already validated for ``axes``
     (:meth:`Recipe.validated_axes`): the hook ``check`` runs across processes,
     one validation per row."""
-    return {
-        "pmap": functools.partial(_pmap_form, recipe, axes),
-        "shard_map": functools.partial(_compiled_form, recipe, "shard_map", axes),
-        "jit": functools.partial(_compiled_form, recipe, "jit", axes),
-        "reference": functools.partial(_reference, recipe, axes),
-    }
+    forms = {"pmap": functools.partial(_pmap_form, recipe, axes)}
+    for form in PLACED_FORMS:
+        if recipe.unrunnable_form(form, axes) is None:
+            forms[form] = functools.partial(_compiled_form, recipe, form, axes)
+    forms["reference"] = functools.partial(_reference, recipe, axes)
+    return forms
 
 
 def _reference(recipe: Recipe, axes: Axes, *args: Any) -> Any:
@@ -208,9 +212,10 @@ def _reference(recipe: Recipe, axes: Axes, *args: Any) -> Any:
 
 
 def _compiled_form(recipe: Recipe, form: str, axes: Axes, *args: Any) -> Any:
+    mesh = form_mesh(form, axes.mesh)  # Auto axes for jit, Explicit for explicit
     placed = tuple(
         _stacked.map_leaves(arg, spec,
-                           lambda leaf, s, _: place(leaf, NamedSharding(axes.mesh, s)),
+                           lambda leaf, s, _: place(leaf, NamedSharding(mesh, s)),
                            f"{recipe.name}: argument {name}")
         for arg, spec, name in zip(args, recipe.in_specs(axes), recipe.arg_names,
                                    strict=True))
