@@ -14,7 +14,10 @@ inputs are upcast), and the output comes back in the input dtype.
 Which form when: shard_map when heads >= devices (DeepSpeed-Ulysses style);
 ring attention when they are not or sequences are too long for
 ``[heads/n, seq, seq]`` scores; jit of dense attention all-gathers K/V
-instead; pmap as the legacy form.
+instead; explicit writes this recipe's algorithm in the types (q, k, v
+resharded from sequence- to head-sharded, dense attention, the output
+resharded back: the same four all-to-alls, chosen by the reshards rather
+than by hand); pmap as the legacy form.
 
 The per-device body, the dense global program and the NumPy oracle below
 are the ones ``collectives.RECIPES["all_to_all_attention"]`` runs: ``axis``
@@ -42,10 +45,10 @@ N_DEVICES = 8
 AXIS = "i"
 
 
-def make_mesh(n_devices):
-    # Auto axes on every JAX version (jax.make_mesh defaults to Explicit from 0.9).
-    return jax.make_mesh((n_devices,), (AXIS,),
-                         axis_types=(jax.sharding.AxisType.Auto,))
+def make_mesh(n_devices, axis_type=jax.sharding.AxisType.Auto):
+    # Auto axes on every JAX version (jax.make_mesh defaults to Explicit from
+    # 0.9) unless told otherwise; the explicit form asks for Explicit ones.
+    return jax.make_mesh((n_devices,), (AXIS,), axis_types=(axis_type,))
 
 
 def attention_program(q, k, v, causal=False):
@@ -108,6 +111,34 @@ def attention_jit(q, k, v, mesh, causal=False):
 # [end:jit]
 
 
+# [start:explicit]
+def all_to_all_attention_explicit_program(q, k, v, causal=False):
+    # q, k, v: f32[S@seq, H@heads, d]: the layout is in the types; read it.
+    spec = tuple(jax.typeof(q).sharding.spec)
+    seq, heads, _ = spec + (None,) * (q.ndim - len(spec))
+
+    def names(entry):  # a spec entry -> a tuple of mesh axis names
+        return () if entry is None else (entry,) if isinstance(entry, str) else entry
+
+    # The body's algorithm in the types: from sequence-sharded to
+    # head-sharded (each device whole sequences of H/n heads: one all-to-all
+    # each), dense attention with nothing to fetch, and back (one more).
+    by_heads = P(None, names(heads) + names(seq), None)
+    out = attention_program(*(jax.sharding.reshard(x, by_heads) for x in (q, k, v)),
+                            causal)  # f32[S, H@(heads, seq), d]
+    return jax.sharding.reshard(out, P(seq, heads, None))  # f32[S@seq, H@heads, d]
+
+
+def all_to_all_attention_explicit(q, k, v, mesh, causal=False):
+    # mesh: Explicit axes; the heads must split over the devices
+    rows = NamedSharding(mesh, P(AXIS))
+    with jax.set_mesh(mesh):
+        f = jax.jit(lambda q, k, v: jax.sharding.reshard(
+            all_to_all_attention_explicit_program(q, k, v, causal), P(AXIS)))
+        return f(*(jax.device_put(x, rows) for x in (q, k, v)))
+# [end:explicit]
+
+
 # [start:numpy]
 def attention_numpy(q, k, v, causal=False):
     # dense softmax attention in float64 (stable: the row max is subtracted),
@@ -136,7 +167,10 @@ def main():
         for form, got in (
                 ("pmap", all_to_all_attention_pmap(q, k, v, N_DEVICES, causal)),
                 ("shard_map", all_to_all_attention_shard_map(q, k, v, mesh, causal)),
-                ("jit", attention_jit(q, k, v, mesh, causal))):
+                ("jit", attention_jit(q, k, v, mesh, causal)),
+                ("explicit", all_to_all_attention_explicit(
+                    q, k, v, make_mesh(N_DEVICES, jax.sharding.AxisType.Explicit),
+                    causal))):
             np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5,
                                        err_msg=f"all-to-all attention ({form}, "
                                                f"{causal=})")
@@ -151,7 +185,7 @@ def main():
         print("12 heads over 8 devices:", err)
     else:
         raise AssertionError("12 heads over 8 devices should be refused")
-    print("ok: pmap, shard_map and jit agree with NumPy, causal and not")
+    print("ok: pmap, shard_map, jit and explicit agree with NumPy, causal and not")
 
 
 if __name__ == "__main__":

@@ -15,7 +15,10 @@ dim 0) stays the same.
 
 Which form when: shard_map inside a per-device program (MoE dispatch and
 combine); jit when the global transpose is what you mean (XLA emits the same
-one all-to-all); pmap as the legacy form.
+one all-to-all); explicit to say the move in the types: reshapes that name
+where the chunks live (``lax.reshape(..., out_sharding=)``: a sharded dim
+does not split silently) and one ``reshard`` from source to chunk, which
+compiles to the same one all-to-all; pmap as the legacy form.
 
 The per-device body, the global program and the NumPy oracle below are the
 ones ``collectives.RECIPES["all_to_all_blocks"]`` runs: ``axis`` may be one
@@ -41,10 +44,10 @@ N_DEVICES = 8
 AXIS = "i"
 
 
-def make_mesh(n_devices):
-    # Auto axes on every JAX version (jax.make_mesh defaults to Explicit from 0.9).
-    return jax.make_mesh((n_devices,), (AXIS,),
-                         axis_types=(jax.sharding.AxisType.Auto,))
+def make_mesh(n_devices, axis_type=jax.sharding.AxisType.Auto):
+    # Auto axes on every JAX version (jax.make_mesh defaults to Explicit from
+    # 0.9) unless told otherwise; the explicit form asks for Explicit ones.
+    return jax.make_mesh((n_devices,), (AXIS,), axis_types=(axis_type,))
 
 
 # [start:body]
@@ -88,6 +91,32 @@ def all_to_all_blocks_jit(x, mesh):
 # [end:jit]
 
 
+# [start:explicit]
+def all_to_all_blocks_explicit_program(x, n):
+    # x: [n*n*c@axis, ...]: the layout is in the type; read it there.
+    spec = tuple(jax.typeof(x).sharding.spec)
+    rows, *rest = spec + (None,) * (x.ndim - len(spec))
+    c = x.shape[0] // (n * n)
+    # Splitting a sharded dim: say where the pieces live (the source dim keeps
+    # the axis, each device its own block). No data moves.
+    chunks = lax.reshape(x, (n, n, c, *x.shape[1:]),
+                         out_sharding=P(rows, None, None, *rest))
+    swapped = jnp.swapaxes(chunks, 0, 1)  # [chunk, source@axis, c, ...]
+    # The all-to-all, in the types: the sharding moves from source to chunk.
+    moved = jax.sharding.reshard(swapped, P(rows, None, None, *rest))
+    return lax.reshape(moved, x.shape, out_sharding=P(rows, *rest))
+
+
+def all_to_all_blocks_explicit(x, mesh):
+    # mesh: Explicit axes
+    n = mesh.shape[AXIS]
+    with jax.set_mesh(mesh):
+        f = jax.jit(lambda x: jax.sharding.reshard(
+            all_to_all_blocks_explicit_program(x, n), P(AXIS)))
+        return f(jax.device_put(x, NamedSharding(mesh, P(AXIS))))
+# [end:explicit]
+
+
 # [start:numpy]
 def all_to_all_blocks_numpy(x, n):
     x = np.asarray(x)
@@ -109,7 +138,9 @@ def main():
     want = all_to_all_blocks_numpy(x, n)
     for form, got in (("pmap", all_to_all_blocks_pmap(x, n)),
                       ("shard_map", all_to_all_blocks_shard_map(x, mesh)),
-                      ("jit", all_to_all_blocks_jit(x, mesh))):
+                      ("jit", all_to_all_blocks_jit(x, mesh)),
+                      ("explicit", all_to_all_blocks_explicit(
+                          x, make_mesh(n, jax.sharding.AxisType.Explicit)))):
         np.testing.assert_array_equal(np.asarray(got), want,
                                       err_msg=f"all_to_all_blocks ({form} form)")
     twice = all_to_all_blocks_shard_map(all_to_all_blocks_shard_map(x, mesh), mesh)
@@ -117,8 +148,8 @@ def main():
     print("device 1 before:", x[2 * n:4 * n].tolist())
     print("device 1 after: ", want[2 * n:4 * n].tolist())
     print("  (chunk 1 of every device d, in device order: 100*d + 2, 100*d + 3)")
-    print("ok: pmap, shard_map and jit agree with NumPy; the exchange applied "
-          "twice restores the input")
+    print("ok: pmap, shard_map, jit and explicit agree with NumPy; the exchange "
+          "applied twice restores the input")
 
 
 if __name__ == "__main__":

@@ -18,7 +18,11 @@ Every version equals ``x @ w`` exactly on integer-valued data.
 
 Which form when: shard_map to write the overlap yourself; jit for the plain
 global ``x @ w`` (XLA picks the collective; XLA:CPU does not decompose it into
-permutes); pmap as the legacy form.
+permutes); explicit to say the collective in the types: ``reshard`` of x to
+replicated rows is the all-gather, ``out_sharding=P(axis)`` on a sharded
+contraction is the reduce-scatter (XLA:CPU, as for jit, all-reduces and
+keeps its rows). It compiles to the plain collective for all six: a ring
+schedule has no spelling in the types. pmap as the legacy form.
 
 The per-device bodies, the global program and the NumPy oracle below are the
 ones the six recipes named next run: ``axis`` may be one mesh axis name or a
@@ -52,10 +56,10 @@ N_DEVICES = 8
 AXIS = "i"
 
 
-def make_mesh(n_devices):
-    # Auto axes on every JAX version (jax.make_mesh defaults to Explicit from 0.9).
-    return jax.make_mesh((n_devices,), (AXIS,),
-                         axis_types=(jax.sharding.AxisType.Auto,))
+def make_mesh(n_devices, axis_type=jax.sharding.AxisType.Auto):
+    # Auto axes on every JAX version (jax.make_mesh defaults to Explicit from
+    # 0.9) unless told otherwise; the explicit form asks for Explicit ones.
+    return jax.make_mesh((n_devices,), (AXIS,), axis_types=(axis_type,))
 
 
 def names_of(axis):
@@ -256,6 +260,41 @@ def matmuls_jit(x, w, mesh):
 # [end:jit]
 
 
+# [start:explicit]
+def allgather_matmul_explicit_program(x, w):
+    # x: f32[M@axis, K], w: f32[K, N@axis]: the shardings are in the types.
+    # The all-gather, written as what it is: x resharded to replicated rows.
+    x = jax.sharding.reshard(x, P())  # x: f32[M, K] on every device
+    return x @ w  # f32[M, N@axis]: each device its columns, no collective
+
+
+def matmul_reduce_scatter_explicit_program(x, w, axis=AXIS):
+    # x: f32[M, K@axis], w: f32[K@axis, N]: the contraction is sharded, so
+    # each device holds a partial sum and JAX asks where the total goes.
+    # Rows over the axis: the reduce-scatter.
+    return jnp.matmul(x, w, out_sharding=P(axis))  # f32[M@axis, N]
+
+
+def matmuls_explicit(x, w, mesh):
+    # mesh: Explicit axes. The overlapped and bidirectional versions are
+    # per-device schedules (which block moves when): the types have no
+    # spelling for them, so each family is one program, as in the jit form.
+    def on(*spec):
+        return NamedSharding(mesh, P(*spec))
+
+    with jax.set_mesh(mesh):
+        gather = jax.jit(lambda x, w: jax.sharding.reshard(
+            allgather_matmul_explicit_program(x, w), P(None, AXIS)))
+        scatter = jax.jit(lambda x, w: jax.sharding.reshard(
+            matmul_reduce_scatter_explicit_program(x, w), P(AXIS)))
+        gathered = gather(jax.device_put(x, on(AXIS)),
+                          jax.device_put(w, on(None, AXIS)))
+        scattered = scatter(jax.device_put(x, on(None, AXIS)),
+                            jax.device_put(w, on(AXIS)))
+    return [gathered] * 3 + [scattered] * 3
+# [end:explicit]
+
+
 # [start:numpy]
 def wide(x):
     # x in the widest dtype of its kind, so NumPy rounds once, at the end
@@ -288,7 +327,9 @@ def main():
     names = [f.__name__ for f in ALLGATHER + SCATTER]
     results = {"pmap": matmuls_pmap(x, w, n),
                "shard_map": matmuls_shard_map(x, w, mesh),
-               "jit": matmuls_jit(x, w, mesh)}
+               "jit": matmuls_jit(x, w, mesh),
+               "explicit": matmuls_explicit(
+                   x, w, make_mesh(n, jax.sharding.AxisType.Explicit))}
     for form, outs in results.items():
         for name, got in zip(names, outs, strict=True):
             np.testing.assert_array_equal(np.asarray(got), want,
@@ -299,8 +340,8 @@ def main():
     terms = [int(a) * int(b) for a, b in zip(x[0], w[:, 0], strict=True)]
     print(f"x[0] . w[:, 0] = {' + '.join(map(str, terms[:4]))} + .. = {sum(terms)}"
           " (its first element)")
-    print("ok: " + ", ".join(names) + " equal x @ w exactly in pmap, shard_map and "
-          "jit form")
+    print("ok: " + ", ".join(names) + " equal x @ w exactly in pmap, shard_map, "
+          "jit and explicit form")
 
 
 if __name__ == "__main__":

@@ -14,7 +14,10 @@ Which form when: shard_map to control the exchange (wider halos, several
 stencil steps per exchange); jit for the global program with ``jnp.roll``
 (XLA emits the same two collective-permutes; for the open boundary mask the
 wrapped row rather than ``jnp.pad`` + slices, which XLA:CPU compiles to many
-more permutes); pmap as the legacy form.
+more permutes); explicit for that global program on Explicit axes, its halo
+(the rolls and the open boundary's mask) in an ``auto_axes`` island (a roll
+of a sharded dim has no sharding rule there): the same two
+collective-permutes; pmap as the legacy form.
 
 The per-device bodies, the global programs and the NumPy oracles below are
 the ones ``collectives.RECIPES["halo_exchange"]`` (periodic) and
@@ -43,10 +46,10 @@ N_DEVICES = 8
 AXIS = "i"
 
 
-def make_mesh(n_devices):
-    # Auto axes on every JAX version (jax.make_mesh defaults to Explicit from 0.9).
-    return jax.make_mesh((n_devices,), (AXIS,),
-                         axis_types=(jax.sharding.AxisType.Auto,))
+def make_mesh(n_devices, axis_type=jax.sharding.AxisType.Auto):
+    # Auto axes on every JAX version (jax.make_mesh defaults to Explicit from
+    # 0.9) unless told otherwise; the explicit form asks for Explicit ones.
+    return jax.make_mesh((n_devices,), (AXIS,), axis_types=(axis_type,))
 
 
 # [start:shift]
@@ -138,13 +141,20 @@ def stencil_shard_map(x, mesh, periodic):
 
 
 # [start:jit]
-def stencil_program(x, periodic=True):
-    # x: [n*k, m] global; the rolls of a sharded dim become collective-permutes
+def neighbour_rows(x, periodic=True):
+    # x: [n*k, m] global -> the row above and the row below each row; the
+    # rolls of a sharded dim become collective-permutes
     above, below = jnp.roll(x, 1, axis=0), jnp.roll(x, -1, axis=0)
     if not periodic:  # zero the rows that wrapped round
         index = jnp.arange(x.shape[0]).reshape((-1,) + (1,) * (x.ndim - 1))
         above = jnp.where(index == 0, jnp.zeros_like(x), above)
         below = jnp.where(index == x.shape[0] - 1, jnp.zeros_like(x), below)
+    return above, below
+
+
+def stencil_program(x, periodic=True, neighbours=neighbour_rows):
+    # x: [n*k, m] global -> [n*k, m]
+    above, below = neighbours(x, periodic)
     return above - 2 * x + below
 
 
@@ -153,6 +163,35 @@ def stencil_jit(x, mesh, periodic):
     return jax.jit(lambda x: stencil_program(x, periodic), in_shardings=rows,
                    out_shardings=rows)(x)
 # [end:jit]
+
+
+# [start:explicit]
+def neighbour_rows_in_auto_island(x, periodic=True):
+    # jnp.roll of a sharded dim has no sharding rule on Explicit axes
+    # ("slicing on sharded dims ... not implemented"), nor has the open
+    # boundary's mask (a replicated row index against sharded rows).
+    # auto_axes hands the halo alone to the partitioner, which makes each
+    # roll a collective-permute as in the jit form, and out_sharding puts x's
+    # layout back in the types. (A shard_map island with ppermute would be
+    # the shard_map form again.)
+    layout = jax.typeof(x).sharding
+    return jax.sharding.auto_axes(lambda x: neighbour_rows(x, periodic),
+                                  out_sharding=(layout, layout))(x)
+
+
+def stencil_explicit_program(x, periodic=True):
+    # x: f32[n*k@axis, m]: the jit form's program with its halo in an Auto
+    # island; the stencil arithmetic stays Explicit.
+    return stencil_program(x, periodic, neighbours=neighbour_rows_in_auto_island)
+
+
+def stencil_explicit(x, mesh, periodic):
+    # mesh: Explicit axes
+    with jax.set_mesh(mesh):
+        f = jax.jit(lambda x: jax.sharding.reshard(
+            stencil_explicit_program(x, periodic), P(AXIS)))
+        return f(jax.device_put(x, NamedSharding(mesh, P(AXIS))))
+# [end:explicit]
 
 
 # [start:numpy]
@@ -179,6 +218,7 @@ def main():
     jax.config.update("jax_platforms", os.environ.get("JAX_PLATFORMS", "cpu"))
     jax.config.update("jax_num_cpu_devices", N_DEVICES)
     mesh = make_mesh(N_DEVICES)
+    explicit_mesh = make_mesh(N_DEVICES, jax.sharding.AxisType.Explicit)
     # x[r] = (r + 1)**2: the second difference is 2 inside; the ends show
     # the boundary
     x = (np.arange(1, N_DEVICES * 2 + 1, dtype=np.float32) ** 2)[:, None]
@@ -186,7 +226,8 @@ def main():
         want = stencil_numpy(x, periodic)
         for form, got in (("pmap", stencil_pmap(x, N_DEVICES, periodic)),
                           ("shard_map", stencil_shard_map(x, mesh, periodic)),
-                          ("jit", stencil_jit(x, mesh, periodic))):
+                          ("jit", stencil_jit(x, mesh, periodic)),
+                          ("explicit", stencil_explicit(x, explicit_mesh, periodic))):
             np.testing.assert_array_equal(np.asarray(got), want,
                                           err_msg=f"periodic={periodic} ({form})")
         name = "periodic" if periodic else "open    "
@@ -194,7 +235,7 @@ def main():
     print("(x = 1, 4, 9, .., 256: inside, (r-1)^2 - 2 r^2 + (r+1)^2 = 2; the first "
           "row is 256 - 2 + 4 = 258 periodic, 0 - 2 + 4 = 2 open; the last is "
           "225 - 512 + 1 = -286 periodic, 225 - 512 + 0 = -287 open)")
-    print("ok: pmap, shard_map and jit halo-exchange stencils equal the "
+    print("ok: pmap, shard_map, jit and explicit halo-exchange stencils equal the "
           "single-device NumPy stencil, periodic and open")
 
 

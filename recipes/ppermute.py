@@ -12,7 +12,10 @@ Two rules users trip on:
 
 Which form when: shard_map for explicit neighbour communication; jit when
 the global program is a roll (``jnp.roll`` of a sharded axis becomes a
-collective-permute); pmap as the legacy form.
+collective-permute); explicit for that roll on Explicit axes, in an
+``auto_axes`` island (a roll of a sharded dim has no sharding rule there) with
+the layout stated on the way out: the same one collective-permute; pmap as
+the legacy form.
 
 The per-device bodies, the global program and the NumPy oracle below are
 the ones ``collectives.RECIPES["ppermute_ring"]`` runs, and ``permute`` and
@@ -41,10 +44,10 @@ N_DEVICES = 8
 AXIS = "i"
 
 
-def make_mesh(shape, names):
-    # Auto axes on every JAX version (jax.make_mesh defaults to Explicit from 0.9).
-    return jax.make_mesh(shape, names,
-                         axis_types=(jax.sharding.AxisType.Auto,) * len(shape))
+def make_mesh(shape, names, axis_type=jax.sharding.AxisType.Auto):
+    # Auto axes on every JAX version (jax.make_mesh defaults to Explicit from
+    # 0.9) unless told otherwise; the explicit form asks for Explicit ones.
+    return jax.make_mesh(shape, names, axis_types=(axis_type,) * len(shape))
 
 
 def axis_names(axis):
@@ -156,6 +159,28 @@ def ring_shift_jit(x, mesh, shift=1):
 # [end:jit]
 
 
+# [start:explicit]
+def ppermute_ring_explicit_program(x, n, shift=1):
+    # x: f32[n*k@axis, m]. jnp.roll of a sharded dim has no sharding rule on
+    # Explicit axes ("slicing on sharded dims ... not implemented"), and the
+    # roll is the whole program: auto_axes hands it to the partitioner (one
+    # collective-permute, as in the jit form), and out_sharding puts x's
+    # layout back in the types. (A shard_map island with ppermute would be
+    # the shard_map form again.)
+    return jax.sharding.auto_axes(lambda x: ppermute_ring_program(x, n, shift),
+                                  out_sharding=jax.typeof(x).sharding)(x)
+
+
+def ring_shift_explicit(x, mesh, shift=1):
+    # mesh: Explicit axes
+    n = mesh.shape[AXIS]
+    with jax.set_mesh(mesh):
+        f = jax.jit(lambda x: jax.sharding.reshard(
+            ppermute_ring_explicit_program(x, n, shift), P(AXIS)))
+        return f(jax.device_put(x, NamedSharding(mesh, P(AXIS))))
+# [end:explicit]
+
+
 # [start:numpy]
 def ppermute_ring_numpy(x, n, shift=1):
     return np.roll(x, shift * (x.shape[0] // n), axis=0)
@@ -172,7 +197,10 @@ def main():
     want = ppermute_ring_numpy(x, N_DEVICES)
     for form, got in (("pmap", ring_shift_pmap(x, N_DEVICES)),
                       ("shard_map", ring_shift_shard_map(x, mesh)),
-                      ("jit", ring_shift_jit(x, mesh))):
+                      ("jit", ring_shift_jit(x, mesh)),
+                      ("explicit", ring_shift_explicit(
+                          x, make_mesh((N_DEVICES,), (AXIS,),
+                                       jax.sharding.AxisType.Explicit)))):
         np.testing.assert_array_equal(np.asarray(got), want,
                                       err_msg=f"ring shift ({form} form)")
     there_and_back = ring_shift_shard_map(ring_shift_shard_map(x, mesh, 3), mesh, -3)
@@ -199,8 +227,8 @@ def main():
           np.asarray(want).ravel().astype(int).tolist())
     print("devices that receive nothing get zeros:", half[:, 0].astype(int).tolist())
     print("repeated destination ->", repeated)
-    print("ok: pmap, shard_map and jit agree with NumPy; shift(+3) then shift(-3) "
-          "is the identity; the ring over axes ('j', 'i') follows axis_index")
+    print("ok: pmap, shard_map, jit and explicit agree with NumPy; shift(+3) then "
+          "shift(-3) is the identity; the ring over axes ('j', 'i') follows axis_index")
 
 
 if __name__ == "__main__":

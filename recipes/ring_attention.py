@@ -14,7 +14,9 @@ output comes back in the input dtype.
 Which form when: shard_map for long sequences (K/V per device is 1/n of the
 sequence; on accelerators each permute overlaps the previous block's
 compute); jit of dense attention is the all-gather-K/V baseline (XLA gathers
-the whole K and V on every device); pmap as the legacy form.
+the whole K and V on every device); explicit says that baseline in the types
+(K and V resharded to whole sequences: the same two all-gathers; a ring's
+per-device schedule has no spelling there); pmap as the legacy form.
 
 The per-device body, the dense global program and the NumPy oracle below
 are the ones ``collectives.RECIPES["ring_attention"]`` (and
@@ -44,10 +46,10 @@ N_DEVICES = 8
 AXIS = "i"
 
 
-def make_mesh(shape, names=(AXIS,)):
-    # Auto axes on every JAX version (jax.make_mesh defaults to Explicit from 0.9).
-    return jax.make_mesh(shape, names,
-                         axis_types=(jax.sharding.AxisType.Auto,) * len(shape))
+def make_mesh(shape, names=(AXIS,), axis_type=jax.sharding.AxisType.Auto):
+    # Auto axes on every JAX version (jax.make_mesh defaults to Explicit from
+    # 0.9) unless told otherwise; the explicit form asks for Explicit ones.
+    return jax.make_mesh(shape, names, axis_types=(axis_type,) * len(shape))
 
 
 # -- the ring: one ppermute moves every block one place ------------------------
@@ -216,6 +218,33 @@ def ring_attention_jit(q, k, v, mesh, causal=False):
 # [end:jit]
 
 
+# [start:explicit]
+def ring_attention_explicit_program(q, k, v, causal=False):
+    # q, k, v: f32[S@seq, h@heads, d]: the layout is in the types; read it.
+    spec = tuple(jax.typeof(q).sharding.spec)
+    seq, heads, _ = spec + (None,) * (q.ndim - len(spec))
+    # What jit does, in the types: K and V resharded to whole sequences (two
+    # all-gathers). A ring has no spelling here: its schedule is per device.
+    k, v = (jax.sharding.reshard(x, P(None, heads, None)) for x in (k, v))
+    acc = accumulator_dtype(q.dtype)
+    mask = None
+    if causal:  # [1, S@seq, S]: each device the rows of its own queries
+        mask = jax.sharding.reshard(causal_mask(0, 0, q.shape[0]), P(None, seq, None))
+    # scores: [h@heads, S@seq, S]: each device its queries against every key
+    stats = first_block(q.astype(acc), k.astype(acc), v.astype(acc), mask)
+    return finish(stats, q.dtype)  # f32[S@seq, h@heads, d]
+
+
+def ring_attention_explicit(q, k, v, mesh, causal=False):
+    # mesh: Explicit axes
+    rows = NamedSharding(mesh, P(AXIS))
+    with jax.set_mesh(mesh):
+        f = jax.jit(lambda q, k, v: jax.sharding.reshard(
+            ring_attention_explicit_program(q, k, v, causal), P(AXIS)))
+        return f(*(jax.device_put(x, rows) for x in (q, k, v)))
+# [end:explicit]
+
+
 # [start:numpy]
 def attention_numpy(q, k, v, causal=False):
     # dense softmax attention in float64 (stable: the row max is subtracted),
@@ -238,6 +267,7 @@ def main():
     jax.config.update("jax_num_cpu_devices", N_DEVICES)
     mesh = make_mesh((N_DEVICES,))
     mesh_2d = make_mesh((4, 2), ("i", "j"))
+    explicit_mesh = make_mesh((N_DEVICES,), axis_type=jax.sharding.AxisType.Explicit)
     rng = np.random.default_rng(0)
     q, k, v = rng.standard_normal((3, 64, 4, 8)).astype(np.float32)
     for causal in (False, True):
@@ -248,7 +278,8 @@ def main():
                 ("shard_map", ring_attention_shard_map(q, k, v, mesh, causal)),
                 ("shard_map, 4x2", ring_attention_shard_map(q, k, v, mesh_2d, causal,
                                                             axis=("i", "j"))),
-                ("jit", ring_attention_jit(q, k, v, mesh, causal))):
+                ("jit", ring_attention_jit(q, k, v, mesh, causal)),
+                ("explicit", ring_attention_explicit(q, k, v, explicit_mesh, causal))):
             np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5,
                                        err_msg=f"ring attention ({form}, {causal=})")
     kv_block = q.nbytes // N_DEVICES
@@ -259,8 +290,8 @@ def main():
     got = np.asarray(ring_attention_shard_map(q, k, v, mesh, causal=True))
     print("causal, output row 0, head 0:", np.round(got[0, 0, :3], 5).tolist(),
           "= v[0, 0, :3]:", np.round(v[0, 0, :3], 5).tolist())
-    print("ok: pmap, pmap(vmap), shard_map (8 and 4x2) and jit agree with NumPy, "
-          "causal and not")
+    print("ok: pmap, pmap(vmap), shard_map (8 and 4x2), jit and explicit agree "
+          "with NumPy, causal and not")
 
 
 if __name__ == "__main__":

@@ -77,7 +77,8 @@ def all_to_all_attention(q, k, v, axis, *, causal: bool = False):
 
 def _all_to_all_fact(axes: Axes, args, form: str) -> Expectation:
     """shard_map: one all-to-all each for q, k, v and the output; jit: two
-    all-gathers of K and V."""
+    all-gathers of K and V; explicit: the four all-to-alls, which its
+    program writes as reshards between sequence and heads."""
     block = block_bytes(axes, args[0])
     if form == "jit":
         return dense_attention_fact(axes, block)
@@ -95,6 +96,7 @@ all_to_all_attention_recipe = register(Recipe(
     # q, k, v: [s, H, d] sequence blocks -> [S, H/n, d] head groups -> [s, H, d]
     body=a2a_file.all_to_all_attention_body,
     program=on_axes(a2a_file.attention_program),
+    explicit_program=on_axes(a2a_file.all_to_all_attention_explicit_program),
     oracle=on_axes(a2a_file.attention_numpy),
     in_specs=attention_specs, out_specs=lambda axes: attention_specs(axes)[0],
     example_shapes=attention_shapes(heads_per_device=True), arg_names=("q", "k", "v"),

@@ -45,6 +45,7 @@ all_to_all_blocks = register(Recipe(
     summary="exchange: each device sends chunk j of its block to device j (dim 0)",
     body=blocks_file.all_to_all_blocks_body,
     program=by_axis_size(blocks_file.all_to_all_blocks_program),
+    explicit_program=by_axis_size(blocks_file.all_to_all_blocks_explicit_program),
     oracle=by_axis_size(blocks_file.all_to_all_blocks_numpy),
     in_specs=one_input(rows_on_axes), out_specs=rows_on_axes,
     # [n*n*c] (1-D) or [n*n*c, rest*m, ...]: dim 0 splits into n blocks of n chunks

@@ -257,14 +257,20 @@ def _matmul_fact(kind: str, overlap: str | None):
     half the size, bidirectional). jit: the global ``x @ w``, which XLA
     partitions with the plain collective (on CPU a sharded sum is an
     all-reduce), plus one permute into the output layout when the collective
-    axes are not the mesh's first."""
+    axes are not the mesh's first. explicit: the plain collective whatever
+    the overlap (the types have no spelling for a ring schedule): the
+    all-gather the reshard states, with no permute (the output is in its
+    layout already); the reduce-scatter as jit compiles it."""
 
     def fact(axes: Axes, args: tuple[Any, ...], form: str) -> Expectation:
-        if form == "jit":
+        if form in ("jit", "explicit"):
             op = kind
             if kind == "reduce-scatter" and compiled_for() == "cpu":
                 op = "all-reduce"
-            return Expectation({op: 1, "collective-permute": reshards_minor_axis(axes)})
+            permutes = reshards_minor_axis(axes)
+            if form == "explicit" and kind == "all-gather":
+                permutes = 0
+            return Expectation({op: 1, "collective-permute": permutes})
         if overlap is None:
             return Expectation({kind: 1})
         steps = (axes.size - 1) * (2 if overlap == "bidirectional" else 1)
@@ -281,6 +287,7 @@ def _allgather_recipe(name: str, summary: str, overlap: str | None) -> Recipe:
         recipe_file="collective_matmul.py",
         cost_model=_matmul_fact("all-gather", overlap),
         program=on_axes(file.matmul_program), oracle=on_axes(file.matmul_numpy),
+        explicit_program=on_axes(file.allgather_matmul_explicit_program),
         in_specs=_allgather_specs, out_specs=lambda axes: P(None, axes.entry),
         example_shapes=_allgather_shapes(even=overlap == "bidirectional"),
         validate=_validate(name, False, overlap),
@@ -297,6 +304,8 @@ def _scatter_recipe(name: str, summary: str, overlap: str | None) -> Recipe:
         recipe_file="collective_matmul.py",
         cost_model=_matmul_fact("reduce-scatter", overlap),
         program=on_axes(file.matmul_program), oracle=on_axes(file.matmul_numpy),
+        explicit_program=on_axes(file.matmul_reduce_scatter_explicit_program,
+                                 lambda axes: axes.entry),
         in_specs=_scatter_specs, out_specs=lambda axes: P(axes.entry),
         example_shapes=_scatter_shapes(even=overlap == "bidirectional"),
         validate=_validate(name, True, overlap),

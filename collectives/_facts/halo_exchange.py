@@ -91,6 +91,7 @@ def _stencil_recipe(name: str, summary: str, periodic: bool) -> Recipe:
         pmap_body=functools.partial(file.stencil_body, periodic=periodic,
                                     shift=file.stepwise_shift),
         program=on_axes(file.stencil_program, periodic=periodic),
+        explicit_program=on_axes(file.stencil_explicit_program, periodic=periodic),
         oracle=on_axes(file.stencil_numpy, periodic=periodic),
         in_specs=one_input(rows_on_axes), out_specs=rows_on_axes,
         example_shapes=one_grid, n_terms=lambda axes: 3,

@@ -171,6 +171,7 @@ ppermute_ring = register(Recipe(
     summary="each device sends its block to the next (+1)",
     body=file.ppermute_ring_body,
     program=by_axis_size(file.ppermute_ring_program),
+    explicit_program=by_axis_size(file.ppermute_ring_explicit_program),
     oracle=by_axis_size(file.ppermute_ring_numpy), in_specs=one_input(rows_on_axes),
     out_specs=rows_on_axes, example_shapes=one_grid,
     pmap_body=file.ppermute_ring_pmap_body))

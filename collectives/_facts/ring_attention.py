@@ -145,9 +145,10 @@ def dense_attention_fact(axes: Axes, block: int) -> Expectation:
 def _ring_fact(axes: Axes, args, form: str) -> Expectation:
     """shard_map: ``n - 1`` ring steps of one K and one V block each (the
     scan is unrolled, so the HLO holds ``2 (n - 1)`` collective-permutes);
-    jit: two all-gathers of K and V."""
+    jit: two all-gathers of K and V; explicit: the same two, which its
+    program writes as reshards of K and V to whole sequences."""
     block = block_bytes(axes, args[0])
-    if form == "jit":
+    if form in ("jit", "explicit"):
         return dense_attention_fact(axes, block)
     steps = 2 * (axes.size - 1)
     return Expectation({"collective-permute": steps},
@@ -195,6 +196,8 @@ def _ring_recipe(name: str, summary: str, causal: bool) -> Recipe:
         pmap_body=with_options(ring_file.ring_attention_body, causal=causal,
                          shift=ring_file.stepwise_shift),
         program=on_axes(ring_file.attention_program, causal=causal),
+        explicit_program=on_axes(ring_file.ring_attention_explicit_program,
+                                 causal=causal),
         oracle=on_axes(ring_file.attention_numpy, causal=causal),
         in_specs=attention_specs, out_specs=lambda axes: attention_specs(axes)[0],
         example_shapes=attention_shapes(heads_per_device=False),
