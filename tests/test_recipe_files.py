@@ -46,7 +46,10 @@ def test_recipe_skeleton(path):
     doc = ast.get_docstring(ast.parse(text))
     assert doc and "Devices:" in doc and "JAX versions checked:" in doc, path.name
     assert 'if __name__ == "__main__":' in text
-    for tag in ("shard_map", "jit", "numpy"):
+    tags = ["shard_map", "jit", "numpy"]
+    if path.name in {recipe.recipe_file for recipe in cx.RECIPES.values()}:
+        tags.append("explicit")  # every registered recipe shows its explicit form
+    for tag in tags:
         assert f"# [start:{tag}]" in text and f"# [end:{tag}]" in text, (path, tag)
     # Simulated devices are CPU devices: choose the platform too, or a GPU
     # machine's one device would be the default backend.

@@ -42,6 +42,7 @@ EMPHASIS = re.compile(
 REGION_TITLES = {
     "shard_map": "shard_map",
     "jit": "jit",
+    "explicit": "explicit",
     "pmap": "pmap (legacy)",
     "numpy": "NumPy oracle",
 }
@@ -173,7 +174,7 @@ def _has_main(tree: ast.Module) -> bool:
 
 
 # The forms, modern first, as tabs; a file's other regions are shown above.
-FORMS = ("shard_map", "jit", "pmap", "numpy")
+FORMS = ("shard_map", "jit", "explicit", "pmap", "numpy")
 
 
 def _literalinclude(rel: str, region: str) -> list[str]:
@@ -259,9 +260,11 @@ def _page(path: Path, run: dict, diagrams: list[str], rel: str,
     if forms:
         lines += ["## The forms", "",
                   "Modern first: `shard_map` (per-device code with explicit "
-                  "collectives), `jit` (a global program; XLA inserts the "
-                  "collectives), legacy `pmap` (the \"before\" of a migration), "
-                  "and the NumPy oracle every form is checked against.", "",
+                  "collectives), `jit` (a global program on Auto axes; XLA "
+                  "inserts the collectives), `explicit` (the global program on "
+                  "Explicit axes, the shardings in the types), legacy `pmap` "
+                  "(the \"before\" of a migration), and the NumPy oracle every "
+                  "form is checked against.", "",
                   "`````{tab-set}"]
         for form in forms:
             lines += [f"````{{tab-item}} {REGION_TITLES[form]}", f":sync: {form}", "",
