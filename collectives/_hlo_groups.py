@@ -1,32 +1,34 @@
 """Which devices a compiled collective joins, and so which mesh axes it spans.
 
-XLA prints a collective's groups in one of four ways; each of them is read
-here into the groups' device ids (partition numbers):
+XLA prints a collective's groups in one of four ways, each read here into
+the groups' device ids (partition numbers). Which release prints which, for
+the programs of ``tools/hlo_samples.py`` (``tests/data/hlo`` holds them):
 
-* explicit ids, ``replica_groups={{0,2,4,6},{1,3,5,7}}``: every release
-  prints it for ``shard_map`` collectives, and ``replica_groups={}`` for one
-  group of every device;
-* a permute's pairs, ``source_target_pairs={{0,2},{2,4},...}``: every release;
+* explicit ids, ``replica_groups={{0,2,4,6},{1,3,5,7}}`` (``{}``: one group
+  of every device): ``shard_map`` collectives on JAX 0.8.0 to 0.10.2;
+* a permute's pairs, ``source_target_pairs={{0,2},{2,4},...}``: every
+  ``ppermute``, on every release;
 * an iota, ``replica_groups=[4,2]<=[2,4]T(1,0)``: ``arange(8)`` reshaped to
-  ``(2, 4)``, transposed, then cut into 4 groups of 2; JAX 0.8.x and 0.9.x
-  print it for ``jit`` programs (Auto or Explicit axes);
-* a mesh, the printed mesh's axes, its device order when it is not
-  row-major, and the axes that vary within a group:
+  ``(2, 4)``, transposed, then cut into 4 groups of 2: ``jit`` programs
+  (Auto or Explicit axes) on 0.8.0 to 0.9.2;
+* a mesh: the printed mesh's axes, its device order where that is not
+  row-major, and the axes a group spans in braces. ``jit`` programs on
+  0.10.0 to 0.11.1 print XLA's own mesh,
   ``replica_groups=mesh['axis_0'=2,'axis_1'=1,'axis_2'=4],
-  device_ids=([4,2]T(1,0)) {'axis_0'}`` on JAX 0.10.x and 0.11.x for ``jit``
-  programs, ``replica_groups=mesh['data'=4,'model'=2] {'data'}`` on 0.12.
+  device_ids=([4,2]T(1,0)) {'axis_0'}`` (a sum over the second axis of a
+  ``(4, 2)`` mesh); ``shard_map`` from 0.11.0 and ``jit`` from 0.11.2 print
+  the program's, ``replica_groups=mesh['data'=4,'model'=2] {'data'}``.
 
-The mesh form's axes are XLA's, not the program's: on 0.10 and 0.11 they are
-named ``axis_0``, ``axis_1``... whatever the mesh calls them, split or
-merged (a ``(4, 2)`` mesh's second axis printed as the first of a
-``2 x 1 x 4`` mesh), with size-1 axes added. So its names are never matched
-against the mesh's: the device array of the printed mesh (``arange``, or the
-order ``device_ids=`` gives, as an iota or a list) is cut into groups along
-the braced axes (``{}``: groups of one device; ``'a':(2)2``: the sub-axis of
-size 2 after the leading 2 of axis ``a``), and those groups are compared
-with the program's mesh. Partition ``k`` of a program compiled for a mesh is
-the mesh's ``k``-th device in row-major order, so the axes along which a
-group's ids vary are the axes the collective runs over.
+XLA's own mesh names its axes ``axis_0``, ``axis_1``... whatever the program
+calls them, splits and merges them and adds size-1 axes, so the printed
+names are never matched against the mesh's: the device array of the printed
+mesh (``arange``, or the order ``device_ids=`` gives, as an iota or a list)
+is cut into groups along the braced axes (``{}``: groups of one device;
+``'a':(2)2``: the sub-axis of size 2 after the leading 2 of axis ``a``),
+and those groups are compared with the program's mesh. Partition ``k`` of a
+program compiled for a mesh is the mesh's ``k``-th device in row-major
+order (whatever the device ids), so the axes along which a group's ids vary
+are the axes the collective runs over.
 """
 
 from __future__ import annotations
