@@ -9,7 +9,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from collectives._check import add_check_arguments
+from collectives._check import add_mesh_arguments
 from collectives._check import add_run_arguments
+from collectives._check import axis_from_args
+from collectives._devices import MESH_NAMES
 from collectives.distributed._cli import add_launch_arguments
 from collectives.distributed._cli import add_worker_command
 from collectives.distributed._cli import run_launch_command
@@ -76,6 +79,13 @@ def cmd_show(args: argparse.Namespace) -> int:
     if recipe is None:
         return 2
     _setup(args)
+    if args.hlo or args.hlo_text:
+        from collectives._compiled_view import compiled_view
+
+        shape = args.mesh or (args.devices,)
+        print(compiled_view(recipe, shape, MESH_NAMES[:len(shape)],
+                            axis_from_args(args), hlo_text=args.hlo_text))
+        return 0
     _show_diagram(recipe.name)
     print(f"# {recipe.name}: {recipe.summary}\n")
     for label, fn in (("per-shard body (pmap and shard_map forms)", recipe.body),
@@ -139,8 +149,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("show", parents=[devices],
                        help="what a collective does to the shards (a grid), and "
-                            "the recipe's source for copy-paste")
+                            "the recipe's source for copy-paste; with --hlo, what "
+                            "its forms compile to")
     p.add_argument("name")
+    p.add_argument("--hlo", action="store_true",
+                   help="the collectives each placed form compiles to (kind, axes, "
+                        "bytes) beside the recipe's cost model, instead of the source")
+    p.add_argument("--hlo-text", action="store_true",
+                   help="with --hlo: each collective's HLO instruction too")
+    add_mesh_arguments(p)
     p.set_defaults(func=cmd_show)
 
     p = sub.add_parser("run", parents=[devices],

@@ -21,6 +21,7 @@ from jax.sharding import Mesh
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from collectives import _compat
 from collectives._arrays import bitwise_differs
 
 AxisArg = str | Sequence[str] | None
@@ -67,8 +68,7 @@ class Axes:
     ``entry`` and ``others_entry`` are the ``PartitionSpec`` entries of a
     dimension sharded over ``names`` and over ``others``:
     ``P(axes.entry, axes.others_entry)`` splits rows over the collective axes
-    and columns over the rest of the mesh. (``on``, ``batch``, ``rest`` and
-    ``rest_size`` are the older names, kept as aliases.)
+    and columns over the rest of the mesh (:func:`rows_on_axes`).
     """
 
     mesh: Mesh
@@ -99,14 +99,6 @@ class Axes:
     def others_entry(self) -> str | tuple[str, ...] | None:
         """Spec entry for a dimension sharded over the other mesh axes."""
         return spec_entry(self.others)
-
-    # Older names of the attributes above, kept for code written against them.
-    rest = property(lambda self: self.others, doc="Older name of ``others``.")
-    rest_size = property(lambda self: self.others_size,
-                         doc="Older name of ``others_size``.")
-    on = property(lambda self: self.entry, doc="Older name of ``entry``.")
-    batch = property(lambda self: self.others_entry,
-                     doc="Older name of ``others_entry``.")
 
 
 def resolve_axes(mesh: Mesh, axis: AxisArg) -> Axes:
@@ -310,7 +302,7 @@ def grid_shape(axes: Axes, dims: Sequence[int], lead: int = 1) -> tuple[int, ...
     """A global shape whose dim 0 splits over ``axes.names`` and dim 1 over the rest.
 
     Dim 0 is ``axes.size * lead * dims[0]`` (``lead`` makes each block
-    divisible again, as scatters need); dim 1 is ``axes.rest_size * dims[1]``;
+    divisible again, as scatters need); dim 1 is ``axes.others_size * dims[1]``;
     further ``dims`` are appended unsharded. With one entry in ``dims`` and no
     other mesh axes the shape is 1-D.
     """
@@ -320,7 +312,66 @@ def grid_shape(axes: Axes, dims: Sequence[int], lead: int = 1) -> tuple[int, ...
     first = axes.size * lead * dims[0]
     if len(dims) == 1:
         return (first,) if not axes.others else (first, axes.others_size)
-    return (first, axes.rest_size * dims[1], *dims[2:])
+    return (first, axes.others_size * dims[1], *dims[2:])
+
+
+# -- the layouts recipes share, named once -----------------------------------
+# A facts module says which one each input and output has
+# (``in_specs=one_input(rows_on_axes), out_specs=rows_replicated``).
+
+
+def rows_on_axes(axes: Axes) -> P:
+    """Rows (dim 0) split over the collective axes, columns (dim 1) over the
+    rest of the mesh: every device holds a different block."""
+    return make_spec(axes.entry, axes.others_entry)
+
+
+def rows_replicated(axes: Axes) -> P:
+    """Whole rows on every device along the collective axes (a reduction's or
+    a gather's result), columns split over the rest of the mesh."""
+    return make_spec(None, axes.others_entry)
+
+
+def replicated(axes: Axes) -> P:
+    """The same whole array on every device."""
+    return make_spec()
+
+
+def one_input(layout: Callable[[Axes], P]) -> Callable[[Axes], tuple[P]]:
+    """``in_specs`` of a recipe with one input laid out as ``layout``."""
+    return lambda axes: (layout(axes),)
+
+
+def one_grid(axes: Axes, dims: Sequence[int]) -> tuple[tuple[int, ...]]:
+    """``example_shapes`` of a recipe with one :func:`grid_shape` input."""
+    return (grid_shape(axes, dims),)
+
+
+def one_scatter_grid(axes: Axes, dims: Sequence[int]) -> tuple[tuple[int, ...]]:
+    """``example_shapes`` of a recipe with one input whose blocks split again
+    into ``axes.size`` chunks (scatters, all-to-alls)."""
+    return (grid_shape(axes, dims, lead=axes.size),)
+
+
+def body_axis_size(axis: Any, fn: str) -> int:
+    """``lax.axis_size(axis)`` inside a body, or an error naming the axes in
+    scope; ``fn`` is the public function to name in the message."""
+    names = axis if isinstance(axis, tuple) else (axis,)
+    if not names or not all(isinstance(name, str) for name in names):
+        raise TypeError(
+            f"{fn}: axis must be a mesh axis name or a tuple of them, got "
+            f"{axis!r}.")
+    try:
+        return jax.lax.axis_size(axis)
+    except NameError:
+        try:
+            in_scope = _compat.context_mesh_axis_names()
+        except Exception:  # no mesh in scope at all
+            in_scope = ()
+        raise ValueError(
+            f"{fn}: axis {axis!r} is not bound here (mesh axes in scope: "
+            f"{in_scope}). Fix: call {fn} inside a shard_map or pmap body, with "
+            "axis names of its mesh (or pmap's axis_name).") from None
 
 
 def axis_tuple(axis: str | Sequence[str]) -> tuple[str, ...]:

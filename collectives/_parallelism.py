@@ -18,7 +18,7 @@ import math
 import numpy as np
 
 from collectives._devices import make_mesh
-from collectives._facts.mlp import init_mlp
+from collectives._facts.dp_tp_mlp import init_mlp
 from collectives._layout import spec_axes
 from collectives._memory import compiled_memory
 from collectives._memory import device_bytes

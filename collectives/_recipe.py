@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import warnings
 from collections.abc import Callable
 from collections.abc import Sequence
 from typing import Any
@@ -457,50 +456,6 @@ class Recipe:
                 f"{what} has shape {shape} with no elements; the forms need at "
                 "least one element on every device. Fix: skip the call for empty "
                 "inputs.")
-
-
-_RENAMED = {"count_terms": "n_terms", "hlo": "cost_model", "source": "recipe_file",
-            "exact": "bitwise"}
-"""Older names of Recipe fields, accepted for one release."""
-
-
-def _accepting_older_names(init: Callable[..., None]) -> Callable[..., None]:
-    @functools.wraps(init)
-    def __init__(self: Recipe, *args: Any, **kwargs: Any) -> None:
-        for old, new in _RENAMED.items():
-            if old in kwargs:
-                warnings.warn(f"Recipe({old}=...) is deprecated: pass {new}=...",
-                              DeprecationWarning, stacklevel=2)
-                if new in kwargs:
-                    raise TypeError(f"Recipe: got both {old}= and {new}=. Fix: "
-                                    f"pass only {new}=.")
-                kwargs[new] = kwargs.pop(old)
-        init(self, *args, **kwargs)
-    return __init__
-
-
-def _older_name(old: str, new: str) -> property:
-    def get(self: Recipe) -> Any:
-        warnings.warn(f"Recipe.{old} is deprecated: read Recipe.{new}",
-                      DeprecationWarning, stacklevel=2)
-        return getattr(self, new)
-    return property(get, doc=f"The older name of :attr:`{new}`, deprecated.")
-
-
-Recipe.__init__ = _accepting_older_names(Recipe.__init__)  # type: ignore[method-assign]
-for _old, _new in _RENAMED.items():
-    setattr(Recipe, _old, _older_name(_old, _new))
-
-
-def _expected_hlo(self: Recipe, form: str, axes: Axes, args: Sequence[Any]
-                  ) -> tuple[Expectation, ...]:
-    """The older name of :meth:`Recipe.expected_costs`, deprecated."""
-    warnings.warn("Recipe.expected_hlo is deprecated: call Recipe.expected_costs",
-                  DeprecationWarning, stacklevel=2)
-    return self.expected_costs(form, axes, args)
-
-
-Recipe.expected_hlo = _expected_hlo  # type: ignore[attr-defined]
 
 
 def _run_unpacked(recipe: Recipe, form: str, axes: Axes, *args: Any) -> Any:

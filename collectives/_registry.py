@@ -5,12 +5,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 from collections.abc import Mapping
 
+from collectives._recipe import FAMILIES
 from collectives._recipe import Recipe
 
 
 class _Registry(Mapping[str, Recipe]):
-    """A read-only mapping in registration order: ``collectives._facts``
-    imports its modules core collectives first, in contract order."""
+    """A read-only mapping, by family (:data:`FAMILIES` order), then in
+    registration order (``collectives._facts`` imports its modules in name
+    order)."""
 
     def __init__(self) -> None:
         self._recipes: dict[str, Recipe] = {}
@@ -43,5 +45,7 @@ def register(recipe: Recipe) -> Recipe:
         raise ValueError(
             f"a recipe named {recipe.name!r} is already registered. Fix: choose "
             "another name.")
-    RECIPES._recipes[recipe.name] = recipe  # type: ignore[attr-defined]
+    rank = {family: index for index, family in enumerate(FAMILIES)}
+    ordered = sorted([*RECIPES.values(), recipe], key=lambda r: rank[r.family])
+    RECIPES._recipes = {r.name: r for r in ordered}  # type: ignore[attr-defined]
     return recipe

@@ -67,7 +67,7 @@ def names_of(axis):
 def ring_shift(x, axis=AXIS, shift=1):
     # Device d (numbered as lax.axis_index(axis) numbers it) receives the block
     # of device d - shift.
-    names = names_of(axis)
+    names = (axis,) if isinstance(axis, str) else tuple(axis)
     sizes = [lax.axis_size(name) for name in names]
     n = math.prod(sizes)
     pairs = [(d, (d + shift) % n) for d in range(n)]
@@ -92,7 +92,7 @@ def stepwise_shift(x, axis=AXIS, shift=1):
     # ppermute over one axis only, so pmap(vmap(...)) needs this. Shift along
     # the last (minor) axis; where that wrapped round, take the block one
     # more step along the next axis out.
-    names = names_of(axis)
+    names = (axis,) if isinstance(axis, str) else tuple(axis)
     out = ring_shift(x, names[-1], shift)
 
     def at_edge(name):  # this device received a block that wrapped round `name`

@@ -52,6 +52,7 @@ def make_mesh(shape, names=(AXIS,)):
 
 # -- the ring: one ppermute moves every block one place ------------------------
 
+# [start:ring_shift]
 def ring_shift(x, axis=AXIS, shift=1):
     # Device d (numbered as lax.axis_index(axis) numbers it) receives the block
     # of device d - shift.
@@ -91,6 +92,7 @@ def stepwise_shift(x, axis=AXIS, shift=1):
         out = jnp.where(wrapped, ring_shift(out, name, shift), out)
         wrapped = wrapped & at_edge(name)
     return out
+# [end:ring_shift]
 
 
 # -- the online softmax ---------------------------------------------------------

@@ -156,3 +156,43 @@ def only_with_marker(request, marker, where):
 
     if marker not in (request.config.getoption("markexpr") or ""):
         pytest.skip(f"runs with -m {marker} ({where})")
+
+
+# -- laws of one collective, checked per device inside shard_map ---------------
+
+
+def run_body(body, mesh, axes, x, out_spec=None):
+    """``body(block, axis=axes.axis)`` under shard_map with rows split over
+    ``axes``; the output laid out as the input unless ``out_spec`` says."""
+    import functools
+
+    import jax
+    import numpy as np
+
+    in_spec = jax.P(axes.entry)
+    f = jax.jit(jax.shard_map(functools.partial(body, axis=axes.axis), mesh=mesh,
+                              in_specs=in_spec,
+                              out_specs=in_spec if out_spec is None else out_spec))
+    return np.asarray(f(x))
+
+
+def law_cases():
+    """A hypothesis strategy: ``(mesh, axes, x)`` with exact float32 ``x``
+    whose row blocks split again into ``axes.size`` chunks."""
+    from hypothesis import strategies as st
+
+    import collectives as cx
+    from collectives.testing.strategies import collective_axes
+    from collectives.testing.strategies import exact_values
+    from collectives.testing.strategies import meshes
+
+    @st.composite
+    def cases(draw):
+        mesh = draw(meshes())
+        axes = cx.RECIPES["psum"].axes(mesh, draw(collective_axes(mesh)))
+        n = axes.size
+        rows = n * n * draw(st.integers(1, 2))
+        x = exact_values(draw, (rows, draw(st.integers(1, 3))), "float32")
+        return mesh, axes, x
+
+    return cases()

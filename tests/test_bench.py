@@ -18,7 +18,7 @@ import collectives as cx
 from collectives import bench
 from collectives._cli import build_parser
 from collectives._cli import main
-from collectives._facts.ring import RING_OF
+from collectives._facts.ring_algorithms import RING_OF
 from collectives.bench import _cases
 from collectives.bench import _report
 from collectives.bench._command import progress_stream

@@ -1,5 +1,7 @@
 """``python -m collectives``: list, show, run, check."""
 
+import dataclasses
+
 import jax.numpy as jnp
 import pytest
 
@@ -93,6 +95,29 @@ def test_show_prints_the_source():
     assert "def psum_numpy" in out
     # the functions the library runs are the recipe file's
     assert "psum_body in recipes/reductions.py" in out
+
+
+def test_show_hlo_prints_what_each_form_compiles_to_beside_the_cost_model():
+    out = run_python("-m", "collectives", "show", "psum_scatter", "--hlo",
+                     "--mesh", "4x2", "--axis", "i", "--hlo-text").stdout
+    shard_map, jit = out.split("\nshard_map form: ")[1].split("\njit form: ")
+    assert shard_map.startswith("meets its cost model")
+    assert "reduce-scatter over i: f32 operand of 96 bytes, group of 4" in shard_map
+    assert "reduce-scatter(" in shard_map  # the HLO instruction
+    assert "cost model: {'reduce-scatter': 1}" in shard_map
+    # XLA:CPU writes the jit form's reduce-scatter as an all-reduce
+    assert jit.startswith("meets its cost model") and "all-reduce over" in jit
+
+
+def test_show_hlo_says_when_a_form_differs_from_the_cost_model():
+    from collectives._compiled_view import compiled_view
+    from collectives._costs import one_collective
+
+    wrong = dataclasses.replace(cx.RECIPES["psum"], name="psum_as_gather",
+                                cost_model=one_collective("all-gather"))
+    out = compiled_view(wrong, (8,), ("i",))
+    assert out.count("DIFFERS from its cost model: expected {'all-gather': 1}, "
+                     "compiled to {'all-reduce': 1}") == 2
 
 
 def test_run_prints_every_form():

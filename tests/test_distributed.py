@@ -28,7 +28,6 @@ from collectives._registry import core_names
 from collectives.distributed import _forms as _process_forms
 from collectives.distributed import _launcher
 from collectives.distributed._results import worker_argv
-from helpers import RECIPES_DIR
 from helpers import run_python
 
 CORE = (*core_names(), "dp_grads")
@@ -137,18 +136,6 @@ def test_two_processes_match_one_process_bit_for_bit(tmp_path):
 
 def _leaves(tree):
     return [np.asarray(leaf) for leaf in jax.tree_util.tree_leaves(tree)]
-
-
-@pytest.mark.multiprocess
-def test_recipe_file_runs_under_the_launcher():
-    result = distributed.launch(
-        ["python", str(RECIPES_DIR / "multi_process.py")], num_processes=2,
-        devices_per_process=4, echo="none")
-    assert result.ok, result.report()
-    for process in result.processes:
-        assert "ok: pmap, shard_map and jit agree with NumPy on 2 processes" in (
-            process.output), process.output
-        assert f"process {process.index} of 2: 4 of 8 devices" in process.output
 
 
 @pytest.mark.multiprocess

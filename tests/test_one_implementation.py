@@ -8,16 +8,22 @@ search stands in for these tests: they follow the functions the registry
 holds to where they are defined, and run the mutated file.
 """
 
+import ast
 import functools
 import inspect
 from pathlib import Path
 
+import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import collectives as cx
+from collectives import _compat
 from collectives._recipe import clear_caches
 from helpers import RECIPE_FILES
+from helpers import RECIPES_DIR
+from helpers import load_recipe
 from helpers import runnable_configs
 
 NAMES = list(cx.RECIPES)
@@ -99,3 +105,80 @@ def test_breaking_the_collectives_in_the_file_fails_check(module_name, monkeypat
     finally:
         monkeypatch.undo()
         clear_caches()
+
+
+# -- helpers a recipe file carries so that it stands alone ----------------------
+# Each copy is the reference's text, and the reference behaves as the library's
+# own (the public body utility, or _compat's version switch).
+
+COPIES = {  # tagged region -> the file holding the reference
+    "ring_shift": "ring_algorithms.py",
+}
+
+
+def _region(path, tag):
+    text = path.read_text()
+    start, end = f"# [start:{tag}]\n", f"# [end:{tag}]"
+    if start not in text:
+        return None
+    return text[text.index(start):text.index(end)]
+
+
+@pytest.mark.parametrize("tag", sorted(COPIES))
+def test_every_copy_of_a_helper_is_the_reference(tag):
+    reference = _region(RECIPES_DIR / COPIES[tag], tag)
+    copies = {path.name: _region(path, tag) for path in RECIPE_FILES}
+    copies = {name: text for name, text in copies.items() if text is not None}
+    assert len(copies) >= 2, copies.keys()
+    for name, text in copies.items():
+        assert text == reference, (
+            f"recipes/{name}'s [start:{tag}] region differs from "
+            f"recipes/{COPIES[tag]}'s: fix both the same way")
+    for path in RECIPE_FILES:  # an untagged copy would escape this test
+        defines = f"\ndef {tag}(" in path.read_text()
+        assert not defines or path.name in copies or path.name == "ppermute.py", (
+            f"recipes/{path.name} defines {tag} outside a [start:{tag}] region")
+
+
+@pytest.mark.parametrize("axis", ["i", "j", ("i", "j"), ("j", "i")])
+@pytest.mark.parametrize("shift", [1, -1, 3])
+def test_the_ring_shift_copy_moves_blocks_as_the_public_utility(axis, shift):
+    copy = load_recipe("ring_algorithms")
+    mesh = cx.make_mesh((4, 2), ("i", "j"))
+    x = np.arange(8 * 3, dtype=np.float32).reshape(8, 3)
+
+    def run(fn):
+        return np.asarray(jax.jit(jax.shard_map(
+            lambda b: fn(b, axis, shift), mesh=mesh, in_specs=jax.P(("i", "j")),
+            out_specs=jax.P(("i", "j"))))(x))
+
+    np.testing.assert_array_equal(run(copy.ring_shift), run(cx.ring_shift))
+    if abs(shift) == 1:
+        np.testing.assert_array_equal(run(copy.stepwise_shift), run(cx.ring_shift))
+
+
+@pytest.mark.parametrize("stem", ["all_gather", "sharp_edges_sharding"])
+def test_the_invariant_gather_in_recipe_files_follows_compat(stem):
+    path = RECIPES_DIR / f"{stem}.py"
+    source = path.read_text()
+    (fn,) = [node for node in ast.parse(source).body
+             if isinstance(node, ast.FunctionDef)
+             and node.name == "all_gather_invariant"]
+    text = ast.get_source_segment(source, fn)
+    # the version switch is _compat's: the same attribute and the same release
+    assert 'hasattr(lax, "all_gather_invariant")' in text
+    since = ".".join(map(str, _compat.ALL_GATHER_TO_INVARYING_SINCE))
+    assert f"< {_compat.ALL_GATHER_TO_INVARYING_SINCE}" in text, (since, text)
+    module = load_recipe(stem)
+    assert hasattr(module.lax, "all_gather_invariant") == (
+        _compat.HAS_PUBLIC_ALL_GATHER_INVARIANT)
+    mesh = cx.make_mesh((8,), "i")
+    x = np.arange(16.0, dtype=np.float32).reshape(8, 2)
+
+    def run(gather):
+        return np.asarray(jax.jit(jax.shard_map(
+            lambda b: gather(b, "i", tiled=True), mesh=mesh, in_specs=jax.P("i"),
+            out_specs=jax.P()))(x))
+
+    np.testing.assert_array_equal(run(module.all_gather_invariant),
+                                  run(_compat.all_gather_invariant))

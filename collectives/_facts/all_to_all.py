@@ -6,20 +6,16 @@ what it receives: the global array is unchanged, but it is now sharded by
 columns instead of rows. ``jit`` emits the same all-to-all for a change of
 ``out_shardings`` from ``P(axis)`` to ``P(None, axis)``.
 
-The bodies, global programs and NumPy oracles are ``recipes/all_to_all.py``'s
-and ``recipes/all_to_all_blocks.py``'s; this module adds the facts the
-library needs about them.
+The body, global program and NumPy oracle are ``recipes/all_to_all.py``'s;
+this module adds the facts the library needs about them.
 """
 
 from __future__ import annotations
 
-import numpy as np
 from jax import lax
 
 from collectives._costs import one_collective
 from collectives._layout import Axes
-from collectives._layout import by_axis_size
-from collectives._layout import grid_shape
 from collectives._layout import make_spec
 from collectives._layout import on_axes
 from collectives._presentation import BenchSpec
@@ -27,7 +23,6 @@ from collectives._presentation import DiagramSpec
 from collectives._recipe import Recipe
 from collectives._registry import register
 from collectives.recipes import all_to_all as file
-from collectives.recipes import all_to_all_blocks as blocks_file
 
 
 def _in_specs(axes: Axes):
@@ -74,44 +69,3 @@ all_to_all = register(Recipe(
     oracle=on_axes(file.all_to_all_numpy),
     in_specs=_in_specs, out_specs=_out_specs, example_shapes=_shapes,
     validate=_check))
-
-
-# -- the exchange form: split and concatenate along dim 0 -------------------
-# Each device cuts its block [n*c, ...] into n chunks along dim 0, sends chunk
-# j to device j and concatenates what it receives, in device order, along dim
-# 0. The form of JAX's shard_map tutorial and of every MoE dispatch. In the
-# global view, [n*n*c, ...] seen as [n (source), n (chunk), c, ...] has its
-# first two axes swapped.
-
-
-def _blocks_specs(axes: Axes):
-    return (make_spec(axes.entry, axes.others_entry),)
-
-
-def _blocks_shapes(axes: Axes, dims):
-    # [n*n*c] (1-D) or [n*n*c, rest*m, ...]: dim 0 splits into n blocks of n chunks
-    return (grid_shape(axes, dims, lead=axes.size),)
-
-
-def _check_blocks(axes: Axes, args) -> None:
-    (x,) = args
-    shape = tuple(np.shape(x))
-    n = axes.size
-    if len(shape) < 1 or shape[0] % (n * n):
-        raise ValueError(
-            f"all_to_all_blocks: argument x has shape {shape}; dim 0 must split "
-            f"into {n} blocks (one per device along {axes.names}) of {n} equal "
-            f"chunks (one for each device), i.e. be a multiple of n*n = {n * n}. "
-            f"Fix: pad dim 0 to a multiple of {n * n}.")
-
-
-all_to_all_blocks = register(Recipe(
-    name="all_to_all_blocks", family="core", recipe_file="all_to_all_blocks.py",
-    diagram=DiagramSpec(dims=(1,)),
-    cost_model=one_collective("all-to-all"),
-    summary="exchange: each device sends chunk j of its block to device j (dim 0)",
-    body=blocks_file.all_to_all_blocks_body,
-    program=by_axis_size(blocks_file.all_to_all_blocks_program),
-    oracle=by_axis_size(blocks_file.all_to_all_blocks_numpy), in_specs=_blocks_specs,
-    out_specs=lambda axes: make_spec(axes.entry, axes.others_entry),
-    example_shapes=_blocks_shapes, validate=_check_blocks))

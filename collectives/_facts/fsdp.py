@@ -1,6 +1,6 @@
 """FSDP (ZeRO-3): parameters sharded over the data axis, gathered layer by layer.
 
-The MLP of :mod:`collectives._facts.mlp` (four dense layers, relu between them,
+The MLP of :mod:`collectives._facts.dp_tp_mlp` (four dense layers, relu between them,
 mean-squared-error loss), trained fully sharded: every parameter is split on
 dim 0 over the data axis, so each device stores ``1/n`` of the parameters,
 of their gradients and of the optimiser state. Per layer:
@@ -40,19 +40,19 @@ from jax.sharding import PartitionSpec as P
 
 from collectives._costs import compiled_for
 from collectives._costs import per_device_bytes
-from collectives._facts.mlp import Params
-from collectives._facts.mlp import body_of
-from collectives._facts.mlp import data_and_model_axes
-from collectives._facts.mlp import loss_and_grads_specs
-from collectives._facts.mlp import magnitudes_of
-from collectives._facts.mlp import mlp_n_terms
-from collectives._facts.mlp import mlp_plan
-from collectives._facts.mlp import needs_data_and_model_axes
-from collectives._facts.mlp import program_of
-from collectives._facts.mlp import term_norms
-from collectives._facts.permute import body_axis_size
+from collectives._facts.dp_tp_mlp import Params
+from collectives._facts.dp_tp_mlp import body_of
+from collectives._facts.dp_tp_mlp import data_and_model_axes
+from collectives._facts.dp_tp_mlp import loss_and_grads_specs
+from collectives._facts.dp_tp_mlp import magnitudes_of
+from collectives._facts.dp_tp_mlp import mlp_n_terms
+from collectives._facts.dp_tp_mlp import mlp_plan
+from collectives._facts.dp_tp_mlp import needs_data_and_model_axes
+from collectives._facts.dp_tp_mlp import program_of
+from collectives._facts.dp_tp_mlp import term_norms
 from collectives._layout import Axes
 from collectives._layout import axis_tuple
+from collectives._layout import body_axis_size
 from collectives._layout import on_axes
 from collectives._recipe import WIDE_FLOATS
 from collectives._recipe import Recipe
@@ -161,7 +161,7 @@ def fsdp_value_and_grad(params: Params, x, y, *, data_axis, model_axis=None,
 
 
 def fsdp_term_norms(params: Params, x, y, *, power: int):
-    """:func:`collectives._facts.mlp.term_norms` of ``recipes/fsdp.py``'s
+    """:func:`collectives._facts.dp_tp_mlp.term_norms` of ``recipes/fsdp.py``'s
     forward and backward pass (the oracle of ``fsdp_mlp`` and
     ``fsdp_tp_mlp``)."""
     return term_norms(file.forward_backward, params, x, y, power=power)

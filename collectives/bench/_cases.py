@@ -21,7 +21,7 @@ from jax.sharding import PartitionSpec as P
 
 from collectives import _layout
 from collectives._arrays import dtype_kind
-from collectives._facts.ring import RING_OF
+from collectives._facts.ring_algorithms import RING_OF
 from collectives._layout import Axes
 from collectives._recipe import Recipe
 from collectives._registry import RECIPES

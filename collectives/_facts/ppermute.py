@@ -1,14 +1,14 @@
-"""Point-to-point recipes: ``ppermute_ring`` and ``axis_index``, and the body
-utilities :func:`permute` and :func:`ring_shift`.
+"""The point-to-point recipe ``ppermute_ring``, and the body utilities
+:func:`permute` and :func:`ring_shift`.
 
 ``lax.ppermute`` sends each device's block to one other device. Two rules
 users trip on: a device that no pair sends to receives zeros, and a
 permutation may not repeat a source or a destination.
 
 The bodies, global programs, NumPy oracles and the permutation logic of
-:func:`permute` and :func:`ring_shift` are ``recipes/ppermute.py``'s and
-``recipes/axis_index.py``'s; this module adds the argument checks of the
-public utilities and the facts the library needs about the recipes.
+:func:`permute` and :func:`ring_shift` are ``recipes/ppermute.py``'s; this
+module adds the argument checks of the public utilities and the facts the
+library needs about the recipe.
 """
 
 from __future__ import annotations
@@ -19,18 +19,16 @@ from collections.abc import Sequence
 import numpy as np
 from jax import lax
 
-from collectives import _compat
-from collectives._costs import no_collectives
 from collectives._costs import one_collective
-from collectives._layout import Axes
+from collectives._layout import body_axis_size
 from collectives._layout import by_axis_size
-from collectives._layout import grid_shape
-from collectives._layout import make_spec
+from collectives._layout import one_grid
+from collectives._layout import one_input
+from collectives._layout import rows_on_axes
 from collectives._presentation import BenchSpec
 from collectives._presentation import DiagramSpec
 from collectives._recipe import Recipe
 from collectives._registry import register
-from collectives.recipes import axis_index as index_file
 from collectives.recipes import ppermute as file
 
 
@@ -104,27 +102,6 @@ def check_permutation(perm: Sequence[tuple[int, int]], n: int) -> list[tuple[int
     return pairs
 
 
-def body_axis_size(axis, fn: str) -> int:
-    """``lax.axis_size(axis)`` inside a body, or an error naming the axes in
-    scope; ``fn`` is the public function to name in the message."""
-    names = axis if isinstance(axis, tuple) else (axis,)
-    if not names or not all(isinstance(name, str) for name in names):
-        raise TypeError(
-            f"{fn}: axis must be a mesh axis name or a tuple of them, got "
-            f"{axis!r}.")
-    try:
-        return lax.axis_size(axis)
-    except NameError:
-        try:
-            in_scope = _compat.context_mesh_axis_names()
-        except Exception:  # no mesh in scope at all
-            in_scope = ()
-        raise ValueError(
-            f"{fn}: axis {axis!r} is not bound here (mesh axes in scope: "
-            f"{in_scope}). Fix: call {fn} inside a shard_map or pmap body, with "
-            "axis names of its mesh (or pmap's axis_name).") from None
-
-
 def permute(x, axis, perm: Sequence[tuple[int, int]]):
     """``lax.ppermute`` with the permutation checked first; call inside a body.
 
@@ -184,18 +161,6 @@ def ring_shift(x, axis, shift: int = 1):
     return file.ring_shift(x, axis, int(shift))
 
 
-def _in_specs(axes: Axes):
-    return (make_spec(axes.entry, axes.others_entry),)
-
-
-def _out_specs(axes: Axes):
-    return make_spec(axes.entry, axes.others_entry)
-
-
-def _shapes(axes: Axes, dims):
-    return (grid_shape(axes, dims),)
-
-
 ppermute_ring = register(Recipe(
     name="ppermute_ring", family="core", recipe_file="ppermute.py",
     bench=BenchSpec(
@@ -206,18 +171,6 @@ ppermute_ring = register(Recipe(
     summary="each device sends its block to the next (+1)",
     body=file.ppermute_ring_body,
     program=by_axis_size(file.ppermute_ring_program),
-    oracle=by_axis_size(file.ppermute_ring_numpy), in_specs=_in_specs,
-    out_specs=_out_specs, example_shapes=_shapes,
+    oracle=by_axis_size(file.ppermute_ring_numpy), in_specs=one_input(rows_on_axes),
+    out_specs=rows_on_axes, example_shapes=one_grid,
     pmap_body=file.ppermute_ring_pmap_body))
-
-axis_index = register(Recipe(
-    name="axis_index", family="core", recipe_file="axis_index.py",
-    bench=BenchSpec(
-        lambda x, axis, n: x + lax.axis_index(axis).astype(x.dtype)),
-    diagram=DiagramSpec(relation="local"),
-    cost_model=no_collectives, summary="each device adds its index along the axis",
-    body=index_file.axis_index_body,
-    program=by_axis_size(index_file.axis_index_program),
-    oracle=by_axis_size(index_file.axis_index_numpy),
-    in_specs=_in_specs, out_specs=_out_specs, example_shapes=_shapes,
-    n_terms=lambda axes: 1, dtype_kinds=frozenset({"float", "int", "complex"})))

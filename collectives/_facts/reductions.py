@@ -16,25 +16,15 @@ from jax import lax
 from collectives._costs import one_collective
 from collectives._layout import Axes
 from collectives._layout import by_axis_size
-from collectives._layout import grid_shape
-from collectives._layout import make_spec
+from collectives._layout import one_grid
+from collectives._layout import one_input
+from collectives._layout import rows_on_axes
+from collectives._layout import rows_replicated
 from collectives._presentation import BenchSpec
 from collectives._presentation import DiagramSpec
 from collectives._recipe import Recipe
 from collectives._registry import register
 from collectives.recipes import reductions as file
-
-
-def _in_specs(axes: Axes):
-    return (make_spec(axes.entry, axes.others_entry),)
-
-
-def _out_specs(axes: Axes):
-    return make_spec(None, axes.others_entry)
-
-
-def _shapes(axes: Axes, dims):
-    return (grid_shape(axes, dims),)
 
 
 def _n_terms(axes: Axes) -> int:
@@ -53,7 +43,8 @@ psum = register(Recipe(
     summary="sum of every device's block, on every device",
     body=file.psum_body, program=by_axis_size(file.psum_program),
     oracle=by_axis_size(file.psum_numpy),
-    in_specs=_in_specs, out_specs=_out_specs, example_shapes=_shapes,
+    in_specs=one_input(rows_on_axes), out_specs=rows_replicated,
+    example_shapes=one_grid,
     n_terms=_n_terms, dtype_kinds=_SUMMABLE))
 
 pmean = register(Recipe(
@@ -64,7 +55,8 @@ pmean = register(Recipe(
     summary="mean of every device's block, on every device",
     body=file.pmean_body, program=by_axis_size(file.pmean_program),
     oracle=by_axis_size(file.pmean_numpy),
-    in_specs=_in_specs, out_specs=_out_specs, example_shapes=_shapes,
+    in_specs=one_input(rows_on_axes), out_specs=rows_replicated,
+    example_shapes=one_grid,
     n_terms=lambda axes: axes.size + 1, dtype_kinds=_SUMMABLE))
 
 pmax = register(Recipe(
@@ -75,7 +67,8 @@ pmax = register(Recipe(
     summary="elementwise max over devices, on every device",
     body=file.pmax_body, program=by_axis_size(file.pmax_program),
     oracle=by_axis_size(file.pmax_numpy),
-    in_specs=_in_specs, out_specs=_out_specs, example_shapes=_shapes,
+    in_specs=one_input(rows_on_axes), out_specs=rows_replicated,
+    example_shapes=one_grid,
     dtype_kinds=_ORDERED))
 
 pmin = register(Recipe(
@@ -86,5 +79,6 @@ pmin = register(Recipe(
     summary="elementwise min over devices, on every device",
     body=file.pmin_body, program=by_axis_size(file.pmin_program),
     oracle=by_axis_size(file.pmin_numpy),
-    in_specs=_in_specs, out_specs=_out_specs, example_shapes=_shapes,
+    in_specs=one_input(rows_on_axes), out_specs=rows_replicated,
+    example_shapes=one_grid,
     dtype_kinds=_ORDERED))

@@ -44,9 +44,9 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from collectives._costs import per_device_bytes
-from collectives._facts.permute import body_axis_size
 from collectives._layout import Axes
 from collectives._layout import axis_tuple
+from collectives._layout import body_axis_size
 from collectives._layout import on_axes
 from collectives._presentation import PlanSpec
 from collectives._recipe import WIDE_FLOATS

@@ -18,11 +18,11 @@ from __future__ import annotations
 import functools
 
 from collectives._costs import fixed
-from collectives._facts.permute import body_axis_size
-from collectives._layout import Axes
-from collectives._layout import grid_shape
-from collectives._layout import make_spec
+from collectives._layout import body_axis_size
 from collectives._layout import on_axes
+from collectives._layout import one_grid
+from collectives._layout import one_input
+from collectives._layout import rows_on_axes
 from collectives._recipe import Recipe
 from collectives._registry import register
 from collectives.recipes import halo_exchange as file
@@ -83,14 +83,6 @@ def halo_exchange(x, axis, width: int = 1, *, periodic: bool = True):
 # The file's stencil bodies; the legacy pmap form shifts one mesh axis at a
 # time (vmap maps all but the first), via the file's stepwise_shift.
 
-def _rows_spec(axes: Axes):
-    return make_spec(axes.entry, axes.others_entry)
-
-
-def _halo_shapes(axes: Axes, dims):
-    return (grid_shape(axes, dims),)
-
-
 def _stencil_recipe(name: str, summary: str, periodic: bool) -> Recipe:
     return register(Recipe(
         name=name, recipe_file="halo_exchange.py",
@@ -100,8 +92,8 @@ def _stencil_recipe(name: str, summary: str, periodic: bool) -> Recipe:
                                     shift=file.stepwise_shift),
         program=on_axes(file.stencil_program, periodic=periodic),
         oracle=on_axes(file.stencil_numpy, periodic=periodic),
-        in_specs=lambda axes: (_rows_spec(axes),), out_specs=_rows_spec,
-        example_shapes=_halo_shapes, n_terms=lambda axes: 3,
+        in_specs=one_input(rows_on_axes), out_specs=rows_on_axes,
+        example_shapes=one_grid, n_terms=lambda axes: 3,
         dtype_kinds=frozenset({"float", "int", "complex"})))
 
 

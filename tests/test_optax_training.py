@@ -13,9 +13,9 @@ from jax import lax
 
 import collectives as cx
 from collectives._compat import pvary
-from collectives._facts.grads import mse
-from collectives._facts.training import LR
-from collectives._facts.training import N_STEPS
+from collectives._facts.dp_grads import mse
+from collectives._facts.optax_training import LR
+from collectives._facts.optax_training import N_STEPS
 from collectives.recipes import optax_training as file
 from collectives.testing import assert_forms_agree
 from collectives.testing import compare_arrays

@@ -19,6 +19,9 @@ every key, and two recipes bring them together:
   heads, and a fourth ``all_to_all`` brings the output back to sequence
   sharding. The heads must divide evenly over the devices.
 
+The all-to-all recipe's facts are in :mod:`collectives._facts.all_to_all_attention`,
+which shares this module's checks, layouts and plan facts.
+
 Both compute in float32 at least (``float16``/``bfloat16`` inputs are
 upcast for the scores and the softmax statistics) and return the input
 dtype. The jit form of both recipes is plain dense attention on the global
@@ -26,10 +29,9 @@ arrays; XLA decides the communication.
 
 Mesh axes other than the sequence axes shard the heads.
 
-The bodies, global programs and NumPy oracles are ``recipes/ring_attention.py``'s
-and ``recipes/all_to_all_attention.py``'s; this module adds the facts the
-library needs about them, and the public body functions validate their
-arguments before calling the files' bodies.
+The body, global program and NumPy oracle are ``recipes/ring_attention.py``'s;
+this module adds the facts the library needs about them, and the public body
+function validates its arguments before calling the file's body.
 """
 
 from __future__ import annotations
@@ -38,8 +40,8 @@ import numpy as np
 
 from collectives._costs import block_bytes
 from collectives._costs import per_device_bytes
-from collectives._facts.permute import body_axis_size
 from collectives._layout import Axes
+from collectives._layout import body_axis_size
 from collectives._layout import make_spec
 from collectives._layout import on_axes
 from collectives._layout import with_options
@@ -47,13 +49,12 @@ from collectives._presentation import PlanSpec
 from collectives._recipe import Recipe
 from collectives._registry import register
 from collectives.hlo import Expectation
-from collectives.recipes import all_to_all_attention as a2a_file
 from collectives.recipes import ring_attention as ring_file
 
-_FLOAT = frozenset({"float"})
+FLOAT = frozenset({"float"})
 
 
-def _check_qkv(q, k, v, what: str) -> None:
+def check_qkv(q, k, v, what: str) -> None:
     if q.ndim != 3 or k.shape != q.shape or v.shape != q.shape:
         raise ValueError(
             f"{what}: expected q, k, v of one shape [seq, heads, head_dim], got "
@@ -97,12 +98,12 @@ def ring_attention(q, k, v, axis, *, causal: bool = False):
       >>> bool(np.allclose(got, want, atol=1e-5))
       True
     """
-    _check_qkv(q, k, v, "ring_attention")
+    check_qkv(q, k, v, "ring_attention")
     body_axis_size(axis, "ring_attention")
     return ring_file.ring_attention_body(q, k, v, axis, causal)
 
 
-def _heads_error(heads: int, n: int, axis, what: str) -> ValueError:
+def heads_error(heads: int, n: int, axis, what: str) -> ValueError:
     return ValueError(
         f"{what}: q, k, v have {heads} heads (per device block), which must "
         f"split evenly over the {n} devices along axis {axis!r}. Fix: use a "
@@ -110,57 +111,16 @@ def _heads_error(heads: int, n: int, axis, what: str) -> ValueError:
         "shards only the sequence.")
 
 
-def all_to_all_attention(q, k, v, axis, *, causal: bool = False):
-    """Attention by resharding sequence -> heads and back; call inside a body.
-
-    One ``all_to_all`` each turns ``q``, ``k``, ``v`` from sequence blocks
-    ``[s, H, d]`` into head groups ``[n * s, H / n, d]`` (whole sequences),
-    attention runs locally, and one more ``all_to_all`` turns the output back
-    into sequence blocks. Four all-to-alls, each moving ``(n-1)/n`` of a
-    block; memory per device holds whole sequences for ``H / n`` heads.
-
-    Args:
-      q, k, v: this device's sequence block, ``[s, H, head_dim]`` each.
-      axis: the mesh axis name (or tuple) the sequence is sharded over.
-      causal: mask keys after the query's position.
-
-    Returns:
-      ``[s, H, head_dim]``: this device's rows of the attention output.
-
-    Raises:
-      ValueError: ``H`` is not a multiple of the axis size, the shapes differ,
-        or ``axis`` is not bound.
-
-    Examples:
-      >>> import functools, jax, numpy as np
-      >>> import collectives as cx
-      >>> mesh = cx.make_mesh((4,), "i")
-      >>> q, k, v = np.random.default_rng(0).normal(size=(3, 8, 4, 2))
-      >>> body = functools.partial(cx.all_to_all_attention, axis="i")
-      >>> f = jax.shard_map(body, mesh=mesh, in_specs=(jax.P("i"),) * 3,
-      ...                   out_specs=jax.P("i"))
-      >>> got = jax.jit(f)(q, k, v)
-      >>> want = cx.RECIPES["all_to_all_attention"].reference(q, k, v, mesh=mesh)
-      >>> bool(np.allclose(got, want, atol=1e-5))
-      True
-    """
-    _check_qkv(q, k, v, "all_to_all_attention")
-    n = body_axis_size(axis, "all_to_all_attention")
-    if q.shape[1] % n:
-        raise _heads_error(q.shape[1], n, axis, "all_to_all_attention")
-    return a2a_file.all_to_all_attention_body(q, k, v, axis, causal)
-
-
 # -- recipes ---------------------------------------------------------------
 # Global view: q, k, v [S, H, D], S sharded over the recipe's axes, H over the
 # other mesh axes; output [S, H, D] sharded the same way.
 
-def _specs(axes: Axes):
+def attention_specs(axes: Axes):
     spec = make_spec(axes.entry, axes.others_entry)
     return (spec, spec, spec)
 
 
-def _shapes(heads_per_device: bool):
+def attention_shapes(heads_per_device: bool):
     def shapes(axes: Axes, dims):
         s, h, d = (tuple(dims) * 3)[:3]
         heads = axes.others_size * h * (axes.size if heads_per_device else 1)
@@ -169,13 +129,13 @@ def _shapes(heads_per_device: bool):
     return shapes
 
 
-def _n_terms(axes: Axes) -> int:
+def attention_n_terms(axes: Axes) -> int:
     # exp, sums over the sequence (at most 3 keys per device in the examples)
     # and the rescaling at each ring step
     return 16 * axes.size
 
 
-def _jit_fact(axes: Axes, block: int) -> Expectation:
+def dense_attention_fact(axes: Axes, block: int) -> Expectation:
     # dense attention on sequence-sharded inputs: XLA all-gathers K and V
     # (sequence parallelism by all-gather), each device then computes its rows
     gathered = per_device_bytes("all-gather", block, axes.size)
@@ -188,20 +148,10 @@ def _ring_fact(axes: Axes, args, form: str) -> Expectation:
     jit: two all-gathers of K and V."""
     block = block_bytes(axes, args[0])
     if form == "jit":
-        return _jit_fact(axes, block)
+        return dense_attention_fact(axes, block)
     steps = 2 * (axes.size - 1)
     return Expectation({"collective-permute": steps},
                        {"collective-permute": steps * block})
-
-
-def _all_to_all_fact(axes: Axes, args, form: str) -> Expectation:
-    """shard_map: one all-to-all each for q, k, v and the output; jit: two
-    all-gathers of K and V."""
-    block = block_bytes(axes, args[0])
-    if form == "jit":
-        return _jit_fact(axes, block)
-    moved = per_device_bytes("all-to-all", block, axes.size)
-    return Expectation({"all-to-all": 4}, {"all-to-all": 4 * moved})
 
 
 def _plan_shapes(axes: Axes, model):
@@ -212,14 +162,14 @@ def _plan_shapes(axes: Axes, model):
     return (shape, shape, shape)
 
 
-def _plan(label: str) -> PlanSpec:
+def attention_plan(label: str) -> PlanSpec:
     return PlanSpec(label=label, shapes=_plan_shapes, axis="last", params=(),
                     scope="layer",
                     unit="one attention (q, k, v to output), forward",
                     repeats=lambda axes, model: model.layers)
 
 
-def _check_recipe_args(heads_split: bool, what: str):
+def check_attention_args(heads_split: bool, what: str):
     def validate(axes: Axes, args) -> None:
         q, k, v = (np.shape(x) for x in args)
         if len(q) != 3 or k != q or v != q:
@@ -229,7 +179,7 @@ def _check_recipe_args(heads_split: bool, what: str):
                 "shape.")
         local_heads = q[1] // axes.others_size
         if heads_split and local_heads % axes.size:
-            raise _heads_error(local_heads, axes.size, axes.axis, what)
+            raise heads_error(local_heads, axes.size, axes.axis, what)
     return validate
 
 
@@ -239,17 +189,17 @@ def _ring_recipe(name: str, summary: str, causal: bool) -> Recipe:
     return register(Recipe(
         name=name, summary=summary, family="strategy", recipe_file="ring_attention.py",
         bitwise=False,  # softmax: exp rounds, and the ring sums in another order
-        cost_model=_ring_fact, plan=_plan("SP ring causal" if causal else "SP ring"),
-        body=body,
+        cost_model=_ring_fact,
+        plan=attention_plan("SP ring causal" if causal else "SP ring"), body=body,
         # pmap maps mesh axes after the first with vmap: one axis per ppermute
         pmap_body=with_options(ring_file.ring_attention_body, causal=causal,
                          shift=ring_file.stepwise_shift),
         program=on_axes(ring_file.attention_program, causal=causal),
         oracle=on_axes(ring_file.attention_numpy, causal=causal),
-        in_specs=_specs, out_specs=lambda axes: _specs(axes)[0],
-        example_shapes=_shapes(heads_per_device=False), arg_names=("q", "k", "v"),
-        n_terms=_n_terms, dtype_kinds=_FLOAT, validate=_check_recipe_args(False,
-        name)))
+        in_specs=attention_specs, out_specs=lambda axes: attention_specs(axes)[0],
+        example_shapes=attention_shapes(heads_per_device=False),
+        arg_names=("q", "k", "v"), n_terms=attention_n_terms, dtype_kinds=FLOAT,
+        validate=check_attention_args(False, name)))
 
 
 ring_attention_recipe = _ring_recipe(
@@ -260,20 +210,3 @@ ring_attention_causal_recipe = _ring_recipe(
     "ring_attention_causal",
     "ring attention with a causal mask (blocks above the diagonal masked)",
     causal=True)
-
-
-all_to_all_attention_recipe = register(Recipe(
-    name="all_to_all_attention", family="strategy",
-    recipe_file="all_to_all_attention.py",
-    bitwise=False,  # softmax: exp rounds on any input
-    cost_model=_all_to_all_fact,
-    summary="sequence-sharded attention: all_to_all to heads, local attention, back",
-    # q, k, v: [s, H, d] sequence blocks -> [S, H/n, d] head groups -> [s, H, d]
-    body=a2a_file.all_to_all_attention_body,
-    program=on_axes(a2a_file.attention_program),
-    oracle=on_axes(a2a_file.attention_numpy),
-    in_specs=_specs, out_specs=lambda axes: _specs(axes)[0],
-    example_shapes=_shapes(heads_per_device=True), arg_names=("q", "k", "v"),
-    n_terms=_n_terms, dtype_kinds=_FLOAT,
-    validate=_check_recipe_args(True, "all_to_all_attention"),
-    plan=_plan("SP all-to-all")))

@@ -41,8 +41,8 @@ import jax
 import numpy as np
 
 from collectives._costs import per_device_bytes
-from collectives._facts.grads import check_grads_args
-from collectives._facts.grads import grads_shapes
+from collectives._facts.dp_grads import check_grads_args
+from collectives._facts.dp_grads import grads_shapes
 from collectives._layout import Axes
 from collectives._layout import make_spec
 from collectives._recipe import WIDE_FLOATS

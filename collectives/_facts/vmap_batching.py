@@ -36,9 +36,11 @@ from collectives._costs import fixed
 from collectives._layout import Axes
 from collectives._layout import AxisArg
 from collectives._layout import axis_tuple
-from collectives._layout import grid_shape
 from collectives._layout import make_spec
 from collectives._layout import on_axes
+from collectives._layout import one_grid
+from collectives._layout import one_input
+from collectives._layout import rows_on_axes
 from collectives._recipe import Recipe
 from collectives._registry import register
 from collectives.recipes import vmap_batching as file
@@ -137,10 +139,6 @@ def _unsupported_reason(axes: Axes) -> str | None:
     return None
 
 
-def _shapes(axes: Axes, dims):
-    return (grid_shape(axes, dims),)
-
-
 def _rows_terms(axes: Axes) -> int:
     # One rounding per row added: n devices times k rows, k <= 4 in the
     # example shapes; pass n_terms= to assert_forms_agree for taller blocks.
@@ -148,8 +146,8 @@ def _rows_terms(axes: Axes) -> int:
 
 
 _COMMON = dict(
-    in_specs=lambda axes: (make_spec(axes.entry, axes.others_entry),),
-    example_shapes=_shapes, n_terms=_rows_terms,
+    in_specs=one_input(rows_on_axes),
+    example_shapes=one_grid, n_terms=_rows_terms,
     unsupported_reason=_unsupported_reason,
     # Collectives over a vmapped axis fail shard_map's varying-axes check on
     # JAX 0.8-0.12 (see the module docstring); the pmap form checks the
@@ -173,5 +171,5 @@ vmap_center = register(Recipe(
     # x: [k, m] on each device -> [k, m], each row minus the global mean row
     body=file.vmap_center_body, program=on_axes(file.vmap_center_program),
     oracle=on_axes(file.vmap_center_numpy),
-    out_specs=lambda axes: make_spec(axes.entry, axes.others_entry),
+    out_specs=rows_on_axes,
     dtype_kinds=frozenset({"float"}), **_COMMON))

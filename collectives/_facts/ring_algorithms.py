@@ -32,10 +32,11 @@ from typing import Any
 
 import jax.numpy as jnp
 
-from collectives._facts import gather as _gather
-from collectives._facts import reduce as _reduce
-from collectives._facts.permute import body_axis_size
+from collectives._facts import all_gather as _all_gather
+from collectives._facts import psum_scatter as _psum_scatter
+from collectives._facts import reductions as _reductions
 from collectives._layout import Axes
+from collectives._layout import body_axis_size
 from collectives._layout import by_axis_size
 from collectives._recipe import CostModel
 from collectives._recipe import Recipe
@@ -223,16 +224,16 @@ def _ring_fact(native: Recipe) -> CostModel:
 
 
 ring_all_reduce_recipe = _mirror(
-    _reduce.psum, "ring_all_reduce",
+    _reductions.psum, "ring_all_reduce",
     "psum as ring reduce-scatter + all-gather, 2(n-1) ppermutes (mirrors psum)",
     file.ring_all_reduce, file.all_reduce_program, file.all_reduce_numpy)
 
 ring_all_gather_recipe = _mirror(
-    _gather.all_gather, "ring_all_gather",
+    _all_gather.all_gather, "ring_all_gather",
     "all_gather from n-1 ring ppermutes (mirrors all_gather)",
     file.ring_all_gather, file.all_gather_program, file.all_gather_numpy)
 
 ring_reduce_scatter_recipe = _mirror(
-    _gather.psum_scatter, "ring_reduce_scatter",
+    _psum_scatter.psum_scatter, "ring_reduce_scatter",
     "psum_scatter from n-1 ring ppermutes (mirrors psum_scatter)",
     file.ring_reduce_scatter, file.reduce_scatter_program, file.reduce_scatter_numpy)

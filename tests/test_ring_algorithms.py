@@ -1,6 +1,6 @@
-"""Ring algorithms from ppermute and the halo exchange: equal to the native
-collectives, to a single-device stencil and to the NumPy oracle; the compiled
-programs hold exactly the ppermutes the algorithms call for."""
+"""``recipes/ring_algorithms.py``: all-reduce, all-gather and reduce-scatter
+from ppermute, equal to the native collectives and to the NumPy oracle; the
+compiled programs hold exactly the ppermutes the algorithms call for."""
 
 import functools
 
@@ -14,7 +14,7 @@ from jax import lax
 
 import collectives as cx
 from collectives import _compat
-from collectives._facts.ring import RING_OF
+from collectives._facts.ring_algorithms import RING_OF
 from collectives.hlo import bytes_moved
 from collectives.hlo import collective_stats
 from collectives.testing.strategies import collective_axes
@@ -24,7 +24,6 @@ from helpers import assert_exact_on_a_drawn_case
 from helpers import load_recipe
 
 RING = ("ring_all_reduce", "ring_all_gather", "ring_reduce_scatter")
-HALO = ("halo_exchange", "halo_exchange_open")
 MIRRORS = {ring: native for native, ring in RING_OF.items()}
 
 
@@ -35,11 +34,10 @@ def _examples(ci: int) -> int:
     return min(ci, settings().max_examples)
 
 
-@pytest.mark.parametrize("name", RING + HALO)
+@pytest.mark.parametrize("name", RING)
 @settings(max_examples=_examples(4))
 @given(data=st.data())
 def test_forms_match_oracle_exactly(name, data):
-    # (the halo stencil's |y| <= 32 is exact too)
     assert_exact_on_a_drawn_case(name, data)
 
 
@@ -94,53 +92,6 @@ def test_ring_collectives_equal_the_native_ones_on_every_device(case):
     # would return: the ring results are replicated in value on every device.
     for diff in _per_device(body, mesh, axes, x):
         np.testing.assert_array_equal(diff, 0)
-
-
-@settings(max_examples=_examples(6))
-@given(_blocks(), st.integers(1, 3), st.booleans())
-def test_halo_exchange_matches_padding_the_global_array(case, width, periodic):
-    mesh, axes, x = case
-    rows = x.shape[0] // axes.size
-    width = min(width, rows)
-
-    def body(block, *, axis):
-        return cx.halo_exchange(block, axis, width, periodic=periodic)
-
-    got = _per_device(body, mesh, axes, x).reshape(axes.size, rows + 2 * width, -1)
-    mode = "wrap" if periodic else "constant"
-    padded = np.pad(x, [(width, width), (0, 0)], mode=mode)
-    for d in range(axes.size):
-        # device d sees global rows d*rows - width .. (d+1)*rows + width
-        np.testing.assert_array_equal(got[d], padded[d * rows:(d + 1) * rows
-                                                     + 2 * width])
-
-
-def test_a_five_point_stencil_on_halos_matches_numpy():
-    mesh = cx.make_mesh((4,), "i")
-    x = np.arange(16.0) ** 2
-
-    def stencil(block):  # block: [4] -> [4], radius 2
-        p = cx.halo_exchange(block, "i", 2, periodic=True)
-        return -p[:-4] + 16 * p[1:-3] - 30 * p[2:-2] + 16 * p[3:-1] - p[4:]
-
-    f = jax.jit(jax.shard_map(stencil, mesh=mesh, in_specs=jax.P("i"),
-                              out_specs=jax.P("i")))
-    want = sum(c * np.roll(x, -s) for c, s in
-               zip((-1, 16, -30, 16, -1), (-2, -1, 0, 1, 2), strict=True))
-    np.testing.assert_array_equal(np.asarray(f(x)), want)
-
-
-def test_halo_width_beyond_the_block_is_a_clear_error():
-    mesh = cx.make_mesh((4,), "i")
-    f = jax.shard_map(lambda b: cx.halo_exchange(b, "i", 3), mesh=mesh,
-                      in_specs=jax.P("i"), out_specs=jax.P("i"))
-    with pytest.raises(ValueError,
-                       match=r"width=3 is more than the 2 rows.*width <= 2"):
-        f(np.arange(8.0))
-    g = jax.shard_map(lambda b: cx.halo_exchange(b, "i", 0), mesh=mesh,
-                      in_specs=jax.P("i"), out_specs=jax.P("i"))
-    with pytest.raises(ValueError, match="width: expected an int >= 1, got 0"):
-        g(np.arange(8.0))
 
 
 def test_ring_reduce_scatter_needs_rows_that_split():
@@ -202,20 +153,6 @@ def test_ring_gather_and_scatter_are_n_minus_1_permutes(name, shape, names, axis
         assert stats.bytes() == pytest.approx(bytes_moved("reduce-scatter", block, n))
 
 
-@pytest.mark.parametrize("form", ["shard_map", "jit"])
-@pytest.mark.parametrize("name", HALO)
-def test_halo_exchange_is_two_permutes(name, form):
-    recipe = cx.RECIPES[name]
-    mesh = cx.make_mesh((8,), "i")
-    axes = recipe.axes(mesh)
-    args = recipe.example_args(mesh, dims=(2, 3))
-    stats = collective_stats(recipe.compiled(form, axes),
-                             *recipe.place(*args, axes=axes))
-    # one row of 3 float32 each way
-    assert stats.nonzero() == {"collective-permute": 2}
-    assert stats.bytes() == 2 * 3 * 4
-
-
 def test_recipe_files_agree_with_the_library():
     mesh = cx.make_mesh((8,), "i")
     x = np.random.default_rng(5).integers(-8, 9, size=(64, 3)).astype(np.float32)
@@ -224,7 +161,3 @@ def test_recipe_files_agree_with_the_library():
     for name, got in (("ring_all_reduce", reduced), ("ring_all_gather", gathered),
                       ("ring_reduce_scatter", scattered)):
         np.testing.assert_array_equal(got, cx.RECIPES[name].reference(x, mesh=mesh))
-    halo = load_recipe("halo_exchange")
-    for name, periodic in (("halo_exchange", True), ("halo_exchange_open", False)):
-        np.testing.assert_array_equal(halo.stencil_shard_map(x, mesh, periodic),
-                                      cx.RECIPES[name].reference(x, mesh=mesh))

@@ -1,7 +1,6 @@
 """Gradient averaging: dp_grads in every form, the n-times trap and its fixes,
 tree_pmean, and data-parallel SGD that keeps every device's params identical."""
 
-import functools
 
 import jax
 import numpy as np
@@ -13,11 +12,9 @@ from jax import lax
 
 import collectives as cx
 from collectives import _compat
-from collectives._facts import grads as _grads
+from collectives._facts import dp_grads as _grads
 from collectives.hlo import collective_stats
 from collectives.testing import assert_forms_agree
-from collectives.testing import assert_replicated
-from collectives.testing import tolerance
 from collectives.testing.strategies import recipe_cases
 from helpers import load_recipe
 
@@ -168,40 +165,6 @@ def test_tree_pmean_averages_any_pytree():
             np.testing.assert_array_equal(np.asarray(g), w)  # exact: 8 divides
     # Integer leaves become floats, as with lax.pmean.
     assert np.asarray(f(tree)["n"][0]).dtype == np.float32
-
-
-@functools.cache
-def _training_module():
-    return load_recipe("dp_training")
-
-
-def test_data_parallel_sgd_keeps_params_identical_and_equal_to_one_device():
-    train = _training_module()
-    n, steps = 4, 20  # the recipe file's main() uses 8 devices and 50 steps
-    mesh = cx.make_mesh((n,), "i")
-    params, x, y = train.example(n)
-    one = train.train_one_device(params, x, y, steps)
-    want = train.train_numpy(params, x, y, steps)
-    # The recipe's bound: one step's rounding bound (2 eps per term of a
-    # gradient element) times the steps, since SGD here is a contraction.
-    rtol = train.tolerance(*x.shape, n_steps=steps)
-    assert rtol == pytest.approx(tolerance("float32", steps * (x.shape[0]
-                                                              + x.shape[1] + 4))[0])
-    results = {
-        "pmap": train.train_pmap(params, x, y, n, steps),  # checks its copies
-        "shard_map": train.train_shard_map(params, x, y, mesh, steps),
-        "jit": train.train_jit(params, x, y, mesh, steps),
-    }
-    for form, (trained, losses) in results.items():
-        for name in ("w", "b"):
-            got = trained[name]
-            if form != "pmap":
-                assert_replicated(got, name=f"{form} {name}")  # bitwise, per device
-            np.testing.assert_allclose(np.asarray(got), np.asarray(one[name]),
-                                       rtol=rtol, atol=rtol, err_msg=form)
-            np.testing.assert_allclose(np.asarray(got), want[name], rtol=rtol,
-                                       atol=rtol, err_msg=form)
-        assert losses[-1] < losses[0] / 10, form
 
 
 def test_dp_grads_rejects_parameters_that_do_not_fit():

@@ -39,8 +39,8 @@ from jax.sharding import PartitionSpec as P
 
 from collectives._costs import compiled_for
 from collectives._costs import reshards_minor_axis
-from collectives._facts.permute import body_axis_size
 from collectives._layout import Axes
+from collectives._layout import body_axis_size
 from collectives._layout import on_axes
 from collectives._recipe import Recipe
 from collectives._registry import register
