@@ -1,7 +1,8 @@
 """The Sphinx extensions in docs/_ext, which need the docs extra (Sphinx).
 
 Skipped where Sphinx is not installed; CI runs this file in its docs venv
-(``.ci/run``'s docs step).
+(``.ci/run``'s docs step), and ``tools/never_run.py`` fails CI if no venv
+runs it.
 """
 
 import ast
