@@ -123,3 +123,74 @@ def test_venvs_install_the_release_and_the_test_extra_with_pip_or_uv(
         assert install[:3] == ["/opt/uv", "pip", "install"]
         assert "--compile-bytecode" in install  # else every import recompiles
         assert install[install.index("--python") + 1] == f"{venv}/bin/python"
+
+
+def _result(recipes, **extra):
+    return {"jax": "0.8.0", "python": "3.11", "date": "2026-11-30",
+            "commit": "abc1234", "install": {"ok": True},
+            "probes": {"lax_pvary": True}, "check": {"agree": 2, "disagree": 0},
+            "tests": {"passed": 9}, "recipes": recipes, **extra}
+
+
+def test_unmeasured_rows_are_named_per_recipe(matrix):
+    results = {"0.8.0": _result({"psum": {"ok": True}}),
+               "0.9.0": _result({"psum": {"ok": True}, "new": {"ok": True}}),
+               "0.9.1": {"install": {"ok": False, "detail": "no wheel"}}}
+    assert matrix.unmeasured(results, ["psum", "new"]) == {"new": ["0.8.0"]}
+
+
+def test_missing_checks_only_the_lacking_recipes_and_merges_their_rows(
+        matrix, monkeypatch, tmp_path, capsys):
+    results = tmp_path / "results"
+    results.mkdir()
+    stored = {"0.8.0": _result({"psum": {"ok": True}}),  # lacks "new"
+              "0.8.1": _result({"psum": {"ok": True}, "new": {"ok": True}}),
+              "0.11.0": _result({"psum": {"ok": True}}, python="3.12")}  # idem
+    for release, result in stored.items():
+        result["jax"] = release
+        matrix.result_path(release, results).write_text(json.dumps(result))
+    built, checked = [], []
+
+    def make_venv(release, python, venv, **kwargs):
+        built.append(release)
+        if python == "3.12":
+            return {"ok": False, "detail": "FileNotFoundError: python3.12 not found"}
+        return {"ok": True, "detail": "reused"}
+
+    def run_check(venv, work, names=()):
+        checked.append((venv.name, list(names)))
+        return ({"agree": 3, "disagree": 1, "seconds": 1.0},
+                {"new": {"ok": False, "rows": 4, "failed": 1, "reason": "R"}})
+
+    monkeypatch.setattr(matrix, "registered_recipes", lambda *a: ["psum", "new"])
+    monkeypatch.setattr(matrix, "build_wheel", lambda out: "w.whl")
+    monkeypatch.setattr(matrix, "make_venv", make_venv)
+    monkeypatch.setattr(matrix, "run_check", run_check)
+    assert matrix.main(["--missing", "--results", str(results),
+                        "--venv-root", str(tmp_path / "venvs")]) == 0
+    # Only the releases lacking a row are built; only the lacking recipe checked.
+    assert built == ["0.8.0", "0.11.0"]
+    assert checked == [("jax-0.8.0", ["new"])]
+    merged = json.loads(matrix.result_path("0.8.0", results).read_text())
+    recipes = merged.pop("recipes")
+    new = recipes.pop("new")
+    assert recipes == stored["0.8.0"]["recipes"]
+    assert new["reason"] == "R" and new["date"] and new["commit"]
+    assert merged.pop("check") == {"agree": 5, "disagree": 1}
+    # Probes, tests, the release's date and commit: as they were.
+    assert merged == {k: v for k, v in stored["0.8.0"].items()
+                      if k not in ("recipes", "check")}
+    # The release this machine has no Python for keeps its file as it was.
+    assert json.loads(matrix.result_path("0.11.0", results).read_text()) == (
+        stored["0.11.0"])
+    out = capsys.readouterr().out
+    assert "filled new: fails: R" in out
+    assert "1 rows measured and merged" in out
+    assert "not measured here: jax 0.11.0" in out
+
+
+def test_missing_refuses_strict_with_the_reason(matrix, capsys):
+    with pytest.raises(SystemExit):
+        matrix.main(["--missing", "--strict"])
+    assert "--missing adds rows to the results" in capsys.readouterr().err
+
