@@ -65,3 +65,38 @@ def test_compat_matrices_scroll_in_a_box_that_keeps_their_labels(docs_ext):
         box = re.search(r"```\{container\} compat-matrix\n\n(.*?)```", text, re.S)
         assert box and row in box.group(1), text
 
+
+def test_a_recipe_no_result_measured_is_shown_as_not_yet_measured(docs_ext):
+    import compat_matrix
+
+    results = {"0.8.0": {"recipes": {"psum": {"ok": True}}},
+               "0.9.0": {"recipes": {"psum": {"ok": True},
+                                     "throwaway": {"ok": True}}},
+               "0.9.1": {"recipes": {"psum": {"ok": True}}}}
+    text = compat_matrix.recipes_table(results, ["psum", "throwaway"], {})
+    assert "| `throwaway` | ? | ✓ | ? |" in text, text
+    assert "- `throwaway`: 0.8.0, 0.9.1" in text, text
+    assert "Not yet measured" in text and "--missing" in text, text
+    assert "Every recipe agrees" not in text, text
+    measured = {release: {"recipes": {"psum": {"ok": True}}} for release in results}
+    assert "Every recipe agrees" in compat_matrix.recipes_table(
+        measured, ["psum"], {})
+    # A failure is still a failure, listed with its reason, next to the gaps.
+    results["0.9.0"]["recipes"]["psum"] = {"ok": False, "reason": "R1"}
+    text = compat_matrix.recipes_table(results, ["psum", "throwaway"], {"psum": "W"})
+    assert "| `psum` | ✓ | ✗ [1] | ✓ |" in text, text
+    assert "1. psum on 0.9.0: R1 Workaround: W" in text, text
+    assert "- `throwaway`: 0.8.0, 0.9.1" in text, text
+
+
+def test_rows_measured_after_their_release_are_listed_with_their_commit(docs_ext):
+    import compat_matrix
+
+    run = {"python": "3.11", "date": "2026-11-30", "commit": "abc1234",
+           "install": {"ok": True}, "check": {"agree": 5, "disagree": 0}}
+    results = {"0.8.0": {**run, "recipes": {
+        "psum": {"ok": True},
+        "throwaway": {"ok": True, "date": "2026-12-02", "commit": "def5678"}}}}
+    text = compat_matrix.releases_table(results)
+    assert "jax 0.8.0: `throwaway` (2026-12-02, `def5678`)" in text, text
+    assert "`psum` (" not in text, text

@@ -1,9 +1,13 @@
 """tools/jax_matrix.py (the release matrix) and ``check --json``, which it reads."""
 
 import json
+import re
+import shutil
+import textwrap
 
 import pytest
 
+from helpers import ROOT
 from helpers import load_matrix
 from helpers import run_python
 
@@ -132,11 +136,19 @@ def _result(recipes, **extra):
             "tests": {"passed": 9}, "recipes": recipes, **extra}
 
 
-def test_unmeasured_rows_are_named_per_recipe(matrix):
+def test_unmeasured_rows_are_named_per_recipe_and_failures_need_a_workaround(matrix):
     results = {"0.8.0": _result({"psum": {"ok": True}}),
-               "0.9.0": _result({"psum": {"ok": True}, "new": {"ok": True}}),
+               "0.9.0": _result({"psum": {"ok": False, "reason": "R1"},
+                                 "new": {"ok": False, "reason": ""}}),
                "0.9.1": {"install": {"ok": False, "detail": "no wheel"}}}
     assert matrix.unmeasured(results, ["psum", "new"]) == {"new": ["0.8.0"]}
+    assert matrix.failing_rows(results["0.8.0"], {}) == {}
+    wrong = matrix.failing_rows(results["0.9.0"], {})
+    assert "psum disagrees with its oracle (R1)" in wrong["psum"]
+    assert "workarounds.json" in wrong["psum"]
+    assert wrong["new"] == "new fails and its row gives no reason"
+    assert list(matrix.failing_rows(results["0.9.0"], {"psum": "W", "new": "W"})) == [
+        "new"]
 
 
 def test_missing_checks_only_the_lacking_recipes_and_merges_their_rows(
@@ -194,3 +206,47 @@ def test_missing_refuses_strict_with_the_reason(matrix, capsys):
         matrix.main(["--missing", "--strict"])
     assert "--missing adds rows to the results" in capsys.readouterr().err
 
+
+THROWAWAY = textwrap.dedent("""
+    # Two recipes registered with the registry's own API before the tests
+    # collect: one that no results file has a row for, one measured failing.
+    import dataclasses
+
+    import collectives as cx
+    from collectives._registry import register
+
+    for name in ("throwaway_unmeasured", "throwaway_disagrees"):
+        register(dataclasses.replace(cx.RECIPES["psum"], name=name))
+""")
+
+
+def test_a_new_recipe_is_not_yet_measured_and_a_measured_failure_still_fails(
+        tmp_path):
+    # tests/test_compat_results.py itself, in a copy of the repository whose
+    # 0.8.0 result measured one of the two new recipes failing.
+    root = tmp_path / "repo"
+    shutil.copytree(ROOT, root, symlinks=True, ignore=shutil.ignore_patterns(
+        ".git", "__pycache__", ".hypothesis", ".pytest_cache", ".ruff_cache",
+        ".tox", "*.egg-info", "build", "_build", "_generated"))
+    (root / "throwaway_recipes.py").write_text(THROWAWAY)
+    path = root / "docs" / "compat" / "results" / "jax-0.8.0.json"
+    result = json.loads(path.read_text())
+    result["recipes"]["throwaway_disagrees"] = {
+        "ok": False, "rows": 4, "failed": 1,
+        "reason": "mesh 8 axis i float32: AssertionError: 3 of 8 elements differ"}
+    path.write_text(json.dumps(result))
+    ran = run_python("-m", "pytest", "-p", "throwaway_recipes", "-p",
+                     "no:cacheprovider", "-n", "0", "-q", "-rfs",
+                     "tests/test_compat_results.py", cwd=root, check=False,
+                     env={"JAX_PLATFORMS": "cpu"})
+    out = ran.stdout + ran.stderr
+    test = "tests/test_compat_results.py::test_the_recipe_agrees_on_every_release"
+    assert re.findall(r"^FAILED (\S+)", out, re.M) == [
+        f"{test}[throwaway_disagrees]"], out
+    assert ("jax 0.8.0: throwaway_disagrees disagrees with its oracle (mesh 8 axis "
+            "i float32: AssertionError: 3 of 8 elements differ)") in out, out
+    releases = " ".join(load_matrix().read_releases())
+    assert re.search(r"^SKIPPED \[1\] tests/test_compat_results.py:\d+: not yet "
+                     rf"measured: throwaway_unmeasured on jax {re.escape(releases)}\. "
+                     r"Fix: run `python tools/jax_matrix.py --missing`", out, re.M), out
+    assert re.search(r"^1 failed, \d+ passed, 1 skipped in ", out, re.M), out

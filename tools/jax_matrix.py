@@ -14,9 +14,10 @@ tree on ``PYTHONPATH`` so the code under test is the checkout's:
 
 and writes ``docs/compat/results/jax-<V>.json``, from which the docs page
 ``docs/compatibility.md`` is rendered and which ``tests/test_compat_results.py``
-checks for staleness (``--missing`` measures just the recipes a file has no
-row for, on the releases whose Python this machine has, and merges their rows
-into the files). Only the standard library is needed to run it::
+checks for staleness (a recipe a file has no row for is "not yet
+measured" there; ``--missing`` measures just those rows, on the releases
+whose Python this machine has, and merges them into the files). Only the
+standard library is needed to run it::
 
     python tools/jax_matrix.py                 # every release (tox -e matrix)
     python tools/jax_matrix.py --spread        # first release, newest of each minor
@@ -46,6 +47,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 RELEASES_FILE = ROOT / "tools" / "jax_releases.txt"
 RESULTS_DIR = ROOT / "docs" / "compat" / "results"
+WORKAROUNDS = ROOT / "docs" / "compat" / "workarounds.json"
 PROBES_SCRIPT = ROOT / "tools" / "jax_probes.py"
 DEFAULT_VENV_ROOT = ROOT / ".tox" / "matrix"
 
@@ -107,6 +109,11 @@ def load_results(results_dir: Path = RESULTS_DIR) -> dict[str, dict]:
     return dict(sorted(found.items(), key=lambda item: version_key(item[0])))
 
 
+def load_workarounds(path: Path = WORKAROUNDS) -> dict[str, str]:
+    """Recipe -> what to write where it fails (``docs/compat/workarounds.json``)."""
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
 def unmeasured(results: dict[str, dict], recipes) -> dict[str, list[str]]:
     """Recipe -> the releases whose result has no row for it, in release order:
     not yet measured there (``--missing`` measures them). Releases that did
@@ -118,6 +125,23 @@ def unmeasured(results: dict[str, dict], recipes) -> dict[str, list[str]]:
                 if name not in result.get("recipes", {}):
                     lacking.setdefault(name, []).append(release)
     return lacking
+
+
+def failing_rows(result: dict, workarounds: dict[str, str]) -> dict[str, str]:
+    """Recipe -> what is wrong, for the measured rows of one release that
+    fail with no reason, or with no workaround in ``docs/compat/workarounds.json``
+    (the compatibility page shows each failure with its workaround)."""
+    wrong = {}
+    for name, entry in result.get("recipes", {}).items():
+        if entry["ok"]:
+            continue
+        if not entry["reason"]:
+            wrong[name] = f"{name} fails and its row gives no reason"
+        elif name not in workarounds:
+            wrong[name] = (f"{name} disagrees with its oracle ({entry['reason']}) "
+                           "and docs/compat/workarounds.json has no workaround "
+                           "for it")
+    return wrong
 
 
 def probe_docs(path: Path = PROBES_SCRIPT) -> dict[str, tuple[str, str]]:
