@@ -151,6 +151,34 @@ def test_unmeasured_rows_are_named_per_recipe_and_failures_need_a_workaround(mat
         "new"]
 
 
+def test_filled_rows_are_the_recipes_the_committed_result_lacks(matrix):
+    committed = _result({"psum": {"ok": True}})
+    new = _result({"psum": {"ok": True}, "a": {"ok": True},
+                   "b": {"ok": False, "reason": "R2"}})
+    assert matrix.filled_rows(new, committed) == ["a: agrees", "b: fails: R2"]
+    assert matrix.filled_rows(committed, committed) == []
+
+
+def test_a_run_elsewhere_prints_the_rows_the_committed_results_lack(
+        matrix, monkeypatch, tmp_path, capsys):
+    # CI's matrix step: a full run into --results elsewhere, where a recipe
+    # added since the committed run gets its first row.
+    committed = matrix.load_results()["0.8.0"]
+
+    def run_release(release, python, args, log):
+        return {**committed, "recipes": {**committed["recipes"],
+                                         "throwaway": {"ok": True}}}
+
+    monkeypatch.setattr(matrix, "build_wheel", lambda out: "w.whl")
+    monkeypatch.setattr(matrix, "run_release", run_release)
+    assert matrix.main(["--releases", "0.8.0", "--strict",
+                        "--results", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "FILLED (not yet in docs/compat/results): throwaway: agrees" in out
+    assert "measured 1 rows that docs/compat/results lacks (jax 0.8.0)" in out
+    assert "python tools/jax_matrix.py --missing" in out
+
+
 def test_missing_checks_only_the_lacking_recipes_and_merges_their_rows(
         matrix, monkeypatch, tmp_path, capsys):
     results = tmp_path / "results"

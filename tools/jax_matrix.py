@@ -461,9 +461,17 @@ def _verdict(entry: dict) -> str:
     return "agrees" if entry["ok"] else f"fails: {entry['reason']}"
 
 
+def filled_rows(new: dict, committed: dict) -> list[str]:
+    """The recipes ``new`` measured that the committed result has no row for
+    (not yet measured there): one line each."""
+    known = committed.get("recipes", {})
+    return [f"{name}: {_verdict(entry)}"
+            for name, entry in new.get("recipes", {}).items() if name not in known]
+
+
 def regressions(new: dict, committed: dict) -> list[str]:
-    """What fails in ``new`` but passed in the committed result, and probes
-    whose answer changed: one line each."""
+    """What fails in ``new`` but passed in the committed result (or was not
+    yet measured there), and probes whose answer changed: one line each."""
     lines = []
     if not new["install"]["ok"]:
         return [f"install failed: {new['install']['detail']}"]
@@ -617,6 +625,12 @@ def main(argv=None) -> int:
         worse = regressions(result, committed.get(release, {}))
         for line in worse:
             log(f"  NEW: {line}")
+        new_rows = filled_rows(result, committed[release]) if release in committed \
+            else []
+        for line in new_rows:
+            log(f"  FILLED (not yet in docs/compat/results): {line}")
+        if new_rows:
+            filled.append((release, new_rows))
         if lines:
             print_now("\n".join(lines))
         return bool(worse)
@@ -635,6 +649,12 @@ def main(argv=None) -> int:
             print(f"not measured here: jax {' '.join(v for v, _ in unmeasurable)} "
                   "(their rows stay not yet measured)")
         return 0
+    if filled:
+        print(f"measured {sum(len(rows) for _, rows in filled)} rows that "
+              f"docs/compat/results lacks (jax {' '.join(v for v, _ in filled)}).")
+        if Path(args.results).resolve() != RESULTS_DIR.resolve():
+            print("To commit them (and the other releases' missing rows): "
+                  "python tools/jax_matrix.py --missing && git add docs/compat/results")
     print(f"{len(chosen) - bad} of {len(chosen)} releases as committed; results "
           f"in {args.results}")
     return 1 if bad and args.strict else 0
