@@ -75,6 +75,11 @@ def test_allowed_tests_pass_with_their_reason(tree, capsys):
     other = _report(tree / "two.xml", {A: "needs the docs extra"})
     assert never_run.never_run([other], tree, allowed)[0] == {
         "tests/test_a.py::test_x[0.8.0-psum]": "needs the docs extra"}
+    # One matching skip among the reports is enough: the default run skips
+    # it for its marker, its own step for the reason allowed.
+    step = _report(tree / "step.xml", {A: "runs with -m documented"})
+    assert never_run.never_run([step, report], tree, allowed) == (
+        {}, {"tests/test_a.py::test_x[0.8.0-psum]": "no accelerator in CI"})
 
 
 def test_node_ids_name_the_file_classes_and_doctests():
