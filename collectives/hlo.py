@@ -112,9 +112,11 @@ class Collective:
       size: ``V`` of the cost model, in bytes.
       bytes: bytes each device sends, ``bytes_moved(kind, size, group_size)``.
       groups: the device ids of each replica group (a permute's
-        source-target pairs) as written, empty where XLA names mesh axes
-        instead or where the group is every device.
-      axis_names: the mesh axes XLA names as the groups, if it does.
+        source-target pairs), however XLA writes them (ids, an iota, a
+        mesh's axes); empty where the group is every device.
+      axis_names: mesh axes the collective runs over, where a caller names
+        them instead of giving groups; the HLO reader leaves it empty (the
+        axis names XLA prints are its own, not the mesh's).
       dtype: the element type of its (first) operand, as HLO writes it
         (``"f32"``, ``"bf16"``, ``"s32"``).
     """
@@ -131,7 +133,21 @@ class Collective:
 
     def mesh_axes(self, mesh: jax.sharding.Mesh) -> tuple[str, ...]:
         """The axes of ``mesh`` (the one the program was compiled for) that
-        this collective runs over, in mesh order."""
+        this collective runs over, in mesh order: those along which the
+        devices of a group differ.
+
+        Examples:
+          >>> import jax, numpy as np
+          >>> import collectives as cx
+          >>> from collectives.hlo import collective_stats
+          >>> mesh = cx.make_mesh((4, 2), ("data", "model"))
+          >>> x = jax.ShapeDtypeStruct((16, 4), np.float32,
+          ...     sharding=jax.sharding.NamedSharding(mesh, jax.P("data")))
+          >>> f = jax.jit(lambda x: x.sum(0), out_shardings=
+          ...     jax.sharding.NamedSharding(mesh, jax.P()))
+          >>> [op.mesh_axes(mesh) for op in collective_stats(f, x).ops]
+          [('data',)]
+        """
         return spanned_axes(self.groups, self.axis_names, tuple(mesh.axis_names),
                             tuple(mesh.devices.shape))
 
@@ -320,21 +336,6 @@ def shape_bytes(shape: str) -> int:
     return int(total)
 
 
-def _group_size(attrs: str, default: int) -> int:
-    match = re.search(r"replica_groups=mesh\[([^\]]*)\][^{]*\{([^}]*)\}", attrs)
-    if match:
-        sizes = dict(re.findall(r"'([^']+)'=(\d+)", match.group(1)))
-        names = re.findall(r"'([^']+)'", match.group(2))
-        return math.prod(int(sizes[n]) for n in names) if names else default
-    match = re.search(r"replica_groups=\[(\d+),(\d+)\]<=", attrs)
-    if match:
-        return int(match.group(2))
-    match = re.search(r"replica_groups=\{\{([^}]*)\}", attrs)
-    if match:
-        return len([d for d in match.group(1).split(",") if d.strip()])
-    return default
-
-
 def _pair_count(attrs: str) -> int:
     start = attrs.find("source_target_pairs=")
     if start < 0:
@@ -408,13 +409,13 @@ def parse_collectives(text: str) -> CollectiveStats:
             in_bytes += shape_bytes(shape)
             element = _ARRAY.search(shape)
             dtype = dtype or (element.group(1) if element else "")
+        groups, axis_names = parse_groups(attrs)
         if kind == "collective-permute":
             n = _pair_count(attrs)
             size = in_bytes
         else:
-            n = _group_size(attrs, devices)
+            n = len(groups[0]) if groups else devices
             size = in_bytes * n if kind in ("all-gather", "all-to-all") else in_bytes
-        groups, axis_names = parse_groups(attrs)
         ops.append(Collective(kind=kind, name=name, group_size=n,
                               operand_bytes=in_bytes, size=size,
                               bytes=bytes_moved(kind, size, n), groups=groups,

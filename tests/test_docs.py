@@ -1,7 +1,8 @@
 """The documentation's sources: code that runs, references that exist, pages reachable.
 
 The site itself is built (warnings as errors) by ``tox -e docs`` and in CI;
-these checks need no Sphinx and run with the suite.
+these checks need no Sphinx and run with the suite (the docs extensions' own
+tests, which need it, are in test_docs_extensions.py).
 """
 
 import ast
@@ -189,55 +190,6 @@ def test_pitfall_counts_in_prose_come_from_the_table():
     readme = (DOCS.parent / "README.md").read_text()
     typed = re.findall(rf"\b({words}) pitfalls\b", readme, re.I)
     assert [t.lower() for t in typed] == [facts["number_word"](len(sections))], typed
-
-
-@pytest.fixture
-def docs_ext(monkeypatch):
-    pytest.importorskip("sphinx", reason="the docs extensions need the docs extra")
-    monkeypatch.syspath_prepend(str(DOCS / "_ext"))
-
-
-def test_gallery_pages_are_titled_by_their_recipes_and_index_them(docs_ext):
-    # A search for a recipe's name finds its page first: the page's title
-    # names it and the page holds a main index entry for it.
-    import gallery
-    from gallery_sections import sections
-
-    core = {name for name, recipe in RECIPES.items() if recipe.family == "core"}
-    seen = set()
-    for _, members in sections(RECIPE_FILES):
-        for path, names in members:
-            doc = ast.get_docstring(ast.parse(path.read_text()))
-            title = gallery.page_title(gallery.docstring_markdown(doc)[0],
-                                       names, path.stem)
-            words = set(re.findall(r"[\w*]+", title))
-            for name in names:
-                assert name in words or any(
-                    w.endswith("*") and name.startswith(w[:-1]) for w in words), (
-                    path.name, name, title)
-            entries = gallery.index_entries(names)
-            assert all(f"! {name}" in entries[0] for name in names), entries
-            assert title not in (path.stem, f"{path.stem}.py"), title
-            seen |= core & set(names)
-    assert seen == core
-    assert gallery.page_title("All-reduce: psum and pmean in three forms",
-                              ["psum", "pmean"], "reductions") == (
-        "All-reduce: psum, pmean")
-    assert gallery.page_title("Matmuls", ["mm", "mm_a", "mm_b", "other"], "mm") == (
-        "Mm: mm*, other")
-
-
-def test_compat_matrices_scroll_in_a_box_that_keeps_their_labels(docs_ext):
-    import compat_matrix
-
-    results = {"0.8.0": {"recipes": {"psum": {"ok": True}},
-                         "probes": {"p": True}},
-               "0.9.0": {"recipes": {"psum": {"ok": True}}, "probes": {}}}
-    recipes = compat_matrix.recipes_table(results, ["psum"], {})
-    apis = compat_matrix.apis_table(results, {"p": ("a probe", "")})
-    for text, row in ((recipes, "| `psum` | ✓ | ✓ |"), (apis, "| `p` | ● | · |")):
-        box = re.search(r"```\{container\} compat-matrix\n\n(.*?)```", text, re.S)
-        assert box and row in box.group(1), text
 
 
 def _browser_check():

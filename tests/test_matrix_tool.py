@@ -1,9 +1,13 @@
 """tools/jax_matrix.py (the release matrix) and ``check --json``, which it reads."""
 
 import json
+import re
+import shutil
+import textwrap
 
 import pytest
 
+from helpers import ROOT
 from helpers import load_matrix
 from helpers import run_python
 
@@ -123,3 +127,154 @@ def test_venvs_install_the_release_and_the_test_extra_with_pip_or_uv(
         assert install[:3] == ["/opt/uv", "pip", "install"]
         assert "--compile-bytecode" in install  # else every import recompiles
         assert install[install.index("--python") + 1] == f"{venv}/bin/python"
+
+
+def _result(recipes, **extra):
+    return {"jax": "0.8.0", "python": "3.11", "date": "2026-11-30",
+            "commit": "abc1234", "install": {"ok": True},
+            "probes": {"lax_pvary": True}, "check": {"agree": 2, "disagree": 0},
+            "tests": {"passed": 9}, "recipes": recipes, **extra}
+
+
+def test_unmeasured_rows_are_named_per_recipe_and_failures_need_a_workaround(matrix):
+    results = {"0.8.0": _result({"psum": {"ok": True}}),
+               "0.9.0": _result({"psum": {"ok": False, "reason": "R1"},
+                                 "new": {"ok": False, "reason": ""}}),
+               "0.9.1": {"install": {"ok": False, "detail": "no wheel"}}}
+    assert matrix.unmeasured(results, ["psum", "new"]) == {"new": ["0.8.0"]}
+    assert matrix.failing_rows(results["0.8.0"], {}) == {}
+    wrong = matrix.failing_rows(results["0.9.0"], {})
+    assert "psum disagrees with its oracle (R1)" in wrong["psum"]
+    assert "workarounds.json" in wrong["psum"]
+    assert wrong["new"] == "new fails and its row gives no reason"
+    assert list(matrix.failing_rows(results["0.9.0"], {"psum": "W", "new": "W"})) == [
+        "new"]
+
+
+def test_filled_rows_are_the_recipes_the_committed_result_lacks(matrix):
+    committed = _result({"psum": {"ok": True}})
+    new = _result({"psum": {"ok": True}, "a": {"ok": True},
+                   "b": {"ok": False, "reason": "R2"}})
+    assert matrix.filled_rows(new, committed) == ["a: agrees", "b: fails: R2"]
+    assert matrix.filled_rows(committed, committed) == []
+
+
+def test_a_run_elsewhere_prints_the_rows_the_committed_results_lack(
+        matrix, monkeypatch, tmp_path, capsys):
+    # CI's matrix step: a full run into --results elsewhere, where a recipe
+    # added since the committed run gets its first row.
+    committed = matrix.load_results()["0.8.0"]
+
+    def run_release(release, python, args, log):
+        return {**committed, "recipes": {**committed["recipes"],
+                                         "throwaway": {"ok": True}}}
+
+    monkeypatch.setattr(matrix, "build_wheel", lambda out: "w.whl")
+    monkeypatch.setattr(matrix, "run_release", run_release)
+    assert matrix.main(["--releases", "0.8.0", "--strict",
+                        "--results", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "FILLED (not yet in docs/compat/results): throwaway: agrees" in out
+    assert "measured 1 rows that docs/compat/results lacks (jax 0.8.0)" in out
+    assert "python tools/jax_matrix.py --missing" in out
+
+
+def test_missing_checks_only_the_lacking_recipes_and_merges_their_rows(
+        matrix, monkeypatch, tmp_path, capsys):
+    results = tmp_path / "results"
+    results.mkdir()
+    stored = {"0.8.0": _result({"psum": {"ok": True}}),  # lacks "new"
+              "0.8.1": _result({"psum": {"ok": True}, "new": {"ok": True}}),
+              "0.11.0": _result({"psum": {"ok": True}}, python="3.12")}  # idem
+    for release, result in stored.items():
+        result["jax"] = release
+        matrix.result_path(release, results).write_text(json.dumps(result))
+    built, checked = [], []
+
+    def make_venv(release, python, venv, **kwargs):
+        built.append(release)
+        if python == "3.12":
+            return {"ok": False, "detail": "FileNotFoundError: python3.12 not found"}
+        return {"ok": True, "detail": "reused"}
+
+    def run_check(venv, work, names=()):
+        checked.append((venv.name, list(names)))
+        return ({"agree": 3, "disagree": 1, "seconds": 1.0},
+                {"new": {"ok": False, "rows": 4, "failed": 1, "reason": "R"}})
+
+    monkeypatch.setattr(matrix, "registered_recipes", lambda *a: ["psum", "new"])
+    monkeypatch.setattr(matrix, "build_wheel", lambda out: "w.whl")
+    monkeypatch.setattr(matrix, "make_venv", make_venv)
+    monkeypatch.setattr(matrix, "run_check", run_check)
+    assert matrix.main(["--missing", "--results", str(results),
+                        "--venv-root", str(tmp_path / "venvs")]) == 0
+    # Only the releases lacking a row are built; only the lacking recipe checked.
+    assert built == ["0.8.0", "0.11.0"]
+    assert checked == [("jax-0.8.0", ["new"])]
+    merged = json.loads(matrix.result_path("0.8.0", results).read_text())
+    recipes = merged.pop("recipes")
+    new = recipes.pop("new")
+    assert recipes == stored["0.8.0"]["recipes"]
+    assert new["reason"] == "R" and new["date"] and new["commit"]
+    assert merged.pop("check") == {"agree": 5, "disagree": 1}
+    # Probes, tests, the release's date and commit: as they were.
+    assert merged == {k: v for k, v in stored["0.8.0"].items()
+                      if k not in ("recipes", "check")}
+    # The release this machine has no Python for keeps its file as it was.
+    assert json.loads(matrix.result_path("0.11.0", results).read_text()) == (
+        stored["0.11.0"])
+    out = capsys.readouterr().out
+    assert "filled new: fails: R" in out
+    assert "1 rows measured and merged" in out
+    assert "not measured here: jax 0.11.0" in out
+
+
+def test_missing_refuses_strict_with_the_reason(matrix, capsys):
+    with pytest.raises(SystemExit):
+        matrix.main(["--missing", "--strict"])
+    assert "--missing adds rows to the results" in capsys.readouterr().err
+
+
+THROWAWAY = textwrap.dedent("""
+    # Two recipes registered with the registry's own API before the tests
+    # collect: one that no results file has a row for, one measured failing.
+    import dataclasses
+
+    import collectives as cx
+    from collectives._registry import register
+
+    for name in ("throwaway_unmeasured", "throwaway_disagrees"):
+        register(dataclasses.replace(cx.RECIPES["psum"], name=name))
+""")
+
+
+def test_a_new_recipe_is_not_yet_measured_and_a_measured_failure_still_fails(
+        tmp_path):
+    # tests/test_compat_results.py itself, in a copy of the repository whose
+    # 0.8.0 result measured one of the two new recipes failing.
+    root = tmp_path / "repo"
+    shutil.copytree(ROOT, root, symlinks=True, ignore=shutil.ignore_patterns(
+        ".git", "__pycache__", ".hypothesis", ".pytest_cache", ".ruff_cache",
+        ".tox", "*.egg-info", "build", "_build", "_generated"))
+    (root / "throwaway_recipes.py").write_text(THROWAWAY)
+    path = root / "docs" / "compat" / "results" / "jax-0.8.0.json"
+    result = json.loads(path.read_text())
+    result["recipes"]["throwaway_disagrees"] = {
+        "ok": False, "rows": 4, "failed": 1,
+        "reason": "mesh 8 axis i float32: AssertionError: 3 of 8 elements differ"}
+    path.write_text(json.dumps(result))
+    ran = run_python("-m", "pytest", "-p", "throwaway_recipes", "-p",
+                     "no:cacheprovider", "-n", "0", "-q", "-rfs",
+                     "tests/test_compat_results.py", cwd=root, check=False,
+                     env={"JAX_PLATFORMS": "cpu"})
+    out = ran.stdout + ran.stderr
+    test = "tests/test_compat_results.py::test_the_recipe_agrees_on_every_release"
+    assert re.findall(r"^FAILED (\S+)", out, re.M) == [
+        f"{test}[throwaway_disagrees]"], out
+    assert ("jax 0.8.0: throwaway_disagrees disagrees with its oracle (mesh 8 axis "
+            "i float32: AssertionError: 3 of 8 elements differ)") in out, out
+    releases = " ".join(load_matrix().read_releases())
+    assert re.search(r"^SKIPPED \[1\] tests/test_compat_results.py:\d+: not yet "
+                     rf"measured: throwaway_unmeasured on jax {re.escape(releases)}\. "
+                     r"Fix: run `python tools/jax_matrix.py --missing`", out, re.M), out
+    assert re.search(r"^1 failed, \d+ passed, 1 skipped in ", out, re.M), out

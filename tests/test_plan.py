@@ -39,7 +39,8 @@ from helpers import run_python
     ("replica_groups=[4,2]<=[2,4]T(1,0), dimensions={0}",
      ((0, 4), (1, 5), (2, 6), (3, 7)), ()),
     ("replica_groups=[2,4]<=[8], to_apply=%add", ((0, 1, 2, 3), (4, 5, 6, 7)), ()),
-    ("replica_groups=mesh['i'=4,'j'=2]{'j'}, to_apply=%add", (), ("j",)),
+    ("replica_groups=mesh['i'=4,'j'=2]{'j'}, to_apply=%add",
+     ((0, 1), (2, 3), (4, 5), (6, 7)), ()),
     ("source_target_pairs={{0,1},{1,0}}, channel_id=2", ((0, 1), (1, 0)), ()),
     ("replica_groups={}, to_apply=%add", (), ()),
 ])

@@ -14,11 +14,15 @@ tree on ``PYTHONPATH`` so the code under test is the checkout's:
 
 and writes ``docs/compat/results/jax-<V>.json``, from which the docs page
 ``docs/compatibility.md`` is rendered and which ``tests/test_compat_results.py``
-checks for staleness. Only the standard library is needed to run it::
+checks for staleness (a recipe a file has no row for is "not yet
+measured" there; ``--missing`` measures just those rows, on the releases
+whose Python this machine has, and merges them into the files). Only the
+standard library is needed to run it::
 
     python tools/jax_matrix.py                 # every release (tox -e matrix)
     python tools/jax_matrix.py --spread        # first release, newest of each minor
     python tools/jax_matrix.py --releases 0.8.1 0.12.0.1
+    python tools/jax_matrix.py --missing       # only recipes a result lacks
     python tools/jax_matrix.py --list-new      # releases newer than the list
     python tools/jax_matrix.py --steps tests --tests tests/test_conformance.py
 """
@@ -43,6 +47,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 RELEASES_FILE = ROOT / "tools" / "jax_releases.txt"
 RESULTS_DIR = ROOT / "docs" / "compat" / "results"
+WORKAROUNDS = ROOT / "docs" / "compat" / "workarounds.json"
 PROBES_SCRIPT = ROOT / "tools" / "jax_probes.py"
 DEFAULT_VENV_ROOT = ROOT / ".tox" / "matrix"
 
@@ -109,6 +114,41 @@ def load_results(results_dir: Path = RESULTS_DIR) -> dict[str, dict]:
     return dict(sorted(found.items(), key=lambda item: version_key(item[0])))
 
 
+def load_workarounds(path: Path = WORKAROUNDS) -> dict[str, str]:
+    """Recipe -> what to write where it fails (``docs/compat/workarounds.json``)."""
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def unmeasured(results: dict[str, dict], recipes) -> dict[str, list[str]]:
+    """Recipe -> the releases whose result has no row for it, in release order:
+    not yet measured there (``--missing`` measures them). Releases that did
+    not install are left out: they have no rows at all."""
+    lacking: dict[str, list[str]] = {}
+    for release, result in results.items():
+        if result["install"]["ok"]:
+            for name in recipes:
+                if name not in result.get("recipes", {}):
+                    lacking.setdefault(name, []).append(release)
+    return lacking
+
+
+def failing_rows(result: dict, workarounds: dict[str, str]) -> dict[str, str]:
+    """Recipe -> what is wrong, for the measured rows of one release that
+    fail with no reason, or with no workaround in ``docs/compat/workarounds.json``
+    (the compatibility page shows each failure with its workaround)."""
+    wrong = {}
+    for name, entry in result.get("recipes", {}).items():
+        if entry["ok"]:
+            continue
+        if not entry["reason"]:
+            wrong[name] = f"{name} fails and its row gives no reason"
+        elif name not in workarounds:
+            wrong[name] = (f"{name} disagrees with its oracle ({entry['reason']}) "
+                           "and docs/compat/workarounds.json has no workaround "
+                           "for it")
+    return wrong
+
+
 def probe_docs(path: Path = PROBES_SCRIPT) -> dict[str, tuple[str, str]]:
     """Probe name -> (what it checks, what to write instead where it is false),
     read from the docstrings of ``jax_probes.py`` without importing it
@@ -147,6 +187,8 @@ def _run(cmd, *, env, timeout, cwd=ROOT) -> tuple[int, str, str, float]:
         code = -1
         out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else exc.stdout or ""
         err = f"TimeoutError: no result after {timeout} s"
+    except FileNotFoundError as exc:  # e.g. no python3.12 on this machine
+        code, out, err = 127, "", f"FileNotFoundError: {exc.filename} not found"
     return code, out, err, time.perf_counter() - start
 
 
@@ -241,12 +283,13 @@ def recipe_table(rows: list[dict]) -> dict[str, dict]:
     return table
 
 
-def run_check(venv: Path, work: Path) -> tuple[dict, dict]:
-    """``python -m collectives check --json``: (summary, per-recipe table)."""
+def run_check(venv: Path, work: Path, names=()) -> tuple[dict, dict]:
+    """``python -m collectives check --json [names]``: (summary, per-recipe
+    table); every registered recipe unless ``names`` are given."""
     out_json = work / "check.json"
     code, out, err, seconds = _run(
-        [str(venv / "bin" / "python"), "-m", "collectives", "check", "--json",
-         str(out_json)], env=_test_env(venv), timeout=TIMEOUTS["check"])
+        [str(venv / "bin" / "python"), "-m", "collectives", "check", *names,
+         "--json", str(out_json)], env=_test_env(venv), timeout=TIMEOUTS["check"])
     summary = {"returncode": code, "seconds": round(seconds, 1)}
     if not out_json.exists():
         summary["detail"] = _first_line(err or out)
@@ -299,6 +342,16 @@ def installed_versions(venv: Path) -> dict[str, str]:
     return dict(zip(("python", "jax", "jaxlib", "numpy"), out.split(), strict=True))
 
 
+def registered_recipes(python: str, env: dict[str, str]) -> list[str] | None:
+    """The checkout's registered recipes (``python -m collectives list``) as
+    ``python`` imports them, or None where it cannot (no JAX there)."""
+    code, out, _, _ = _run([python, "-m", "collectives", "list"],
+                           env={**env, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"},
+                           timeout=TIMEOUTS["probes"])
+    return [line.split()[0] for line in out.splitlines() if line.strip()] \
+        if code == 0 else None
+
+
 def run_probes(venv: Path) -> dict[str, bool]:
     code, out, err, _ = _run([str(venv / "bin" / "python"), str(PROBES_SCRIPT)],
                              env=_test_env(venv), timeout=TIMEOUTS["probes"])
@@ -344,14 +397,86 @@ def run_release(release: str, python: str, args, log) -> dict:
             if "tests" in args.steps and args.tests:
                 log("  tests")
                 result["tests"] = run_tests(venv, work, args.tests)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
+    _write(path, result)
     return result
 
 
+def _write(path: Path, result: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
+
+
+def fill_release(release: str, python: str, args, log,
+                 recipes: list[str] | None) -> list[str] | None:
+    """``--missing``: ``check`` only the registered recipes the release's
+    result has no row for, in its venv, and merge their rows into the file
+    (each stamped with its own date and commit; the check counts grow by
+    them; probes, tests and the file's date stay). ``recipes``: the
+    registered names, or None where no interpreter with JAX could list them
+    yet (the release's venv then lists them). Returns the recipes filled, or
+    None where this machine cannot measure the release (no result file, or
+    no venv: e.g. no ``python3.12``)."""
+    path = result_path(release, Path(args.results))
+    result = json.loads(path.read_text()) if path.exists() else {}
+    if not result.get("install", {}).get("ok"):
+        log(f"  no installed result to add rows to: measure the whole release "
+            f"with --releases {release}")
+        return None
+    if recipes is not None and not [n for n in recipes
+                                    if n not in result.get("recipes", {})]:
+        log("  every registered recipe has a row")
+        return []
+    venv = Path(args.venv_root) / f"jax-{release}"
+    install = make_venv(release, python, venv, fresh=args.fresh, log=log,
+                        package=args.package, uv=args.uv)
+    if not install["ok"]:
+        log(f"  not measurable here ({install['detail']}): its rows stay not "
+            "yet measured")
+        return None
+    if recipes is None:
+        recipes = registered_recipes(str(venv / "bin" / "python"), _test_env(venv))
+        if recipes is None:
+            raise RuntimeError(f"jax {release}: `python -m collectives list` failed")
+    missing = [n for n in recipes if n not in result.get("recipes", {})]
+    if not missing:
+        log("  every registered recipe has a row")
+        return []
+    log(f"  check {' '.join(missing)}")
+    with tempfile.TemporaryDirectory() as tmp:
+        summary, table = run_check(venv, Path(tmp), names=missing)
+    if not table:
+        raise RuntimeError(f"jax {release}: check {' '.join(missing)} wrote no rows: "
+                           f"{summary.get('detail', '')}")
+    stamp = {"date": datetime.date.today().isoformat(), "commit": _commit()}
+    for entry in table.values():
+        entry.update(stamp)
+    result.setdefault("recipes", {}).update(table)
+    check = result.setdefault("check", {})
+    for key in ("agree", "disagree"):
+        check[key] = check.get(key, 0) + summary.get(key, 0)
+    _write(path, result)
+    for name, entry in table.items():
+        log(f"  filled {name}: {_verdict(entry)}")
+    log(f"  {summary['seconds']} s for check, "
+        f"{install.get('seconds', 0)} s installing")
+    return list(table)
+
+
+def _verdict(entry: dict) -> str:
+    return "agrees" if entry["ok"] else f"fails: {entry['reason']}"
+
+
+def filled_rows(new: dict, committed: dict) -> list[str]:
+    """The recipes ``new`` measured that the committed result has no row for
+    (not yet measured there): one line each."""
+    known = committed.get("recipes", {})
+    return [f"{name}: {_verdict(entry)}"
+            for name, entry in new.get("recipes", {}).items() if name not in known]
+
+
 def regressions(new: dict, committed: dict) -> list[str]:
-    """What fails in ``new`` but passed in the committed result, and probes
-    whose answer changed: one line each."""
+    """What fails in ``new`` but passed in the committed result (or was not
+    yet measured there), and probes whose answer changed: one line each."""
     lines = []
     if not new["install"]["ok"]:
         return [f"install failed: {new['install']['detail']}"]
@@ -428,6 +553,12 @@ def main(argv=None) -> int:
                         help="exit 1 when a recipe or test fails that passed in "
                              "the committed results, or a probe's answer changed "
                              "(CI: with --results elsewhere)")
+    parser.add_argument("--missing", action="store_true",
+                        help="only the rows the results lack: check just the "
+                             "registered recipes a release's file has no row for, "
+                             "on the chosen releases this machine has the Python "
+                             "of, and merge them into the files (minutes a "
+                             "release, most of it the venv)")
     parser.add_argument("--install-only", action="store_true",
                         help="only make the venvs (a later run reuses them); "
                              "writes no results")
@@ -444,6 +575,9 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.jobs < 1:
         parser.error(f"--jobs {args.jobs}: needs 1 or more releases at a time")
+    if args.missing and (args.install_only or args.strict):
+        parser.error("--missing adds rows to the results; it takes neither "
+                     "--install-only nor --strict")
     releases = read_releases()
     if args.list_new:
         new = list_new(releases)
@@ -456,8 +590,22 @@ def main(argv=None) -> int:
         parser.error(f"--releases {' '.join(unknown)}: not in {RELEASES_FILE.name} "
                      f"(known: {' '.join(releases)}); add a line there first")
     committed = load_results()  # before this run overwrites any of them
+    recipes = None
+    if args.missing:  # the names from this interpreter, else from a venv it made
+        made = sorted(Path(args.venv_root).glob("jax-*/bin/python"))
+        for python in [sys.executable, *map(str, made)]:
+            recipes = registered_recipes(python, dict(os.environ))
+            if recipes is not None:
+                break
+        if recipes is not None:
+            lacking = unmeasured(load_results(Path(args.results)), recipes)
+            chosen = [v for v in chosen if any(v in r for r in lacking.values())]
+            if not chosen:
+                print("every result has a row for every registered recipe")
+                return 0
     wheel_dir = tempfile.TemporaryDirectory()
     args.package = build_wheel(Path(wheel_dir.name))
+    filled, unmeasurable = [], []
 
     def one(release: str) -> bool:
         """Run one release; print its lines together; True if it regressed."""
@@ -465,6 +613,12 @@ def main(argv=None) -> int:
         log = lines.append if args.jobs > 1 else print_now
         if args.jobs == 1:
             print_now(lines.pop())
+        if args.missing:
+            names = fill_release(release, releases[release], args, log, recipes)
+            (unmeasurable if names is None else filled).append((release, names))
+            if lines:
+                print_now("\n".join(lines))
+            return False
         result = run_release(release, releases[release], args, log=log)
         if args.install_only:
             log(f"  install: {'ok' if result['install']['ok'] else 'FAILED'} "
@@ -476,6 +630,12 @@ def main(argv=None) -> int:
         worse = regressions(result, committed.get(release, {}))
         for line in worse:
             log(f"  NEW: {line}")
+        new_rows = filled_rows(result, committed[release]) if release in committed \
+            else []
+        for line in new_rows:
+            log(f"  FILLED (not yet in docs/compat/results): {line}")
+        if new_rows:
+            filled.append((release, new_rows))
         if lines:
             print_now("\n".join(lines))
         return bool(worse)
@@ -486,6 +646,20 @@ def main(argv=None) -> int:
     if args.install_only:
         print(f"{len(chosen) - bad} of {len(chosen)} venvs ready in {args.venv_root}")
         return 1 if bad else 0
+    if args.missing:
+        rows = sum(len(names) for _, names in filled)
+        print(f"{rows} rows measured and merged into {args.results}"
+              + ("; commit them" if rows else ""))
+        if unmeasurable:
+            print(f"not measured here: jax {' '.join(v for v, _ in unmeasurable)} "
+                  "(their rows stay not yet measured)")
+        return 0
+    if filled:
+        print(f"measured {sum(len(rows) for _, rows in filled)} rows that "
+              f"docs/compat/results lacks (jax {' '.join(v for v, _ in filled)}).")
+        if Path(args.results).resolve() != RESULTS_DIR.resolve():
+            print("To commit them (and the other releases' missing rows): "
+                  "python tools/jax_matrix.py --missing && git add docs/compat/results")
     print(f"{len(chosen) - bad} of {len(chosen)} releases as committed; results "
           f"in {args.results}")
     return 1 if bad and args.strict else 0

@@ -5,7 +5,9 @@
 ``_generated/compat/`` that ``compatibility.md`` includes:
 
 * ``recipes.inc``: registered recipe x release, agrees or fails (with the
-  one-line reason and the workaround from ``docs/compat/workarounds.json``);
+  one-line reason and the workaround from ``docs/compat/workarounds.json``),
+  or not yet measured (a recipe the release's file has no row for, never
+  shown as agreeing; ``tools/jax_matrix.py --missing`` measures them);
 * ``apis.inc``: each probe of ``tools/jax_probes.py`` with the releases where
   it holds (first and last) and what to write instead;
 * ``releases.inc``: per release, the Python, the check and test-subset counts
@@ -19,7 +21,6 @@ without a result, is a build warning (an error under ``-W``).
 from __future__ import annotations
 
 import importlib.util
-import json
 from pathlib import Path
 
 from sphinx.application import Sphinx
@@ -28,8 +29,7 @@ from sphinx.util import logging
 logger = logging.getLogger(__name__)
 
 ROOT = Path(__file__).resolve().parents[2]
-WORKAROUNDS = ROOT / "docs" / "compat" / "workarounds.json"
-AGREES, FAILS, HOLDS, ABSENT = "✓", "✗", "●", "·"
+AGREES, FAILS, NOT_MEASURED, HOLDS, ABSENT = "✓", "✗", "?", "●", "·"
 DASH = "\N{EN DASH}"
 
 
@@ -72,12 +72,14 @@ def recipes_table(results: dict[str, dict], recipes: list[str],
     table = ["| recipe | " + " | ".join(releases) + " |",
              "|---|" + "---|" * len(releases)]
     notes: list[str] = []
+    unmeasured: dict[str, list[bool]] = {}
     for name in recipes:
         cells = []
         for release in releases:
             entry = results[release].get("recipes", {}).get(name)
+            unmeasured.setdefault(name, []).append(entry is None)
             if entry is None:
-                cells.append("?")
+                cells.append(NOT_MEASURED)
             elif entry["ok"]:
                 cells.append(AGREES)
             else:
@@ -94,7 +96,16 @@ def recipes_table(results: dict[str, dict], recipes: list[str],
             name = note.split(" on ", 1)[0]
             lines.append(f"{i}. {_cell(note)} Workaround: "
                          f"{_cell(workarounds.get(name, '(none listed)'))}")
-    else:
+    lacking = {name: _spans(releases, missing) for name, missing in unmeasured.items()
+               if any(missing)}
+    if lacking:
+        if notes:
+            lines.append("")
+        lines += [f"Not yet measured ({NOT_MEASURED}): no result has a row for "
+                  "these recipes on these releases, so nothing is known there; "
+                  "`python tools/jax_matrix.py --missing` measures them.", ""]
+        lines += [f"- `{name}`: {spans}" for name, spans in lacking.items()]
+    elif not notes:
         lines.append(f"Every recipe agrees with its NumPy oracle in every form on "
                      f"every release ({len(recipes)} recipes x {len(releases)} "
                      f"releases).")
@@ -126,7 +137,7 @@ def releases_table(results: dict[str, dict]) -> str:
     lines = ["| JAX | Python | run on | commit | check: forms x meshes agree | "
              "test subset: passed / failed / skipped |",
              "|---|---|---|---|---|---|"]
-    failures = []
+    failures, later = [], []
     for release, result in results.items():
         check = result.get("check", {})
         tests = result.get("tests", {})
@@ -140,6 +151,9 @@ def releases_table(results: dict[str, dict]) -> str:
         lines.append(f"| {release} | {python} | {result['date']} | "
                      f"`{result['commit']}` | {agree} | {counts} |")
         failures += [(release, f) for f in tests.get("failures", [])]
+        later += [f"jax {release}: `{name}` ({entry['date']}, `{entry['commit']}`)"
+                  for name, entry in result.get("recipes", {}).items()
+                  if "commit" in entry]
     lines.append("")
     if failures:
         lines += ["Failing tests:", ""]
@@ -147,6 +161,10 @@ def releases_table(results: dict[str, dict]) -> str:
                   for release, f in failures]
     else:
         lines.append("No test of the subset fails on any release.")
+    if later:
+        lines += ["", "Rows measured after their release's run "
+                  "(`tools/jax_matrix.py --missing`, `check` only; the counts "
+                  "above include them): " + "; ".join(later) + "."]
     args = {r.get("tests", {}).get("args") for r in results.values()} - {None}
     lines += ["", "Test subset: " + "; ".join(f"`pytest {a}`" for a in sorted(args))]
     return "\n".join(lines) + "\n"
@@ -167,8 +185,7 @@ def generate(app: Sphinx) -> None:
         logger.warning(f"compat: no matrix result for jax {', '.join(missing)}; "
                        f"run python tools/jax_matrix.py --releases "
                        f"{' '.join(missing)}")
-    workarounds = (json.loads(WORKAROUNDS.read_text())
-                   if WORKAROUNDS.exists() else {})
+    workarounds = matrix.load_workarounds()
     out = Path(app.srcdir) / "_generated" / "compat"
     out.mkdir(parents=True, exist_ok=True)
     _write_if_changed(out / "recipes.inc",

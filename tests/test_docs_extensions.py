@@ -1,0 +1,102 @@
+"""The Sphinx extensions in docs/_ext, which need the docs extra (Sphinx).
+
+Skipped where Sphinx is not installed; CI runs this file in its docs venv
+(``.ci/run``'s docs step), and ``tools/never_run.py`` fails CI if no venv
+runs it.
+"""
+
+import ast
+import re
+
+import pytest
+
+from collectives import RECIPES
+from helpers import RECIPE_FILES
+from helpers import ROOT
+
+DOCS = ROOT / "docs"
+
+
+@pytest.fixture
+def docs_ext(monkeypatch):
+    pytest.importorskip("sphinx", reason="the docs extensions need the docs extra")
+    monkeypatch.syspath_prepend(str(DOCS / "_ext"))
+
+
+def test_gallery_pages_are_titled_by_their_recipes_and_index_them(docs_ext):
+    # A search for a recipe's name finds its page first: the page's title
+    # names it and the page holds a main index entry for it.
+    import gallery
+    from gallery_sections import sections
+
+    core = {name for name, recipe in RECIPES.items() if recipe.family == "core"}
+    seen = set()
+    for _, members in sections(RECIPE_FILES):
+        for path, names in members:
+            doc = ast.get_docstring(ast.parse(path.read_text()))
+            title = gallery.page_title(gallery.docstring_markdown(doc)[0],
+                                       names, path.stem)
+            words = set(re.findall(r"[\w*]+", title))
+            for name in names:
+                assert name in words or any(
+                    w.endswith("*") and name.startswith(w[:-1]) for w in words), (
+                    path.name, name, title)
+            entries = gallery.index_entries(names)
+            assert all(f"! {name}" in entries[0] for name in names), entries
+            assert title not in (path.stem, f"{path.stem}.py"), title
+            seen |= core & set(names)
+    assert seen == core
+    assert gallery.page_title("All-reduce: psum and pmean in three forms",
+                              ["psum", "pmean"], "reductions") == (
+        "All-reduce: psum, pmean")
+    assert gallery.page_title("Matmuls", ["mm", "mm_a", "mm_b", "other"], "mm") == (
+        "Mm: mm*, other")
+
+
+def test_compat_matrices_scroll_in_a_box_that_keeps_their_labels(docs_ext):
+    import compat_matrix
+
+    results = {"0.8.0": {"recipes": {"psum": {"ok": True}},
+                         "probes": {"p": True}},
+               "0.9.0": {"recipes": {"psum": {"ok": True}}, "probes": {}}}
+    recipes = compat_matrix.recipes_table(results, ["psum"], {})
+    apis = compat_matrix.apis_table(results, {"p": ("a probe", "")})
+    for text, row in ((recipes, "| `psum` | ✓ | ✓ |"), (apis, "| `p` | ● | · |")):
+        box = re.search(r"```\{container\} compat-matrix\n\n(.*?)```", text, re.S)
+        assert box and row in box.group(1), text
+
+
+def test_a_recipe_no_result_measured_is_shown_as_not_yet_measured(docs_ext):
+    import compat_matrix
+
+    results = {"0.8.0": {"recipes": {"psum": {"ok": True}}},
+               "0.9.0": {"recipes": {"psum": {"ok": True},
+                                     "throwaway": {"ok": True}}},
+               "0.9.1": {"recipes": {"psum": {"ok": True}}}}
+    text = compat_matrix.recipes_table(results, ["psum", "throwaway"], {})
+    assert "| `throwaway` | ? | ✓ | ? |" in text, text
+    assert "- `throwaway`: 0.8.0, 0.9.1" in text, text
+    assert "Not yet measured" in text and "--missing" in text, text
+    assert "Every recipe agrees" not in text, text
+    measured = {release: {"recipes": {"psum": {"ok": True}}} for release in results}
+    assert "Every recipe agrees" in compat_matrix.recipes_table(
+        measured, ["psum"], {})
+    # A failure is still a failure, listed with its reason, next to the gaps.
+    results["0.9.0"]["recipes"]["psum"] = {"ok": False, "reason": "R1"}
+    text = compat_matrix.recipes_table(results, ["psum", "throwaway"], {"psum": "W"})
+    assert "| `psum` | ✓ | ✗ [1] | ✓ |" in text, text
+    assert "1. psum on 0.9.0: R1 Workaround: W" in text, text
+    assert "- `throwaway`: 0.8.0, 0.9.1" in text, text
+
+
+def test_rows_measured_after_their_release_are_listed_with_their_commit(docs_ext):
+    import compat_matrix
+
+    run = {"python": "3.11", "date": "2026-11-30", "commit": "abc1234",
+           "install": {"ok": True}, "check": {"agree": 5, "disagree": 0}}
+    results = {"0.8.0": {**run, "recipes": {
+        "psum": {"ok": True},
+        "throwaway": {"ok": True, "date": "2026-12-02", "commit": "def5678"}}}}
+    text = compat_matrix.releases_table(results)
+    assert "jax 0.8.0: `throwaway` (2026-12-02, `def5678`)" in text, text
+    assert "`psum` (" not in text, text
