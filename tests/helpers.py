@@ -179,6 +179,13 @@ def run_body(body, mesh, axes, x, out_spec=None):
 def law_cases():
     """A hypothesis strategy: ``(mesh, axes, x)`` with exact float32 ``x``
     whose row blocks split again into ``axes.size`` chunks."""
+    return blocked_cases(rows_split_n_ways=True, dtypes=("float32",))
+
+
+def blocked_cases(rows_split_n_ways=False, dtypes=("float32", "int32", "bfloat16")):
+    """A hypothesis strategy: ``(mesh, axes, x)`` with exact ``x`` of shape
+    ``[n * rows, m]`` (float32, int32 or bfloat16), rows split over the drawn
+    axes (``rows`` a multiple of ``n`` where ``rows_split_n_ways``)."""
     from hypothesis import strategies as st
 
     import collectives as cx
@@ -191,8 +198,23 @@ def law_cases():
         mesh = draw(meshes())
         axes = cx.RECIPES["psum"].axes(mesh, draw(collective_axes(mesh)))
         n = axes.size
-        rows = n * n * draw(st.integers(1, 2))
-        x = exact_values(draw, (rows, draw(st.integers(1, 3))), "float32")
+        rows = draw(st.integers(1, 2)) * (n if rows_split_n_ways else 1)
+        dtype = draw(st.sampled_from(list(dtypes)))
+        x = exact_values(draw, (n * rows, draw(st.integers(1, 3))), dtype)
         return mesh, axes, x
 
     return cases()
+
+
+def per_device(body, mesh, axes, x):
+    """Run ``body`` per device; every device's outputs stacked, so nothing is
+    assumed replicated: ``[n * out_rows, ...]`` per output."""
+    import functools
+
+    import jax
+    import numpy as np
+
+    spec = jax.P(axes.entry)
+    f = jax.shard_map(functools.partial(body, axis=axes.axis), mesh=mesh,
+                      in_specs=spec, out_specs=spec, check_vma=False)
+    return jax.tree_util.tree_map(np.asarray, jax.jit(f)(x))

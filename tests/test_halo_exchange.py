@@ -2,7 +2,6 @@
 the padded global array and the NumPy oracle; the compiled program holds
 exactly two ppermutes."""
 
-import functools
 
 import jax
 import numpy as np
@@ -13,42 +12,17 @@ from hypothesis import strategies as st
 
 import collectives as cx
 from collectives.hlo import collective_stats
-from collectives.testing.strategies import collective_axes
-from collectives.testing.strategies import exact_values
-from collectives.testing.strategies import meshes
 from helpers import assert_exact_on_a_drawn_case
+from helpers import blocked_cases
+from helpers import examples
 from helpers import load_recipe
+from helpers import per_device
 
 HALO = ("halo_exchange", "halo_exchange_open")
 
-def _examples(ci: int) -> int:
-    """``ci`` examples per test by default; the deep profile's count under it."""
-    if settings.get_current_profile_name() == "deep":
-        return settings().max_examples
-    return min(ci, settings().max_examples)
 
-@st.composite
-def _blocks(draw, rows_split_n_ways=False):
-    # x: [n * rows, m], sharded by rows over the drawn axes
-    mesh = draw(meshes())
-    axes = cx.RECIPES["psum"].axes(mesh, draw(collective_axes(mesh)))
-    n = axes.size
-    rows = draw(st.integers(1, 2)) * (n if rows_split_n_ways else 1)
-    dtype = draw(st.sampled_from(["float32", "int32", "bfloat16"]))
-    x = exact_values(draw, (n * rows, draw(st.integers(1, 3))), dtype)
-    return mesh, axes, x
-
-def _per_device(body, mesh, axes, x):
-    # Run `body` per device; stack every device's outputs, so nothing is
-    # assumed replicated: [n * out_rows, ...] per output.
-    spec = jax.P(axes.entry)
-    f = jax.shard_map(functools.partial(body, axis=axes.axis), mesh=mesh,
-                      in_specs=spec, out_specs=spec, check_vma=False)
-    return jax.tree_util.tree_map(np.asarray, jax.jit(f)(x))
-
-
-@settings(max_examples=_examples(6))
-@given(_blocks(), st.integers(1, 3), st.booleans())
+@settings(max_examples=examples(6))
+@given(blocked_cases(), st.integers(1, 3), st.booleans())
 def test_halo_exchange_matches_padding_the_global_array(case, width, periodic):
     mesh, axes, x = case
     rows = x.shape[0] // axes.size
@@ -57,7 +31,7 @@ def test_halo_exchange_matches_padding_the_global_array(case, width, periodic):
     def body(block, *, axis):
         return cx.halo_exchange(block, axis, width, periodic=periodic)
 
-    got = _per_device(body, mesh, axes, x).reshape(axes.size, rows + 2 * width, -1)
+    got = per_device(body, mesh, axes, x).reshape(axes.size, rows + 2 * width, -1)
     mode = "wrap" if periodic else "constant"
     padded = np.pad(x, [(width, width), (0, 0)], mode=mode)
     for d in range(axes.size):
@@ -107,7 +81,7 @@ def test_halo_exchange_is_two_permutes(name, form):
 
 
 @pytest.mark.parametrize("name", HALO)
-@settings(max_examples=_examples(4))
+@settings(max_examples=examples(4))
 @given(data=st.data())
 def test_forms_match_oracle_exactly(name, data):
     # the stencil's |y| <= 32 is exact

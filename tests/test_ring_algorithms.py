@@ -2,7 +2,6 @@
 from ppermute, equal to the native collectives and to the NumPy oracle; the
 compiled programs hold exactly the ppermutes the algorithms call for."""
 
-import functools
 
 import jax
 import numpy as np
@@ -17,25 +16,18 @@ from collectives import _compat
 from collectives._facts.ring_algorithms import RING_OF
 from collectives.hlo import bytes_moved
 from collectives.hlo import collective_stats
-from collectives.testing.strategies import collective_axes
-from collectives.testing.strategies import exact_values
-from collectives.testing.strategies import meshes
 from helpers import assert_exact_on_a_drawn_case
+from helpers import blocked_cases
+from helpers import examples
 from helpers import load_recipe
+from helpers import per_device
 
 RING = ("ring_all_reduce", "ring_all_gather", "ring_reduce_scatter")
 MIRRORS = {ring: native for native, ring in RING_OF.items()}
 
 
-def _examples(ci: int) -> int:
-    """``ci`` examples per test by default; the deep profile's count under it."""
-    if settings.get_current_profile_name() == "deep":
-        return settings().max_examples
-    return min(ci, settings().max_examples)
-
-
 @pytest.mark.parametrize("name", RING)
-@settings(max_examples=_examples(4))
+@settings(max_examples=examples(4))
 @given(data=st.data())
 def test_forms_match_oracle_exactly(name, data):
     assert_exact_on_a_drawn_case(name, data)
@@ -55,29 +47,8 @@ def test_ring_recipes_take_the_native_layouts(name):
     assert MIRRORS[name] in ring.summary
 
 
-@st.composite
-def _blocks(draw, rows_split_n_ways=False):
-    # x: [n * rows, m], sharded by rows over the drawn axes
-    mesh = draw(meshes())
-    axes = cx.RECIPES["psum"].axes(mesh, draw(collective_axes(mesh)))
-    n = axes.size
-    rows = draw(st.integers(1, 2)) * (n if rows_split_n_ways else 1)
-    dtype = draw(st.sampled_from(["float32", "int32", "bfloat16"]))
-    x = exact_values(draw, (n * rows, draw(st.integers(1, 3))), dtype)
-    return mesh, axes, x
-
-
-def _per_device(body, mesh, axes, x):
-    # Run `body` per device; stack every device's outputs, so nothing is
-    # assumed replicated: [n * out_rows, ...] per output.
-    spec = jax.P(axes.entry)
-    f = jax.shard_map(functools.partial(body, axis=axes.axis), mesh=mesh,
-                      in_specs=spec, out_specs=spec, check_vma=False)
-    return jax.tree_util.tree_map(np.asarray, jax.jit(f)(x))
-
-
-@settings(max_examples=_examples(6))
-@given(_blocks(rows_split_n_ways=True))
+@settings(max_examples=examples(6))
+@given(blocked_cases(rows_split_n_ways=True))
 def test_ring_collectives_equal_the_native_ones_on_every_device(case):
     mesh, axes, x = case
 
@@ -90,7 +61,7 @@ def test_ring_collectives_equal_the_native_ones_on_every_device(case):
 
     # Differences on every device, not only on the copy an out_spec of P()
     # would return: the ring results are replicated in value on every device.
-    for diff in _per_device(body, mesh, axes, x):
+    for diff in per_device(body, mesh, axes, x):
         np.testing.assert_array_equal(diff, 0)
 
 
