@@ -181,10 +181,11 @@ def pipeline_explicit_program(stage_params, x, y, mesh, axis=AXIS,
     stages = stage_params["w"].shape[0]
     xs = split_microbatches(x, microbatches)
     ys = split_microbatches(y, microbatches)
-    stage = jnp.arange(stages)[:, None, None]
 
     def split(a):  # stage s's row on device s
         return jax.sharding.reshard(a, P(axis, *([None] * (a.ndim - 1))))
+
+    stage = split(jnp.arange(stages))[:, None, None]  # i32[S@axis, 1, 1]
 
     # Explicit mode does not slice a dimension across its shards, as
     # jnp.roll of the stage axis must; auto_axes hands the roll to XLA's
@@ -197,7 +198,11 @@ def pipeline_explicit_program(stage_params, x, y, mesh, axis=AXIS,
             # state: f32[S@axis, mb, d]; sums: f32[S@axis]
             state, sums = carry
             new = xs[jnp.minimum(t, microbatches - 1)][None]  # f32[1, mb, d]
-            state = jnp.where(stage == 0, new, state)
+            # where() takes its operands split alike (with one stage, size 1
+            # broadcasts nothing): new, broadcast to every stage, split too
+            # (each device keeps its row; no communication)
+            state = jnp.where(stage == 0, split(jnp.broadcast_to(new, state.shape)),
+                              state)
             out = jax.vmap(stage_layer)(params, state)  # f32[S@axis, mb, d]
             done = t - (stages - 1)
             err = jnp.sum((out - ys[jnp.maximum(done, 0)][None]) ** 2, axis=(1, 2))
