@@ -23,6 +23,9 @@ What differs across that span, and what each name here papers over:
     (:func:`scan_operands`, :func:`scan_carry_count`; the other control-flow
     and mapping equations through :func:`while_operands`,
     :func:`cond_branches`, :func:`shard_map_body`, :func:`pmap_body`).
+* Parameters typed ``reduced`` over an axis get ``unreduced`` gradients
+    (the sum over the axis deferred to a ``reshard``): checked from 0.10.2
+    (:data:`UNREDUCED_GRADIENTS_CHECKED`).
 * Bugs of single releases, with the recipe's workaround
     (``recipes/sharp_edges_versions.py``): :data:`VMAP_OF_SHARD_MAP_PSUM_FAILS`
     (0.8.1 to 0.8.3), :data:`PSUM_SCATTER_ACCEPTS_NEGATIVE_DIMENSION` (0.11+).
@@ -136,6 +139,15 @@ PSUM_SCATTER_ACCEPTS_NEGATIVE_DIMENSION = JAX_VERSION >= (0, 11, 0)
 """``lax.psum_scatter(..., scatter_dimension=-1)`` compiles from JAX 0.11.0;
 before, lowering fails ("'scatter_dimension' failed to satisfy constraint:
 ... non-negative", jax-ml/jax#20125). Workaround: ``dimension % ndim``."""
+
+UNREDUCED_GRADIENTS_CHECKED_SINCE = (0, 10, 2)
+"""The oldest release here on which a parameter resharded to
+``P(..., reduced={axis})`` is checked to get an ``unreduced={axis}``
+gradient that one ``reshard(g, P())`` sums (``recipes/dp_grads.py``'s
+deferred sum over microbatches): 0.10.2 and 0.12.0.1 are; older releases
+are not checked, so the test of it skips there."""
+
+UNREDUCED_GRADIENTS_CHECKED = JAX_VERSION >= UNREDUCED_GRADIENTS_CHECKED_SINCE
 
 AVAL_VARYING_IN_MAT = JAX_VERSION >= (0, 10, 0)
 """``jax.typeof(x).mat.varying`` replaces ``jax.typeof(x).vma`` (the axes a

@@ -15,6 +15,11 @@ Which form when:
     returns gradients n times too large; ``sharp_edges_grads.py`` shows why.
   * jit: ``jax.grad`` of the global loss with the batch sharded; XLA inserts
     the all-reduce of the partial gradients.
+  * explicit: the same program on Explicit axes, where the types show the
+    sum: a replicated parameter's gradient is replicated, so ``jax.grad``
+    sums it over the batch axis. Parameters resharded to ``reduced`` over
+    that axis get ``unreduced`` gradients instead: accumulate microbatches
+    without communicating and sum once (``dp_grads_deferred_program``).
 
 Exactness: with integer-valued data and a batch size times output width that
 is a power of two, every scaling is a power of two and every sum an exact
@@ -129,6 +134,66 @@ def dp_grads_jit(params, x, y, mesh):
 # [end:jit]
 
 
+# [start:explicit]
+def dp_grads_explicit(params, x, y, mesh):
+    # mesh: Explicit axes; the program is dp_grads_program, unchanged. The
+    # types say where the sum happens: x: f32[b@i, d], params["w"]: f32[d, o]
+    # (replicated). A cotangent has its primal's type, so jax.typeof of the
+    # gradient of w is f32[d, o], replicated too: jax.grad itself sums the
+    # per-device partial gradients over i (one all-reduce).
+    with jax.set_mesh(mesh):
+        params = jax.sharding.reshard(params, P())
+        x, y = jax.sharding.reshard((x, y), P(AXIS))
+        return jax.jit(dp_grads_program)(params, x, y)
+
+
+def mse_of_reduced_params(params, x, y):
+    # mse with params typed reduced over the rows' axis: x @ w takes them as
+    # they are; the bias, broadcast to every row, is resharded to the rows'
+    # split first (JAX does not add a reduced value to a sharded one)
+    rows = jax.typeof(y).sharding.spec
+    bias = jax.sharding.reshard(jnp.broadcast_to(params["b"][None], y.shape), rows)
+    return jnp.mean((x @ params["w"] + bias - y) ** 2)
+
+
+def dp_grads_microbatches_program(params, xs, ys):
+    # xs: f32[m, b@i, d], ys: f32[m, b@i, o]: m microbatches. Each gradient
+    # is replicated, so each is summed over i as it is taken: m all-reduces
+    # (XLA may combine them into one of m gradients' size).
+    grads = [jax.grad(mse)(params, xs[k], ys[k]) for k in range(len(xs))]
+    return jax.tree_util.tree_map(lambda *g: sum(g) / len(g), *grads)
+
+
+def dp_grads_deferred_program(params, xs, ys, axis=AXIS):
+    # The same, with the sum over `axis` deferred: params resharded to
+    # "reduced" over it, w: f32[d, o]{R:i} (replicated, and the gradient may
+    # stay a per-device partial sum), so each gradient comes back unreduced,
+    # f32[d, o]{U:i}: this device's rows' share, not yet summed. Adding the
+    # microbatches' shares needs no communication; one reshard to P() sums
+    # them over `axis`: one all-reduce of one gradient's size.
+    held = jax.tree_util.tree_map(
+        lambda p: jax.sharding.reshard(p, P(*[None] * p.ndim, reduced={axis})),
+        params)
+    shares = [jax.grad(mse_of_reduced_params)(held, xs[k], ys[k])
+              for k in range(len(xs))]
+    total = shares[0]
+    for share in shares[1:]:  # still {U:i}: no communication
+        total = jax.tree_util.tree_map(jnp.add, total, share)
+    return jax.tree_util.tree_map(
+        lambda g: jax.sharding.reshard(g, P()) / len(shares), total)
+
+
+def dp_grads_microbatches_explicit(params, xs, ys, mesh, deferred=True):
+    # mesh: Explicit axes; xs, ys: [m, batch, ...], each microbatch's rows
+    # split over AXIS
+    program = dp_grads_deferred_program if deferred else dp_grads_microbatches_program
+    with jax.set_mesh(mesh):
+        params = jax.sharding.reshard(params, P())
+        xs, ys = jax.sharding.reshard((xs, ys), P(None, AXIS))
+        return jax.jit(program)(params, xs, ys)
+# [end:explicit]
+
+
 # [start:numpy]
 def dp_grads_numpy(params, x, y):
     # d/dw mean(r**2) = 2 x^T r / r.size, d/db = 2 sum_rows(r) / r.size, in
@@ -155,13 +220,21 @@ def main():
     jax.config.update("jax_platforms", os.environ.get("JAX_PLATFORMS", "cpu"))
     jax.config.update("jax_num_cpu_devices", N_DEVICES)
     mesh = make_mesh(N_DEVICES)
+    explicit_mesh = jax.make_mesh((N_DEVICES,), (AXIS,),
+                                  axis_types=(jax.sharding.AxisType.Explicit,))
     params, x, y = example(N_DEVICES)
+    xs, ys = (a.reshape(2, -1, a.shape[-1]) for a in (x, y))  # 2 microbatches
     want = dp_grads_numpy(params, x, y)
     results = {
         "pmap": dp_grads_pmap(params, x, y, N_DEVICES),
         "shard_map (pvary)": dp_grads_shard_map(params, x, y, mesh),
         "grad of shard_map": dp_grads_of_shard_map(params, x, y, mesh),
         "jit": dp_grads_jit(params, x, y, mesh),
+        "explicit": dp_grads_explicit(params, x, y, explicit_mesh),
+        "explicit, 2 microbatches": dp_grads_microbatches_explicit(
+            params, xs, ys, explicit_mesh, deferred=False),
+        "explicit, 2 microbatches, one deferred sum": dp_grads_microbatches_explicit(
+            params, xs, ys, explicit_mesh),
     }
     for form, grads in results.items():
         for name in ("w", "b"):
@@ -174,7 +247,8 @@ def main():
     residual = x @ params["w"] + params["b"] - y  # [batch, o], exact integers
     print("by hand, db = 2 * (column sums of x @ w + b - y) / (batch * o) =",
           (2 * residual.sum(0) / residual.size).tolist())
-    print("ok: pmap, both shard_map forms and jit equal the NumPy gradient exactly")
+    print("ok: pmap, both shard_map forms, jit and explicit (one batch; two "
+          "microbatches, summed each or once) equal the NumPy gradient exactly")
 
 
 if __name__ == "__main__":

@@ -23,6 +23,9 @@ Which form when:
     like); XLA inserts the same three all-reduces as the hand-written version.
   * shard_map: write the per-device program with every psum in view (here the
     backward pass too, by hand).
+  * explicit: the global model on Explicit axes, shardings in the types:
+    no constraints; the one ambiguous product (W3's input dimension split
+    over "model") names its output sharding with ``out_sharding=``.
   * pmap: the legacy data-parallel form (grads then ``psum``). It has no
     second device axis: the model axis can only be ``vmap``ped on each device,
     which computes the same numbers but does not spread the model.
@@ -168,6 +171,43 @@ def value_and_grad_jit(mesh, model_axis):
 # [end:jit]
 
 
+# [start:explicit]
+def value_and_grad_explicit_program(params, x, y, data_axis=DATA, model_axis=None):
+    # Explicit axes: each array's type carries its sharding (x: f32[b@data, d],
+    # w2: f32[h1, h2@model]), so nothing needs pinning. One product is
+    # ambiguous: a2 @ w3 contracts h2, split over model_axis; out_sharding
+    # says the result is whole over model (the sum, an all-reduce). Its
+    # transpose sums the gradient flowing into layer 1 over model_axis.
+    def loss(p):
+        a1 = jax.nn.relu(x @ p["w1"] + p["b1"][None])  # f32[b@data, h1]
+        a2 = jax.nn.relu(a1 @ p["w2"] + p["b2"][None])  # f32[b@data, h2@model]
+        z3 = jnp.matmul(a2, p["w3"], out_sharding=P(data_axis)) + p["b3"][None]
+        out = jax.nn.relu(z3) @ p["w4"] + p["b4"][None]  # f32[b@data, d_out]
+        return jnp.sum((out - y) ** 2) / x.shape[0]
+
+    # grads: typed like params (w1: f32[d_in, h1], replicated: JAX sums the
+    # batch's contributions over data_axis; w2: f32[h1, h2@model])
+    return jax.value_and_grad(loss)(params)
+
+
+def value_and_grad_explicit(mesh, model_axis):
+    # mesh: the same devices and names with every axis Explicit
+    mesh = jax.sharding.Mesh(mesh.devices, mesh.axis_names, axis_types=(
+        jax.sharding.AxisType.Explicit,) * len(mesh.axis_names))
+    specs = param_specs(model_axis)
+    program = jax.jit(functools.partial(value_and_grad_explicit_program,
+                                        data_axis=DATA, model_axis=model_axis))
+
+    def run(params, x, y):
+        with jax.set_mesh(mesh):
+            params = jax.sharding.reshard(params, specs)
+            x, y = jax.sharding.reshard((x, y), P(DATA))
+            return program(params, x, y)
+
+    return run
+# [end:explicit]
+
+
 # [start:pmap]
 def first_copy(a):
     # pmap(out_axes=None) would not check that the copies agree: check here
@@ -255,7 +295,9 @@ def main():
     forms = {"dp jit": value_and_grad_jit(dp_mesh, None),
              "dp shard_map": jax.jit(value_and_grad_shard_map(dp_mesh, None)),
              "dp+tp jit": value_and_grad_jit(tp_mesh, MODEL),
-             "dp+tp shard_map": jax.jit(value_and_grad_shard_map(tp_mesh, MODEL))}
+             "dp+tp shard_map": jax.jit(value_and_grad_shard_map(tp_mesh, MODEL)),
+             "dp explicit": value_and_grad_explicit(dp_mesh, None),
+             "dp+tp explicit": value_and_grad_explicit(tp_mesh, MODEL)}
     for what, f in forms.items():
         assert_close(f(params, x, y), want, what)
     assert_close(value_and_grad_pmap(params, x, y, N_DEVICES), want, "dp pmap")
@@ -295,8 +337,8 @@ def main():
           [round(float(v), 4) for v in 2 * err.mean(0)])
     print(f"loss over {STEPS} SGD steps (lr {LR}):",
           " ".join(f"{v:.3f}" for v in numpy_losses))
-    print("ok: loss and gradients agree with NumPy in jit, shard_map and pmap form "
-          "(8-way data and 4x2 data x model), and SGD lowers the loss")
+    print("ok: loss and gradients agree with NumPy in jit, shard_map, explicit and "
+          "pmap form (8-way data and 4x2 data x model), and SGD lowers the loss")
 
 
 if __name__ == "__main__":

@@ -26,6 +26,10 @@ Which form when:
     ``P("data")``; a ``with_sharding_constraint`` on each weight to its
     layout as used (replicated, or the Megatron pair's model blocks) asks
     XLA to gather it where it is used.
+  * explicit: the same global model on Explicit axes, the parameters typed
+    ``P("data")``: ``reshard`` to each weight's layout as used is the
+    gather, its transpose the gradient's way back; ``out_sharding=`` on each
+    product (the Megatron pair's contraction over "model" needs one).
   * pmap (legacy): the per-device body over stacked blocks; the blocks stay
     stacked between steps.
 
@@ -279,6 +283,54 @@ def train_jit(params, x, y, mesh, steps=STEPS):
 # [end:jit]
 
 
+# [start:explicit]
+def value_and_grad_explicit_program(params, x, y, data_axis=DATA, model_axis=None):
+    # The global model on Explicit axes: params typed as stored (w1:
+    # f32[h0@data, h1]); reshard to the layout as used is the gather (under
+    # the remat policy, again in the backward pass), and its transpose
+    # brings each gradient back to the stored layout, summed over data_axis.
+    # out_sharding names each product's layout: the Megatron pair's w3
+    # contracts h2 over model_axis (the sum over it).
+    used = used_specs(model_axis)
+
+    def dense(w, b, a, layer):
+        w = jax.sharding.reshard(w, used[f"w{layer}"])  # gather here, drop after
+        b = jax.sharding.reshard(b, used[f"b{layer}"])
+        z = jnp.matmul(a, w, out_sharding=P(data_axis, model_axis if layer == 2
+                                            else None)) + b[None]
+        z = checkpoint_name(z, SAVED)  # f32[b@data, h] (h2@model in layer 2)
+        return z if layer == N_LAYERS else jax.nn.relu(z)
+
+    def loss(p):
+        a = x
+        for layer in range(1, N_LAYERS + 1):
+            step = jax.checkpoint(functools.partial(dense, layer=layer),
+                                  policy=POLICY)
+            a = step(p[f"w{layer}"], p[f"b{layer}"], a)
+        return jnp.sum((a - y) ** 2) / x.shape[0]
+
+    # grads: typed like params (f32[h0@data, h1]: each device's rows only)
+    return jax.value_and_grad(loss)(params)
+
+
+def value_and_grad_explicit(mesh, model_axis=None):
+    # mesh: the same devices and names with every axis Explicit
+    mesh = jax.sharding.Mesh(mesh.devices, mesh.axis_names, axis_types=(
+        jax.sharding.AxisType.Explicit,) * len(mesh.axis_names))
+    specs = fsdp_specs(DATA, model_axis)
+    program = jax.jit(functools.partial(value_and_grad_explicit_program,
+                                        model_axis=model_axis))
+
+    def run(params, x, y):
+        with jax.set_mesh(mesh):
+            params = jax.sharding.reshard(params, specs)
+            x, y = jax.sharding.reshard((x, y), P(DATA))
+            return program(params, x, y)
+
+    return run
+# [end:explicit]
+
+
 # [start:pmap]
 def train_pmap(params, x, y, n_devices, steps=STEPS):
     def split(a):  # [d0, ...] -> [n, d0/n, ...]: device i's block in row i
@@ -357,15 +409,19 @@ def main():
     forms = {"shard_map": value_and_grad_shard_map(mesh),
              "jit": value_and_grad_jit(mesh),
              "shard_map FSDP x TP": value_and_grad_shard_map(tp_mesh, MODEL),
-             "jit FSDP x TP": value_and_grad_jit(tp_mesh, MODEL)}
+             "jit FSDP x TP": value_and_grad_jit(tp_mesh, MODEL),
+             "explicit": value_and_grad_explicit(mesh),
+             "explicit FSDP x TP": value_and_grad_explicit(tp_mesh, MODEL)}
     for form, f in forms.items():
         got_loss, got = f(params, x, y)
         np.testing.assert_allclose(float(got_loss), loss, rtol=1e-5, err_msg=form)
         for k in grads:
             np.testing.assert_allclose(np.asarray(got[k]), grads[k], rtol=1e-4,
                                        atol=1e-5, err_msg=f"{form} d{k}")
-        assert got["w3"].sharding.spec == fsdp_specs(DATA, MODEL if "TP" in form
-                                                     else None)["w3"], form
+        w3 = got["w3"].sharding  # laid out as stored (the explicit form's
+        # spec spells every dimension: P("data", None))
+        want_w3 = fsdp_specs(DATA, MODEL if "TP" in form else None)["w3"]
+        assert w3.is_equivalent_to(NamedSharding(w3.mesh, want_w3), 2), form
 
     # Training with Adam: every form against NumPy.
     want = train_numpy(params, x, y)
@@ -397,9 +453,9 @@ def main():
           [round(float(g), 4) for g in grads["b4"]])
     print(f"params + Adam moments: {total} bytes in all, {mine} bytes per device "
           f"(1/{N_DEVICES})")
-    print("ok: loss and gradients of FSDP and FSDP x TP (shard_map, jit) equal "
-          "NumPy; shard_map, jit and pmap FSDP training equal NumPy Adam; params "
-          "and optimiser state stay sharded")
+    print("ok: loss and gradients of FSDP and FSDP x TP (shard_map, jit, "
+          "explicit) equal NumPy; shard_map, jit and pmap FSDP training equal "
+          "NumPy Adam; params and optimiser state stay sharded")
 
 
 if __name__ == "__main__":

@@ -23,7 +23,8 @@ all-to-all, so it runs on GPU or TPU only.
 
 Which form when: shard_map to control dispatch (capacity, dropping); jit of
 the global program with sharding constraints (XLA emits the all-to-alls);
-pmap as the legacy form.
+explicit, the same global program on Explicit axes with ``reshard`` where
+the buffer changes hands (the layouts in the types); pmap as the legacy form.
 
 The per-device bodies, the global program and the NumPy oracle below are the
 ones ``collectives.RECIPES["moe_layer"]`` and ``collectives.moe_layer`` run;
@@ -222,6 +223,46 @@ def moe_jit(router_w, w_in, w_out, x, mesh, **routing):
 # [end:jit]
 
 
+# [start:explicit]
+def moe_explicit_program(router_w, w_in, w_out, x, mesh, axis=AXIS, top_k=1,
+                         capacity=None, capacity_factor=1.0):
+    # moe_program on Explicit axes: the types carry the layouts, and the two
+    # moves of the buffer are reshards (XLA emits the two all-to-alls).
+    # x: f32[T@axis, D]; w_in: f32[E@axis, D, F]; router_w: f32[D, E]
+    n, n_experts = mesh_size(mesh, axis), router_w.shape[-1]
+    by_group = P(axis)
+    # reshape names its output sharding where it splits or merges a dimension
+    groups = jnp.reshape(x, (n, -1, x.shape[-1]), out_sharding=by_group)
+    capacity = expert_capacity(groups.shape[1], n_experts, top_k, capacity,
+                               capacity_factor)
+    gate, expert = jax.vmap(lambda g: route(router_w, g, top_k))(groups)
+    mask, dropped = jax.vmap(
+        lambda ex: assign_slots(ex, n_experts, capacity, x.dtype))(expert)
+    # buffer: f32[n@axis, E, C, D], each group's own
+    buffer = jnp.einsum("gaec,gad->gecd", mask, jnp.repeat(groups, top_k, axis=1))
+    by_expert = jax.sharding.reshard(buffer, P(None, axis))  # f32[n, E@axis, C, D]
+    out = expert_ffn(by_expert, w_in, w_out)  # f32[n, E@axis, C, D]
+    back = jax.sharding.reshard(out, by_group)  # all-to-all back
+    gate = jnp.reshape(gate, (n, -1, 1), out_sharding=by_group)
+    combined = jnp.einsum("gaec,gecd->gad", mask, back) * gate
+    out = jnp.reshape(combined, (n, groups.shape[1], top_k, -1),
+                      out_sharding=by_group).sum(2)
+    return jnp.reshape(out, x.shape, out_sharding=by_group), dropped.sum()
+
+
+def moe_explicit(router_w, w_in, w_out, x, mesh, **routing):
+    # mesh: the same devices and names with every axis Explicit
+    mesh = jax.sharding.Mesh(mesh.devices, mesh.axis_names, axis_types=(
+        jax.sharding.AxisType.Explicit,) * len(mesh.axis_names))
+    with jax.set_mesh(mesh):
+        router_w = jax.sharding.reshard(router_w, P())
+        w_in, w_out, x = jax.sharding.reshard((w_in, w_out, x), P(AXIS))
+        out, dropped = jax.jit(functools.partial(
+            moe_explicit_program, mesh=mesh, **routing))(router_w, w_in, w_out, x)
+    return out, int(dropped)
+# [end:explicit]
+
+
 # [start:numpy]
 def moe_numpy(router_w, w_in, w_out, x, n, top_k=1, capacity=None,
               capacity_factor=1.0):
@@ -267,7 +308,8 @@ def main():
         for form, (out, dropped) in (
                 ("pmap", moe_pmap(*args, n, **routing)),
                 ("shard_map", moe_shard_map(*args, mesh, **routing)),
-                ("jit", moe_jit(*args, mesh, **routing))):
+                ("jit", moe_jit(*args, mesh, **routing)),
+                ("explicit", moe_explicit(*args, mesh, **routing))):
             np.testing.assert_allclose(np.asarray(out), want, rtol=1e-4, atol=1e-5,
                                        err_msg=f"moe ({form}, {routing})")
             assert dropped == want_dropped, (form, routing, dropped, want_dropped)
@@ -285,7 +327,8 @@ def main():
         want, _ = moe_numpy(*args, n, top_k=2, capacity=t)
         np.testing.assert_allclose(f(*args), want, rtol=1e-4, atol=1e-5)
         print("dropless (ragged_all_to_all) top-2 equals capacity t: nothing drops")
-    print("ok: pmap, shard_map and jit agree with NumPy, dropped counts included")
+    print("ok: pmap, shard_map, jit and explicit agree with NumPy, dropped counts "
+          "included")
 
 
 if __name__ == "__main__":

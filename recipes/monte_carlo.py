@@ -30,7 +30,9 @@ C chains and n devices holding C / n, and from NumPy.
 standard errors.
 
 Which form when: shard_map or jit for new code (jit needs no axis_index:
-the keys come from arange); pmap(vmap) is the legacy idiom.
+the keys come from arange); explicit, the jit program on Explicit axes,
+where the keys are resharded to split like the chains they drive;
+pmap(vmap) is the legacy idiom.
 
 The per-device body, the global program and the NumPy oracle below are the
 ones ``collectives.RECIPES["metropolis"]`` runs: ``axis`` may be one mesh
@@ -180,6 +182,31 @@ def metropolis_jit(x0, mesh):
 # [end:jit]
 
 
+# [start:explicit]
+def metropolis_explicit_program(x0, seed=SEED):
+    # x0: f32[C@i, ...]. vmap needs the chains' dimension split alike in
+    # every input: the keys, built whole from arange(C) (key<fry>[C]), are
+    # resharded to x0's split of the chains (each device keeps its own).
+    chains = jax.typeof(x0).sharding.spec[0]
+    keys = jax.sharding.reshard(
+        all_chain_keys(jax.random.key(seed), x0.shape[0]), P(chains))
+    samples = jax.vmap(run_chain)(keys, initial_states(x0))  # i32[C@i, ...]
+    values = samples.astype(jnp.float32)
+    mean = values.mean(0)  # f32[...], summed over i
+    return mean, ((values - mean[None]) ** 2).mean(0), samples
+
+
+def metropolis_explicit(x0, mesh):
+    # mesh: the same devices and names with every axis Explicit
+    mesh = jax.sharding.Mesh(mesh.devices, mesh.axis_names, axis_types=(
+        jax.sharding.AxisType.Explicit,) * len(mesh.axis_names))
+    with jax.set_mesh(mesh):
+        x0 = jax.sharding.reshard(x0, P(AXIS))
+        # -> mean, var: f32[...] (replicated); samples: i32[C@i, ...]
+        return jax.jit(metropolis_explicit_program)(x0)
+# [end:explicit]
+
+
 # [start:numpy]
 # JAX's default random stream, threefry2x32, in NumPy. For a key (k0, k1):
 # fold_in(key, d) is threefry2x32(key, (0, d)); bits(key, shape) (32 bits) is
@@ -257,7 +284,8 @@ def main():
     want_mean, want_var, want_samples = metropolis_numpy(x0)
     results = {"pmap": metropolis_pmap(x0, N_DEVICES),
                "shard_map": metropolis_shard_map(x0, mesh),
-               "jit": metropolis_jit(x0, mesh)}
+               "jit": metropolis_jit(x0, mesh),
+               "explicit": metropolis_explicit(x0, mesh)}
     for form, (mean, var, samples) in results.items():
         # Same keys, same integer steps: the samples match NumPy bit for bit.
         np.testing.assert_array_equal(np.asarray(samples), want_samples,
@@ -286,8 +314,8 @@ def main():
           f"{var:.4f} (target {TARGET_VARIANCE} +- {var_half:.4f})")
     print("chain 0, by NumPy's threefry:", want_samples[0].tolist(),
           "on the devices:", np.asarray(results["shard_map"][2])[0].tolist())
-    print("ok: pmap, shard_map, jit and split-and-shard draw the NumPy stream's "
-          "samples bit for bit; estimates within 6 standard errors")
+    print("ok: pmap, shard_map, jit, explicit and split-and-shard draw the NumPy "
+          "stream's samples bit for bit; estimates within 6 standard errors")
 
 
 if __name__ == "__main__":

@@ -21,6 +21,8 @@ Which form when:
   * jit: the same schedule on a [S, mb, d] state sharded over the stages:
     ``vmap`` applies each stage's layer to its row and ``jnp.roll`` shifts the
     state one stage on; XLA writes the roll as collective-permutes.
+  * explicit: the jit schedule on Explicit axes: the state is created split
+    over the stages and keeps that split in its type, so nothing is pinned.
   * pmap (legacy): the same per-stage body, pmapped over the stage axis.
 
 The per-stage body, the global program and the NumPy oracle below are the
@@ -168,6 +170,67 @@ def pipeline_jit(params, x, y, mesh):
 # [end:jit]
 
 
+# [start:explicit]
+def pipeline_explicit_program(stage_params, x, y, mesh, axis=AXIS,
+                              microbatches=MICROBATCHES):
+    # pipeline_program on Explicit axes: stage_params["w"]: f32[S@axis, d, d];
+    # x, y: f32[batch, d] on every device. The state is created split over
+    # the stages (reshard of zeros: no communication) and every value
+    # computed from it keeps that split, so no constraint is needed.
+    del mesh  # the mesh in scope; the types name its axes
+    stages = stage_params["w"].shape[0]
+    xs = split_microbatches(x, microbatches)
+    ys = split_microbatches(y, microbatches)
+
+    def split(a):  # stage s's row on device s
+        return jax.sharding.reshard(a, P(axis, *([None] * (a.ndim - 1))))
+
+    stage = split(jnp.arange(stages))[:, None, None]  # i32[S@axis, 1, 1]
+
+    # Explicit mode does not slice a dimension across its shards, as
+    # jnp.roll of the stage axis must; auto_axes hands the roll to XLA's
+    # partitioner (the collective-permutes) and types the result split again.
+    shift = jax.sharding.auto_axes(lambda a: jnp.roll(a, 1, axis=0),
+                                   out_sharding=P(axis))
+
+    def loss(params):
+        def tick(carry, t):
+            # state: f32[S@axis, mb, d]; sums: f32[S@axis]
+            state, sums = carry
+            new = xs[jnp.minimum(t, microbatches - 1)][None]  # f32[1, mb, d]
+            # where() takes its operands split alike (with one stage, size 1
+            # broadcasts nothing): new, broadcast to every stage, split too
+            # (each device keeps its row; no communication)
+            state = jnp.where(stage == 0, split(jnp.broadcast_to(new, state.shape)),
+                              state)
+            out = jax.vmap(stage_layer)(params, state)  # f32[S@axis, mb, d]
+            done = t - (stages - 1)
+            err = jnp.sum((out - ys[jnp.maximum(done, 0)][None]) ** 2, axis=(1, 2))
+            keep = (stage[:, 0, 0] == stages - 1) & (done >= 0)
+            sums = sums + jnp.where(keep, err, 0.0)
+            return (shift(out), sums), None
+
+        start = (split(jnp.zeros((stages, *xs.shape[1:]), x.dtype)),
+                 split(jnp.zeros((stages,), x.dtype)))
+        ticks = jnp.arange(microbatches + stages - 1)
+        (_, sums), _ = lax.scan(tick, start, ticks, unroll=True)
+        return jnp.sum(sums) / x.shape[0]  # f32[]: the sum over axis
+
+    return jax.value_and_grad(loss)(stage_params)  # grads: f32[S@axis, ...]
+
+
+def pipeline_explicit(params, x, y, mesh):
+    # mesh: the same devices and names with every axis Explicit
+    mesh = jax.sharding.Mesh(mesh.devices, mesh.axis_names, axis_types=(
+        jax.sharding.AxisType.Explicit,) * len(mesh.axis_names))
+    with jax.set_mesh(mesh):
+        params = jax.sharding.reshard(params, P(AXIS))
+        x, y = jax.sharding.reshard((x, y), P())
+        return jax.jit(lambda p, x, y: pipeline_explicit_program(p, x, y, mesh))(
+            params, x, y)
+# [end:explicit]
+
+
 # [start:pmap]
 def pipeline_pmap(params, x, y, n_stages):
     # pmap maps over a leading device axis: each stage gets {"w": [1, d, d], ...}
@@ -227,6 +290,7 @@ def main():
     want_loss, want = pipeline_numpy(params, x, y)
     forms = {"shard_map": pipeline_shard_map(params, x, y, mesh),
              "jit": pipeline_jit(params, x, y, mesh),
+             "explicit": pipeline_explicit(params, x, y, mesh),
              "pmap": pipeline_pmap(params, x, y, N_STAGES)}
     for form, (loss, grads) in forms.items():
         np.testing.assert_allclose(float(loss), want_loss, rtol=1e-5, err_msg=form)
@@ -248,8 +312,8 @@ def main():
     print("bubble (S-1)/(M+S-1):",
           ", ".join(f"M={m}: {f:.2f}" for m, f in fractions.items()),
           f"(M={MICROBATCHES}: {N_STAGES - 1}/{MICROBATCHES + N_STAGES - 1})")
-    print("ok: loss and gradients of shard_map, jit and pmap equal the layers "
-          "run in sequence (NumPy)")
+    print("ok: loss and gradients of shard_map, jit, explicit and pmap equal the "
+          "layers run in sequence (NumPy)")
 
 
 if __name__ == "__main__":

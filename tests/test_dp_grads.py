@@ -136,13 +136,13 @@ def test_the_trap_sums_the_gradients_twice():
     assert all_reduced_bytes(_literal_port(mesh)) == 2 * grad_bytes
 
 
-@pytest.mark.parametrize("form", ["shard_map", "jit"])
+@pytest.mark.parametrize("form", ["shard_map", "jit", "explicit"])
 def test_dp_grads_all_reduces_the_gradients_once(form):
     mesh = cx.make_mesh((4, 2), ("i", "j"))
     axes = RECIPE.axes(mesh, None)
     params, x, y = _problem(8, d=5, o=4)
     stats = collective_stats(RECIPE.compiled(form, axes),
-                             *RECIPE.place(params, x, y, axes=axes))
+                             *RECIPE.place(params, x, y, axes=axes, form=form))
     # dw [5, 4] and db [4] travel together in one all-reduce; nothing else.
     assert stats.nonzero() == {"all-reduce": 1}
     assert stats.ops[0].operand_bytes == 4 * (5 * 4 + 4)
@@ -185,3 +185,33 @@ def test_recipe_file_matches_the_library_oracle():
     mesh = cx.make_mesh((4,), "i")
     _assert_grads_equal(module.dp_grads_shard_map(params, x, y, mesh), want)
     _assert_grads_equal(module.dp_grads_of_shard_map(params, x, y, mesh), want)
+
+
+@pytest.mark.skipif(
+    not _compat.UNREDUCED_GRADIENTS_CHECKED,
+    reason=f"JAX {jax.__version__}: reduced/unreduced gradient types are not "
+           "checked on this release (checked from "
+           f"{'.'.join(map(str, _compat.UNREDUCED_GRADIENTS_CHECKED_SINCE))})")
+def test_deferred_gradient_sum_all_reduces_half_the_bytes_of_two_microbatches():
+    module = load_recipe("dp_grads")
+    mesh = jax.make_mesh((8,), ("i",), axis_types=_compat.explicit_axis_types(1))
+    params, x, y = _problem(8, d=5, o=4)
+    xs, ys = (a.reshape(2, -1, a.shape[-1]) for a in (x, y))  # 2 microbatches
+    want = RECIPE.reference(params, x, y)
+    grad_bytes = 4 * (5 * 4 + 4)  # dw [5, 4] and db [4], float32
+    with jax.set_mesh(mesh):
+        placed = (jax.sharding.reshard(params, jax.P()),
+                  *jax.sharding.reshard((xs, ys), jax.P(None, "i")))
+        sent = {}
+        for name, program in (("each", module.dp_grads_microbatches_program),
+                              ("deferred", module.dp_grads_deferred_program)):
+            fn = jax.jit(program)
+            _assert_grads_equal(fn(*placed), want)
+            stats = collective_stats(fn, *placed)
+            assert set(stats.nonzero()) == {"all-reduce"}, (name, stats.nonzero())
+            assert sum(op.operand_bytes for op in stats.ops) == grad_bytes * (
+                2 if name == "each" else 1), name
+            sent[name] = stats.bytes("all-reduce")
+    assert sent["deferred"] == sent["each"] / 2, sent
+    _assert_grads_equal(
+        module.dp_grads_microbatches_explicit(params, xs, ys, mesh), want)

@@ -353,14 +353,17 @@ def body_of(value_and_grad_per_device: Callable[..., Any], model: bool,
     return body
 
 
-def program_of(value_and_grad_program: Callable[..., Any], model: bool
-               ) -> Callable[..., Any]:
+def program_of(value_and_grad_program: Callable[..., Any], model: bool,
+               with_mesh: bool = True) -> Callable[..., Any]:
     """A recipe file's ``value_and_grad_program(params, x, y, mesh, data_axis,
-    model_axis)`` as a recipe's program over ``axes``."""
+    model_axis)`` as a recipe's program over ``axes``; ``with_mesh=False``
+    for an explicit program, ``(params, x, y, data_axis, model_axis)``,
+    whose mesh is the one in scope."""
     @functools.wraps(value_and_grad_program)
     def program(params, x, y, *, axes: Axes):
         data, model_axis = data_and_model_axes(axes, model)
-        return value_and_grad_program(params, x, y, axes.mesh, data, model_axis)
+        mesh = (axes.mesh,) if with_mesh else ()
+        return value_and_grad_program(params, x, y, *mesh, data, model_axis)
     return program
 
 
@@ -436,6 +439,8 @@ dp_tp_mlp = register(Recipe(
             "W2/b2/W3 over model",
     body=body_of(file.value_and_grad_per_device, model=True),
     program=program_of(file.value_and_grad_program, model=True), oracle=mlp_oracle,
+    explicit_program=program_of(file.value_and_grad_explicit_program, model=True,
+                                with_mesh=False),
     in_specs=_specs(model=True)[0], out_specs=_specs(model=True)[1],
     example_shapes=_shapes(model=True), arg_names=("params", "x", "y"),
     n_terms=mlp_n_terms, dtype_kinds=_FLOAT, unsupported_reason=_needs_two_axes,
@@ -448,6 +453,8 @@ dp_mlp = register(Recipe(
             "grads psum",
     body=body_of(file.value_and_grad_per_device, model=False),
     program=program_of(file.value_and_grad_program, model=False), oracle=mlp_oracle,
+    explicit_program=program_of(file.value_and_grad_explicit_program, model=False,
+                                with_mesh=False),
     in_specs=_specs(model=False)[0], out_specs=_specs(model=False)[1],
     example_shapes=_shapes(model=False), arg_names=("params", "x", "y"),
     n_terms=mlp_n_terms, dtype_kinds=_FLOAT, plan=mlp_plan("DP")))

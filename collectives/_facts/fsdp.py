@@ -272,6 +272,8 @@ def _recipe(name: str, summary: str, model: bool, label: str) -> Recipe:
         body=body_of(file.value_and_grad_per_device, model, False),
         pmap_body=body_of(file.value_and_grad_per_device, model, True),
         program=program_of(file.value_and_grad_program, model),
+        explicit_program=program_of(file.value_and_grad_explicit_program, model,
+                                    with_mesh=False),
         oracle=on_axes(file.value_and_grad_numpy),
         in_specs=in_specs, out_specs=out_specs, example_shapes=_shapes(model),
         arg_names=("params", "x", "y"), n_terms=mlp_n_terms, dtype_kinds=_FLOAT,

@@ -221,9 +221,10 @@ moe_oracle = by_axis_size(file.moe_numpy)
 def _moe_fact(axes: Axes, args, form: str, *, top_k: int, capacity: int | None,
               capacity_factor: float) -> Expectation:
     """Two all-to-alls of the ``[E, C, D]`` buffer and one all-reduce of the
-    dropped count, in both forms. The jit form has one more op: XLA's
-    partitioner all-gathers the ``[t*k, E]`` int32 one-hot whose running sum
-    (a cumsum over tokens) numbers the slots."""
+    dropped count, in every form. The jit and explicit forms (the same
+    global program, resharded where the jit form constrains) have one more
+    op: XLA's partitioner all-gathers the ``[t*k, E]`` int32 one-hot whose
+    running sum (a cumsum over tokens) numbers the slots."""
     router_w, _, _, tokens = args
     n_experts, d = router_w.shape[-1], tokens.shape[-1]
     t = tokens.shape[0] // axes.size
@@ -233,7 +234,7 @@ def _moe_fact(axes: Axes, args, form: str, *, top_k: int, capacity: int | None,
     counts = {"all-to-all": 2, "all-reduce": 1}
     moved = {"all-to-all": 2 * per_device_bytes("all-to-all", buffer, axes.size),
              "all-reduce": per_device_bytes("all-reduce", 4, axes.size)}
-    if form == "jit":
+    if form in ("jit", "explicit"):
         counts["all-gather"] = 1
         moved["all-gather"] = per_device_bytes("all-gather", t * top_k * n_experts * 4,
                                                axes.size)
@@ -270,6 +271,8 @@ def moe_recipe(*, top_k: int = 1, capacity: int | None = None,
                 "capacity, expert FFN, all_to_all combine; counts dropped tokens",
         body=functools.partial(file.moe_body, **options),
         program=functools.partial(moe_program, **options),
+        explicit_program=functools.partial(on_mesh(file.moe_explicit_program),
+                                           **options),
         oracle=functools.partial(moe_oracle, **options), in_specs=_specs,
         out_specs=lambda axes: (P(axes.entry), P()), example_shapes=_shapes,
         arg_names=("router_w", "expert_w_in", "expert_w_out", "tokens"),

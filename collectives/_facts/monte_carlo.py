@@ -138,6 +138,7 @@ metropolis = register(Recipe(
     # x0: [k, ...] chain starts on each device -> mean [...], var [...] over all
     # chains (replicated) and the final states [k, ...]
     body=file.metropolis_body, program=on_axes(file.metropolis_program),
+    explicit_program=on_axes(file.metropolis_explicit_program),
     oracle=on_axes(file.metropolis_numpy),
     in_specs=lambda axes: (make_spec(axes.entry),),
     out_specs=lambda axes: (make_spec(), make_spec(), make_spec(axes.entry)),

@@ -267,6 +267,7 @@ pipeline_mlp = register(Recipe(
     summary="GPipe: one layer per stage over the axis, M microbatches passed on "
             "with ppermute in a scan; loss+grads",
     body=file.pipeline_value_and_grad, program=on_mesh(file.pipeline_program),
+    explicit_program=on_mesh(file.pipeline_explicit_program),
     oracle=_in_dtype_of_x(file.pipeline_numpy), in_specs=_in_specs,
     out_specs=_out_specs, example_shapes=_shapes,
     arg_names=("stage_params", "x", "y"), n_terms=_n_terms, magnitudes=_magnitudes,
