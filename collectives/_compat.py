@@ -200,6 +200,14 @@ def with_axis_types(mesh: jax.sharding.Mesh, explicit: bool) -> jax.sharding.Mes
     return jax.sharding.Mesh(mesh.devices, mesh.axis_names, axis_types=types)
 
 
+def tracing() -> bool:
+    """Whether JAX is tracing now (inside a caller's ``jax.jit``): the mesh
+    in scope is then the caller's, and ``jax.set_mesh`` may not be used."""
+    from jax._src import core as _core  # no public name on any release
+
+    return not _core.trace_state_clean()
+
+
 def mesh_scope(mesh: jax.sharding.Mesh | None) -> Any:
     """A context in which ``mesh`` is the mesh JAX traces against (``with
     jax.set_mesh(mesh):``): it stands in for whatever mesh a caller set

@@ -534,10 +534,14 @@ class _OnMesh:
         functools.update_wrapper(self, fn)
 
     def __call__(self, *args: Any) -> Any:
+        if _compat.tracing():  # inside the caller's jit: its mesh is in scope
+            return self._fn(*args)
         with _compat.mesh_scope(self._mesh):
             return self._fn(*args)
 
     def lower(self, *args: Any, **kwargs: Any) -> Any:
+        if _compat.tracing():
+            return self._fn.lower(*args, **kwargs)
         with _compat.mesh_scope(self._mesh):
             return self._fn.lower(*args, **kwargs)
 
