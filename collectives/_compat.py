@@ -28,7 +28,10 @@ What differs across that span, and what each name here papers over:
     (:data:`UNREDUCED_GRADIENTS_CHECKED`).
 * Bugs of single releases, with the recipe's workaround
     (``recipes/sharp_edges_versions.py``): :data:`VMAP_OF_SHARD_MAP_PSUM_FAILS`
-    (0.8.1 to 0.8.3), :data:`PSUM_SCATTER_ACCEPTS_NEGATIVE_DIMENSION` (0.11+).
+    (0.8.1 to 0.8.3), :data:`PSUM_SCATTER_ACCEPTS_NEGATIVE_DIMENSION` (0.11+);
+    of Explicit axes' unreduced values (``recipes/sharp_edges_explicit.py``):
+    :data:`UNREDUCED_RESHARD_SCALES_BY_N` (0.8.0, 0.8.1),
+    :data:`UNREDUCED_OUTPUT_READS_ONE_DEVICE` (up to 0.10.0).
 
 Every boundary below is checked against the release matrix
 (``tools/jax_matrix.py``, ``docs/compat/results/``) by
@@ -148,6 +151,23 @@ deferred sum over microbatches): 0.10.2 and 0.12.0.1 are; older releases
 are not checked, so the test of it skips there."""
 
 UNREDUCED_GRADIENTS_CHECKED = JAX_VERSION >= UNREDUCED_GRADIENTS_CHECKED_SINCE
+
+UNREDUCED_RESHARD_SCALES_BY_N = JAX_VERSION in {(0, 8, 0), (0, 8, 1)}
+"""On JAX 0.8.0 and 0.8.1, ``jax.sharding.reshard(x, P(unreduced={"i"}))``
+on an Explicit mesh copies all of ``x`` to every device (its value becomes
+``n * x``), so resharding it on to ``P()`` returns ``n * x``, silently; from
+0.8.2 each device holds its own block and zeros (the sum is ``x``). Measured
+on 0.8.0 to 0.8.3, 0.9.0, 0.9.1, 0.9.2, 0.10.2, 0.12.0.1 (pitfall 17 of
+``recipes/sharp_edges_explicit.py``). Workaround: reshard to ``P()``
+directly; take partial sums from the op that makes them."""
+
+UNREDUCED_OUTPUT_READS_ONE_DEVICE = JAX_VERSION < (0, 10, 1)
+"""An unreduced array returned from jit (spec ``P(..., unreduced={"i"})``)
+reads on the host as device 0's partial sum, silently, up to JAX 0.10.0;
+from 0.10.1 reading it raises (``NotImplementedError: device_indices_map
+doesn't work with unreduced``; 0.12: ``JaxRuntimeError: ... Unreduced
+sharding does not support UniqueIndexDomains``). Measured on 0.8.0 to 0.10.2,
+0.11.2, 0.12.0.1 (pitfall 18). Fix: reshard to ``P()`` inside jit."""
 
 AVAL_VARYING_IN_MAT = JAX_VERSION >= (0, 10, 0)
 """``jax.typeof(x).mat.varying`` replaces ``jax.typeof(x).vma`` (the axes a

@@ -1,0 +1,246 @@
+"""Sharp edges of Explicit mesh axes: shardings in the types, unreduced values.
+
+What it shows, on a mesh whose axes are ``AxisType.Explicit`` (what
+``jax.make_mesh`` gives by default from JAX 0.9), each as the wrong way (the
+real error or the wrong number) and the fix:
+
+  14. ``jnp.roll`` (or a slice) along a sharded dimension raises a
+      ShardingTypeError ("slicing on sharded dims where out dim (1) is not
+      divisible by mesh axes (8)"; from 0.12: "`a` cannot be sharded on the
+      axis being rolled over"). Fix: ``jax.sharding.auto_axes(f,
+      out_sharding=...)`` around it (the compiler picks the communication),
+      or a shard_map island that says it (one ppermute).
+  15. A dot whose contracting dimension is sharded on both sides raises:
+      "Contracting dimensions are sharded and it is ambiguous how the output
+      should be sharded". Fix: say it, ``jnp.matmul(a, b, out_sharding=P())``.
+  16. ``lax.with_sharding_constraint`` is an assertion on Explicit axes:
+      "AssertionError: `with_sharding_constraint` acts as an assert when all
+      axes of mesh are of type `Explicit`". Fix: ``jax.sharding.reshard``.
+  17. On JAX 0.8.0 and 0.8.1, ``reshard(x, P(unreduced={"i"}))`` copies the
+      whole of ``x`` to every device instead of splitting it into pieces that
+      sum to ``x``, so the reshard back to ``P()`` returns ``n * x``, silently.
+      Fix: reshard to ``P()`` directly; take partial sums from the op that
+      makes them (``jnp.matmul(..., out_sharding=P(unreduced={"i"}))``), which
+      is right on every release.
+  18. An unreduced array returned from jit keeps its type (``P(None, None,
+      unreduced={'i'})``); reading it on the host returns device 0's partial
+      sum, silently, up to JAX 0.10.0, and raises from 0.10.1
+      (NotImplementedError "device_indices_map doesn't work with unreduced";
+      0.12: JaxRuntimeError "Unreduced sharding does not support
+      UniqueIndexDomains"). Fix: reshard to ``P()`` before returning.
+
+Which form when: the explicit form is the jit form with the shardings in the
+types, so every one of these is the compiler asking the program to say what
+Auto axes let it guess; shard_map is the island where the per-device program
+is written by hand; pmap has none of these types.
+
+Devices: 8 (simulated on CPU by ``main()``).
+JAX versions checked: 0.8.0, 0.8.1, 0.8.2, 0.9.2, 0.10.2, 0.12.0.1 (17 and 18
+also 0.8.3, 0.9.0, 0.9.1, 0.10.0, 0.10.1, 0.11.2).
+Run: ``python recipes/sharp_edges_explicit.py``
+"""
+
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.sharding import PartitionSpec as P
+
+N_DEVICES = 8
+
+
+def make_explicit_mesh(shape, names):
+    # What jax.make_mesh(shape, names) gives by default from JAX 0.9 on.
+    return jax.make_mesh(shape, names,
+                         axis_types=(jax.sharding.AxisType.Explicit,) * len(shape))
+
+
+# [start:pmap]
+def matmul_pmap(a, b, n_devices):
+    # The "before" of 15, 17 and 18: each device multiplies its k columns of a
+    # by its k rows of b and psums the partial products.
+    # a: [m, n*k], b: [n*k, p] -> [m, p]
+    a_blocks = a.reshape(a.shape[0], n_devices, -1).transpose(1, 0, 2)  # [n, m, k]
+    b_blocks = b.reshape(n_devices, -1, b.shape[1])  # [n, k, p]
+    f = jax.pmap(lambda a, b: lax.psum(a @ b, "i"), axis_name="i")
+    return np.asarray(f(a_blocks, b_blocks))[0]  # every device holds the sum
+# [end:pmap]
+
+
+# [start:shard_map]
+def roll_shard_map(x, mesh):
+    # Fix 14, as a shard_map island: x: f32[n*k] over "i"; device d receives
+    # the last element of device d-1's block: one ppermute.
+    n = mesh.shape["i"]
+
+    def per_device(block):
+        # block: f32[k] on each device
+        carry = lax.ppermute(block[-1:], "i", [(d, (d + 1) % n) for d in range(n)])
+        return jnp.concatenate([carry, block[:-1]])
+
+    with jax.set_mesh(mesh):
+        x = jax.device_put(x, P("i"))
+        return jax.jit(jax.shard_map(per_device, in_specs=P("i"),
+                                     out_specs=P("i")))(x)
+# [end:shard_map]
+
+
+# [start:jit]
+def roll_plain(x, mesh):
+    # Pitfall 14: x: f32[16@i]; rolling along the sharded dimension raises.
+    with jax.set_mesh(mesh):
+        x = jax.device_put(x, P("i"))
+        return jax.jit(lambda x: jnp.roll(x, 1))(x)
+
+
+def roll_auto_axes(x, mesh):
+    # Fix 14: inside auto_axes the axes are Auto again (the compiler chooses
+    # the communication); out_sharding gives the result its Explicit type.
+    with jax.set_mesh(mesh):
+        x = jax.device_put(x, P("i"))
+        roll = jax.sharding.auto_axes(lambda x: jnp.roll(x, 1), out_sharding=P("i"))
+        return jax.jit(roll)(x)
+
+
+def matmul_plain(a, b, mesh):
+    # Pitfall 15: a: f32[m, 16@i] @ b: f32[16@i, p]: the output's sharding is
+    # ambiguous (replicated? sharded? unreduced?), so the type check raises.
+    with jax.set_mesh(mesh):
+        a, b = jax.device_put(a, P(None, "i")), jax.device_put(b, P("i", None))
+        return jax.jit(lambda a, b: a @ b)(a, b)
+
+
+def matmul_out_sharding(a, b, mesh):
+    # Fix 15: say where the result lives: P() is one all-reduce.
+    with jax.set_mesh(mesh):
+        a, b = jax.device_put(a, P(None, "i")), jax.device_put(b, P("i", None))
+        return jax.jit(lambda a, b: jnp.matmul(a, b, out_sharding=P()))(a, b)
+
+
+def constrain_plain(x, mesh):
+    # Pitfall 16: on Explicit axes with_sharding_constraint only checks.
+    with jax.set_mesh(mesh):
+        x = jax.device_put(x, P("i"))
+        return jax.jit(lambda x: lax.with_sharding_constraint(2 * x, P()))(x)
+
+
+def constrain_reshard(x, mesh):
+    # Fix 16: reshard moves the data (an all-gather here) and changes the type.
+    with jax.set_mesh(mesh):
+        x = jax.device_put(x, P("i"))
+        return jax.jit(lambda x: jax.sharding.reshard(2 * x, P()))(x)
+
+
+def unreduced_round_trip(x, mesh):
+    # Pitfall 17: x: f32[16@i] -> unreduced (pieces that sum to x) -> P().
+    # JAX 0.8.0 and 0.8.1 copy all of x to each device: the sum is n * x.
+    with jax.set_mesh(mesh):
+        x = jax.device_put(x, P("i"))
+        return jax.jit(lambda x: jax.sharding.reshard(
+            jax.sharding.reshard(x, P(unreduced={"i"})), P()))(x)
+
+
+def replicate_directly(x, mesh):
+    # Fix 17: the round trip's value is x: reshard to P() directly.
+    with jax.set_mesh(mesh):
+        x = jax.device_put(x, P("i"))
+        return jax.jit(lambda x: jax.sharding.reshard(x, P()))(x)
+
+
+def partial_products_reduced(a, b, mesh):
+    # Fix 17, when partial sums are what you want: the matmul makes them
+    # (each device's a_block @ b_block, unreduced over "i"), and the reshard
+    # to P() is the deferred all-reduce; right on every release.
+    with jax.set_mesh(mesh):
+        a, b = jax.device_put(a, P(None, "i")), jax.device_put(b, P("i", None))
+
+        @jax.jit
+        def f(a, b):
+            partial = jnp.matmul(a, b, out_sharding=P(None, None, unreduced={"i"}))
+            return jax.sharding.reshard(partial, P())
+
+        return f(a, b)
+
+
+def partial_products_returned(a, b, mesh):
+    # Pitfall 18: the unreduced partial products leave jit as they are.
+    with jax.set_mesh(mesh):
+        a, b = jax.device_put(a, P(None, "i")), jax.device_put(b, P("i", None))
+        return jax.jit(lambda a, b: jnp.matmul(
+            a, b, out_sharding=P(None, None, unreduced={"i"})))(a, b)
+# [end:jit]
+
+
+# [start:numpy]
+def roll_numpy(x):
+    return np.roll(x, 1)
+
+
+def matmul_numpy(a, b):
+    return a.astype(np.float64) @ b.astype(np.float64)
+# [end:numpy]
+
+
+def error_line(fn, *args):
+    """The exception ``fn`` raises, as one short line; None when it runs."""
+    try:
+        np.asarray(fn(*args))
+    except Exception as err:  # JAX's ShardingTypeError has no public name
+        text = " ".join(str(err).split())
+        return f"{type(err).__name__}: {text[:110]}"
+    return None
+
+
+def main():
+    # Simulated CPU devices, on a GPU machine too, unless $JAX_PLATFORMS
+    # names a platform.
+    jax.config.update("jax_platforms", os.environ.get("JAX_PLATFORMS", "cpu"))
+    jax.config.update("jax_num_cpu_devices", N_DEVICES)
+    mesh = make_explicit_mesh((N_DEVICES,), ("i",))
+    print(f"JAX {jax.__version__}")
+
+    x = np.arange(2.0 * N_DEVICES, dtype=np.float32)  # [16]
+    print("14. jnp.roll along a sharded dim ->", error_line(roll_plain, x, mesh))
+    for form, got in (("auto_axes", roll_auto_axes(x, mesh)),
+                      ("shard_map", roll_shard_map(x, mesh))):
+        np.testing.assert_array_equal(np.asarray(got), roll_numpy(x), err_msg=form)
+    print("    auto_axes and shard_map ->", np.asarray(roll_numpy(x))[:4].tolist(),
+          "...")
+
+    a = np.arange(2.0 * x.size, dtype=np.float32).reshape(2, -1)  # [2, 16]
+    b = np.ones((x.size, 3), dtype=np.float32)  # [16, 3]
+    want = matmul_numpy(a, b)
+    print("15. a @ b, contracting dim sharded ->", error_line(matmul_plain, a, b, mesh))
+    for form, got in (("out_sharding=P()", matmul_out_sharding(a, b, mesh)),
+                      ("pmap", matmul_pmap(a, b, N_DEVICES))):
+        np.testing.assert_array_equal(np.asarray(got), want, err_msg=form)
+    print("    out_sharding=P() ->", want[:, 0].tolist())
+
+    print("16. with_sharding_constraint ->", error_line(constrain_plain, x, mesh))
+    np.testing.assert_array_equal(np.asarray(constrain_reshard(x, mesh)), 2 * x)
+    print("    reshard ->", np.asarray(constrain_reshard(x, mesh))[:4].tolist(), "...")
+
+    got = np.asarray(unreduced_round_trip(x, mesh))
+    print(f"17. reshard to unreduced and back -> {got[:4].tolist()} ... "
+          f"(x is {x[:4].tolist()} ...)")
+    assert np.array_equal(got, x) or np.array_equal(got, N_DEVICES * x), got
+    np.testing.assert_array_equal(np.asarray(replicate_directly(x, mesh)), x)
+    np.testing.assert_array_equal(np.asarray(partial_products_reduced(a, b, mesh)),
+                                  want)
+    print("    reshard to P() directly ->", np.asarray(x)[:4].tolist(),
+          "...; partial products, then P() ->", want[:, 0].tolist())
+
+    returned = partial_products_returned(a, b, mesh)
+    print(f"18. unreduced out of jit: spec {returned.sharding.spec}; read ->",
+          error_line(lambda: np.asarray(returned).tolist())
+          or f"{np.asarray(returned)[:, 0].tolist()} (device 0's part; want "
+          f"{want[:, 0].tolist()})")
+    print("    reshard to P() before returning ->", want[:, 0].tolist())
+    print("ok: every fix agrees with NumPy on Explicit axes (auto_axes, "
+          "out_sharding, reshard, partial sums reduced before they leave jit)")
+
+
+if __name__ == "__main__":
+    main()
