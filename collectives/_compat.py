@@ -143,12 +143,13 @@ PSUM_SCATTER_ACCEPTS_NEGATIVE_DIMENSION = JAX_VERSION >= (0, 11, 0)
 before, lowering fails ("'scatter_dimension' failed to satisfy constraint:
 ... non-negative", jax-ml/jax#20125). Workaround: ``dimension % ndim``."""
 
-UNREDUCED_GRADIENTS_CHECKED_SINCE = (0, 10, 2)
-"""The oldest release here on which a parameter resharded to
-``P(..., reduced={axis})`` is checked to get an ``unreduced={axis}``
-gradient that one ``reshard(g, P())`` sums (``recipes/dp_grads.py``'s
-deferred sum over microbatches): 0.10.2 and 0.12.0.1 are; older releases
-are not checked, so the test of it skips there."""
+UNREDUCED_GRADIENTS_CHECKED_SINCE = (0, 9, 1)
+"""The oldest release on which a parameter resharded to
+``P(..., reduced={axis})`` gets an ``unreduced={axis}`` gradient that one
+``reshard(g, P())`` sums (``recipes/dp_grads.py``'s deferred sum over
+microbatches, ``DEFERRED_SUM_SINCE`` there): measured on 0.8.0, 0.8.3 and
+0.9.0 ("operand passed to reduce_sum cannot be unreduced"), 0.9.1, 0.9.2,
+0.10.2, 0.11.2 and 0.12.0.1 (right)."""
 
 UNREDUCED_GRADIENTS_CHECKED = JAX_VERSION >= UNREDUCED_GRADIENTS_CHECKED_SINCE
 

@@ -215,3 +215,10 @@ def test_deferred_gradient_sum_all_reduces_half_the_bytes_of_two_microbatches():
     assert sent["deferred"] == sent["each"] / 2, sent
     _assert_grads_equal(
         module.dp_grads_microbatches_explicit(params, xs, ys, mesh), want)
+
+
+def test_the_recipe_files_version_switch_is_compats():
+    from collectives import _compat
+    from collectives.recipes import dp_grads as file
+
+    assert file.DEFERRED_SUM_SINCE == _compat.UNREDUCED_GRADIENTS_CHECKED_SINCE
