@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import inspect
 import os
 import re
@@ -227,6 +228,29 @@ def tracing() -> bool:
     from jax._src import core as _core  # no public name on any release
 
     return not _core.trace_state_clean()
+
+
+class OnMesh:
+    """A jitted (or pmapped) callable that traces and runs with ``mesh`` in
+    scope (``None``: no mesh, as ``jax.pmap`` needs), so a mesh the caller
+    set globally with ``jax.set_mesh`` does not reach it; inside a caller's
+    ``jax.jit`` it runs under the caller's mesh."""
+
+    def __init__(self, fn: Any, mesh: jax.sharding.Mesh | None) -> None:
+        self._fn, self._mesh = fn, mesh
+        functools.update_wrapper(self, fn)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if tracing():
+            return self._fn(*args, **kwargs)
+        with mesh_scope(self._mesh):
+            return self._fn(*args, **kwargs)
+
+    def lower(self, *args: Any, **kwargs: Any) -> Any:
+        if tracing():
+            return self._fn.lower(*args, **kwargs)
+        with mesh_scope(self._mesh):
+            return self._fn.lower(*args, **kwargs)
 
 
 def mesh_scope(mesh: jax.sharding.Mesh | None) -> Any:

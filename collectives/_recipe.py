@@ -506,7 +506,7 @@ def pmap_callable(recipe: Recipe, axes: Axes) -> Callable[..., Any]:
     for name in reversed(names[1:]):
         fn = jax.vmap(fn, in_axes=in_axes, axis_name=name)
     first_column = mesh.devices[(slice(None),) + (0,) * (len(names) - 1)]
-    return _OnMesh(jax.pmap(fn, axis_name=names[0], in_axes=in_axes,
+    return _compat.OnMesh(jax.pmap(fn, axis_name=names[0], in_axes=in_axes,
                             devices=list(first_column)), None)
 
 
@@ -521,29 +521,6 @@ def form_mesh(form: str, mesh: jax.sharding.Mesh) -> jax.sharding.Mesh:
     if form in ("jit", "explicit"):
         return _compat.with_axis_types(mesh, explicit=form == "explicit")
     return mesh
-
-
-class _OnMesh:
-    """A jitted form that traces and runs with its own mesh in scope (no mesh
-    for pmap, which builds its own), so a mesh the caller set globally
-    (``jax.set_mesh``) does not reach it."""
-
-    def __init__(self, fn: Callable[..., Any], mesh: jax.sharding.Mesh | None
-                 ) -> None:
-        self._fn, self._mesh = fn, mesh
-        functools.update_wrapper(self, fn)
-
-    def __call__(self, *args: Any) -> Any:
-        if _compat.tracing():  # inside the caller's jit: its mesh is in scope
-            return self._fn(*args)
-        with _compat.mesh_scope(self._mesh):
-            return self._fn(*args)
-
-    def lower(self, *args: Any, **kwargs: Any) -> Any:
-        if _compat.tracing():
-            return self._fn.lower(*args, **kwargs)
-        with _compat.mesh_scope(self._mesh):
-            return self._fn.lower(*args, **kwargs)
 
 
 def _resharded(tree: Any, specs: Any) -> Any:
@@ -583,7 +560,7 @@ def _build(recipe: Recipe, form: str, axes: Axes) -> Callable[..., Any]:
 
         explicit.__name__ = f"{recipe.name}_explicit"
         fn = jax.jit(explicit)
-    return _OnMesh(fn, mesh)
+    return _compat.OnMesh(fn, mesh)
 
 
 def clear_caches() -> None:

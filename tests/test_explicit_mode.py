@@ -1,7 +1,7 @@
 """JAX's defaults: Explicit mesh axes, often set globally with ``jax.set_mesh``.
 
 After ``jax.set_mesh(jax.make_mesh((4, 2), ("X", "Y")))``, as JAX's guide to
-distributed arrays begins, the README example, ``check()`` and
+distributed arrays begins, the README example, ``check()``, a bench sweep and
 ``assert_forms_agree`` on every recipe run and pass (each form runs on its
 own mesh; the explicit form on Explicit axes). A user's Explicit mesh passed
 in works in every form. Breaking a recipe file's global program breaks the
@@ -36,6 +36,11 @@ print("check:", cx.summarize(rows))
 for row in rows:
     if not row.ok or row.skipped:
         print("ROW", row.recipe, row.mesh, row.axis, row.ok, row.detail[:300])
+import io
+from collectives import bench
+doc = bench.run(["psum"], sizes=(1024,), samples=2, budget=0.2, memory=False,
+                out=io.StringIO())
+print("bench:", sorted({row["form"] for row in doc["results"]}))
 mesh = cx.make_mesh((4, 2), ("i", "j"))
 for name, recipe in cx.RECIPES.items():
     axes = recipe.axes(mesh)
@@ -60,6 +65,7 @@ def test_on_a_global_explicit_mesh_everything_runs_and_agrees():
     assert "axis_types=(Explicit, Explicit)" in out.splitlines()[0] or (
         jax.__version_info__ < (0, 9)), out[:500]
     assert "README example: ok" in out
+    assert "bench: ['jit', 'pmap', 'ring', 'shard_map']" in out, out
     summary = re.search(r"check: (\d+) agree, (\d+) disagree", out)
     assert summary and int(summary[1]) > 100 and summary[2] == "0", out
     assert "ROW" not in out or all("skipped" in line or "True" in line

@@ -19,6 +19,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from collectives import _compat
 from collectives import _layout
 from collectives._arrays import dtype_kind
 from collectives._facts.ring_algorithms import RING_OF
@@ -134,7 +135,7 @@ def _iters_array(mesh: jax.sharding.Mesh, iters: int) -> jax.Array:
 
 @functools.cache
 def _pmap_identity(devices: tuple[Any, ...]) -> Callable[[Any], Any]:
-    return jax.pmap(lambda a: a, devices=list(devices))
+    return _compat.OnMesh(jax.pmap(lambda a: a, devices=list(devices)), None)
 
 
 def pmap_devices(axes: Axes) -> tuple[Any, ...]:
@@ -145,7 +146,8 @@ def pmap_devices(axes: Axes) -> tuple[Any, ...]:
 def pmap_program(recipe: Recipe, axes: Axes) -> Callable[..., Any]:
     """The recipe's pmap form on pmap's stacked input (one collective a call)."""
     body = functools.partial(recipe.pmap_body or recipe.body, axis=axes.axis)
-    return jax.pmap(body, axis_name=axes.names[0], devices=list(pmap_devices(axes)))
+    return _compat.OnMesh(jax.pmap(body, axis_name=axes.names[0],
+                                   devices=list(pmap_devices(axes))), None)
 
 
 def to_device_stacked(x: np.ndarray, axes: Axes, spec: P) -> jax.Array:
@@ -156,6 +158,13 @@ def to_device_stacked(x: np.ndarray, axes: Axes, spec: P) -> jax.Array:
 
 @functools.cache
 def _program(form: str, recipe: Recipe, axes: Axes) -> Callable[..., Any]:
+    """The form's timed program, run with its own mesh in scope (none for
+    pmap), whatever mesh the caller set with ``jax.set_mesh``."""
+    return _compat.OnMesh(_unscoped_program(form, recipe, axes),
+                          None if form == "pmap" else axes.mesh)
+
+
+def _unscoped_program(form: str, recipe: Recipe, axes: Axes) -> Callable[..., Any]:
     (spec,) = recipe.in_specs(axes)
     out_specs = recipe.out_specs(axes)
     if form in ("shard_map", "ring"):
@@ -255,9 +264,9 @@ def _copy_program(axes: Axes) -> Callable[..., Any]:
         # compiler cannot prove away (a bare copy would be elided).
         return looped(lambda v: v + zero)(x, iters)
 
-    return jax.jit(jax.shard_map(
+    return _compat.OnMesh(jax.jit(jax.shard_map(
         run, mesh=axes.mesh, in_specs=(P(axes.entry), P(), P()),
-        out_specs=P(axes.entry)))
+        out_specs=P(axes.entry))), axes.mesh)
 
 
 def bind_copy(axes: Axes, size: int, dtype: Any
