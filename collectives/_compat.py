@@ -154,6 +154,15 @@ microbatches, ``DEFERRED_SUM_SINCE`` there): measured on 0.8.0, 0.8.3 and
 
 UNREDUCED_GRADIENTS_CHECKED = JAX_VERSION >= UNREDUCED_GRADIENTS_CHECKED_SINCE
 
+EXPLICIT_KEYS_RESHARD_SINCE = (0, 10, 0)
+"""From this release, a PRNG key array made inside jit on Explicit mesh axes
+can be resharded (``recipes/monte_carlo.py``'s explicit form, its
+``EXPLICIT_KEYS_SINCE``); before, ``reshard`` raises "Resource axis: i of
+PartitionSpec('i', ...) is not found in mesh: ()". Measured: 0.8.0, 0.8.3,
+0.9.2 raise; 0.10.2, 0.12.0.1 reshard."""
+
+EXPLICIT_KEYS_RESHARD = JAX_VERSION >= EXPLICIT_KEYS_RESHARD_SINCE
+
 UNREDUCED_RESHARD_SCALES_BY_N = JAX_VERSION in {(0, 8, 0), (0, 8, 1)}
 """On JAX 0.8.0 and 0.8.1, ``jax.sharding.reshard(x, P(unreduced={"i"}))``
 on an Explicit mesh copies all of ``x`` to every device (its value becomes

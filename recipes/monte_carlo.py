@@ -183,6 +183,9 @@ def metropolis_jit(x0, mesh):
 
 
 # [start:explicit]
+EXPLICIT_KEYS_SINCE = (0, 10, 0)  # resharding keys made inside jit: refused before
+
+
 def metropolis_explicit_program(x0, seed=SEED):
     # x0: f32[C@i, ...]. vmap needs the chains' dimension split alike in
     # every input: the keys, built whole from arange(C) (key<fry>[C]), are
@@ -284,8 +287,12 @@ def main():
     want_mean, want_var, want_samples = metropolis_numpy(x0)
     results = {"pmap": metropolis_pmap(x0, N_DEVICES),
                "shard_map": metropolis_shard_map(x0, mesh),
-               "jit": metropolis_jit(x0, mesh),
-               "explicit": metropolis_explicit(x0, mesh)}
+               "jit": metropolis_jit(x0, mesh)}
+    if jax.__version_info__[:3] >= EXPLICIT_KEYS_SINCE:
+        results["explicit"] = metropolis_explicit(x0, mesh)
+    else:
+        print(f"(the explicit form needs JAX >= 0.10: on {jax.__version__} keys "
+              "made inside jit cannot be resharded on Explicit axes)")
     for form, (mean, var, samples) in results.items():
         # Same keys, same integer steps: the samples match NumPy bit for bit.
         np.testing.assert_array_equal(np.asarray(samples), want_samples,

@@ -224,3 +224,10 @@ def test_chain_keys_rejects_a_bad_chain_count():
     for bad in (0, -1, 2.0, True):
         with pytest.raises(ValueError, match="n_local: expected the number of chains"):
             cx.chain_keys(key, "i", bad)
+
+
+def test_the_recipe_files_version_switch_is_compats():
+    from collectives import _compat
+    from collectives.recipes import monte_carlo as file
+
+    assert file.EXPLICIT_KEYS_SINCE == _compat.EXPLICIT_KEYS_RESHARD_SINCE

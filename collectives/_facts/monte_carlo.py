@@ -22,8 +22,10 @@ validate their arguments before calling the file's.
 
 from __future__ import annotations
 
+import jax
 import numpy as np
 
+from collectives import _compat
 from collectives._costs import fixed
 from collectives._layout import Axes
 from collectives._layout import make_spec
@@ -131,6 +133,13 @@ def _n_terms(axes: Axes) -> int:
     return 4 * (axes.size + 8)
 
 
+def _explicit_reason(axes: Axes) -> str | None:
+    if _compat.EXPLICIT_KEYS_RESHARD:
+        return None
+    return (f"JAX {jax.__version__} cannot reshard keys made inside jit on "
+            "Explicit axes (from 0.10 it can)")
+
+
 metropolis = register(Recipe(
     name="metropolis", recipe_file="monte_carlo.py",
     cost_model=fixed({"all-reduce": 2}),
@@ -139,6 +148,7 @@ metropolis = register(Recipe(
     # chains (replicated) and the final states [k, ...]
     body=file.metropolis_body, program=on_axes(file.metropolis_program),
     explicit_program=on_axes(file.metropolis_explicit_program),
+    explicit_reason=_explicit_reason,
     oracle=on_axes(file.metropolis_numpy),
     in_specs=lambda axes: (make_spec(axes.entry),),
     out_specs=lambda axes: (make_spec(), make_spec(), make_spec(axes.entry)),
