@@ -160,7 +160,7 @@ def test_compiled_collectives_match_the_declared_cost_model(name, form):
         axes = recipe.axes(mesh, axis)
         args = recipe.example_args(mesh, axis)
         stats = collective_stats(recipe.compiled(form, axes),
-                                 *recipe.place(*args, axes=axes))
+                                 *recipe.place(*args, axes=axes, form=form))
         problems = [e.mismatch(stats)
                     for e in recipe.expected_costs(form, axes, args)]
         assert None in problems, (

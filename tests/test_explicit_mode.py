@@ -40,7 +40,7 @@ import io
 from collectives import bench
 doc = bench.run(["psum"], sizes=(1024,), samples=2, budget=0.2, memory=False,
                 out=io.StringIO())
-print("bench:", sorted({row["form"] for row in doc["results"]}))
+print("bench:", sorted(set(row["form"] for row in doc["results"])))
 mesh = cx.make_mesh((4, 2), ("i", "j"))
 for name, recipe in cx.RECIPES.items():
     axes = recipe.axes(mesh)
