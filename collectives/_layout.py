@@ -68,7 +68,7 @@ class Axes:
     ``entry`` and ``others_entry`` are the ``PartitionSpec`` entries of a
     dimension sharded over ``names`` and over ``others``:
     ``P(axes.entry, axes.others_entry)`` splits rows over the collective axes
-    and columns over the rest of the mesh (:func:`rows_on_axes`).
+    and columns over the rest of the mesh (``rows_on_axes`` in this module).
     """
 
     mesh: Mesh
