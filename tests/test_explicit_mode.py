@@ -66,7 +66,7 @@ def test_on_a_global_explicit_mesh_everything_runs_and_agrees():
     assert "axis_types=(Explicit, Explicit)" in out.splitlines()[0] or (
         jax.__version_info__ < (0, 9)), out[:500]
     assert "README example: ok" in out
-    assert "bench: ['jit', 'pmap', 'ring', 'shard_map']" in out, out
+    assert "bench: ['copy', 'jit', 'pmap', 'ring', 'shard_map']" in out, out
     summary = re.search(r"check: (\d+) agree, (\d+) disagree", out)
     assert summary and int(summary[1]) > 100 and summary[2] == "0", out
     assert "ROW" not in out or all("skipped" in line or "True" in line
