@@ -56,6 +56,7 @@ DEFAULT_TESTS = ("tests/test_compat.py tests/test_sharp_edges_grads.py "
                  "tests/test_sharp_edges_ppermute.py tests/test_sharp_edges_rng.py "
                  "tests/test_sharp_edges_sharding.py "
                  "tests/test_sharp_edges_versions.py "
+                 "tests/test_sharp_edges_explicit.py tests/test_explicit_mode.py "
                  "tests/test_migrate_removed_apis.py tests/test_migrate_pmap.py "
                  "tests/test_vmap_batching.py tests/test_reductions.py "
                  "tests/test_psum_scatter.py tests/test_ppermute.py "
@@ -397,6 +398,9 @@ def run_release(release: str, python: str, args, log) -> dict:
             if "tests" in args.steps and args.tests:
                 log("  tests")
                 result["tests"] = run_tests(venv, work, args.tests)
+                if getattr(args, "junit_dir", None) and (work / "junit.xml").exists():
+                    shutil.copy(work / "junit.xml",
+                                Path(args.junit_dir) / f"junit-matrix-{release}.xml")
     _write(path, result)
     return result
 
@@ -541,6 +545,11 @@ def main(argv=None) -> int:
                         help="where the venvs live (default: %(default)s)")
     parser.add_argument("--results", default=str(RESULTS_DIR),
                         help="where the JSON results go (default: %(default)s)")
+    parser.add_argument("--junit-dir", metavar="DIR",
+                        help="keep each release's JUnit report of its tests as "
+                             "DIR/junit-matrix-RELEASE.xml (tools/never_run.py "
+                             "reads them: a test that runs only on old releases "
+                             "counts as run)")
     parser.add_argument("--tests", default=DEFAULT_TESTS,
                         help="pytest arguments of the test subset; '' for none "
                              "(default: %(default)s)")
