@@ -290,7 +290,7 @@ def assert_forms_agree(
       >>> x = np.arange(16.0).reshape(8, 2)
       >>> report = assert_forms_agree(cx.RECIPES["psum"], x)
       >>> report.forms
-      ('pmap', 'shard_map', 'jit', 'reference')
+      ('pmap', 'shard_map', 'jit', 'explicit', 'reference')
       >>> assert_forms_agree({"jit": lambda x: x.sum(0) * 2,
       ...                     "reference": lambda x: x.sum(0)}, x)
       Traceback (most recent call last):

@@ -24,6 +24,7 @@ _SKELETON = '''
     import os
 
     import jax
+    import jax.numpy as jnp
     import numpy as np
     from jax import lax
     from jax.sharding import NamedSharding
@@ -61,6 +62,20 @@ _SKELETON = '''
     # [end:jit]
 
 
+    # [start:explicit]
+    {explicit}
+
+
+    def {stem}_explicit({args}, mesh):
+        mesh = jax.sharding.Mesh(mesh.devices, mesh.axis_names, axis_types=(
+            jax.sharding.AxisType.Explicit,) * len(mesh.axis_names))
+        with jax.set_mesh(mesh):
+            placed = [jax.device_put(a, s) for a, s in zip(({args},), {in_specs})]
+            return jax.jit(lambda *a: jax.sharding.reshard(
+                {stem}_explicit_program(*a, mesh.shape["i"]), {out_spec}))(*placed)
+    # [end:explicit]
+
+
     # [start:numpy]
     {numpy}
     # [end:numpy]
@@ -73,7 +88,7 @@ _SKELETON = '''
         {inputs}
         want = {stem}_numpy({args}, 8)
         for got in ({stem}_pmap({args}, 8), {stem}_shard_map({args}, mesh),
-                    {stem}_jit({args}, mesh)):
+                    {stem}_jit({args}, mesh), {stem}_explicit({args}, mesh)):
             np.testing.assert_array_equal(np.asarray(got), want)
         print("result:", np.asarray(want).ravel()[:4].tolist())
         print("ok: every form agrees with NumPy")
@@ -86,7 +101,10 @@ _SKELETON = '''
 
 def _recipe_file(**fields):
     # each field's continuation lines take the indentation of where it goes
-    for key, indent in (("body", 4), ("program", 4), ("numpy", 4), ("inputs", 8)):
+    fields.setdefault("explicit", f"{fields['stem']}_explicit_program = "
+                                  f"{fields['stem']}_program  # right as it is")
+    for key, indent in (("body", 4), ("program", 4), ("explicit", 4), ("numpy", 4),
+                        ("inputs", 8)):
         fields[key] = textwrap.dedent(fields[key]).strip().replace(
             "\n", "\n" + " " * indent)
     return textwrap.dedent(_SKELETON.format(**fields))
@@ -146,6 +164,10 @@ STRATEGY = dict(
     program='''
         def dp_square_program(w, x, n):
             return x.T @ (x @ w)''',
+    explicit='''
+        def dp_square_explicit_program(w, x, n):
+            # x.T @ ... contracts the sharded rows: say where the sum lives
+            return jnp.matmul(x.T, x @ w, out_sharding=P())''',
     numpy='''
         def dp_square_numpy(w, x, n):
             w64, x64 = np.asarray(w, np.float64), np.asarray(x, np.float64)
@@ -220,6 +242,7 @@ FACTS = {
             summary="data-parallel gradient of 0.5 |x w|^2, a recipe added in a test",
             recipe_file="dp_square.py", body=file.dp_square_body,
             program=by_axis_size(file.dp_square_program),
+            explicit_program=by_axis_size(file.dp_square_explicit_program),
             oracle=by_axis_size(file.dp_square_numpy),
             in_specs=lambda axes: (make_spec(), make_spec(axes.entry)),
             out_specs=lambda axes: make_spec(), arg_names=("w", "x"),
@@ -339,7 +362,7 @@ def test_each_new_recipe_reaches_list_check_show_the_gallery_and_the_bench(check
         assert re.search(rf"gallery: {section} {stem}\.py \['throwaway_", out), out
     assert any("shard_map" in row for row in
                re.findall(r"^throwaway_double_psum .*", out, re.M)), out
-    assert out.count("form: meets its cost model") == 2, out
+    assert out.count("form: meets its cost model") == 3, out  # every placed form
     assert "diagram: step 0: all-reduce" in out, out
     assert "12 agree, 0 disagree" in out, out  # 3 recipes x 4 mesh configurations
     for stem in RECIPES:

@@ -46,7 +46,8 @@ def test_a_psum_scaled_by_n_is_named_with_index_values_and_tolerance(mesh):
         assert_forms_agree(wrong, x, mesh=mesh)
     message = str(info.value)
     assert message.startswith(
-        "recipe 'psum': pmap, shard_map disagree with the reference; jit agrees.")
+        "recipe 'psum': pmap, shard_map disagree with the reference; jit, explicit "
+        "agree.")
     index = worst_index(message, "shard_map")
     got = np.asarray(wrong.shard_map(x, mesh=mesh))[index]
     want = psum.reference(x, mesh=mesh)[index]
@@ -68,7 +69,7 @@ def test_a_ppermute_in_the_wrong_direction_is_caught_exactly(mesh):
         assert_forms_agree(wrong, x, mesh=mesh)
     message = str(info.value)
     assert message.startswith("recipe 'ppermute_ring': shard_map disagrees with the "
-                              "reference; pmap, jit agree.")
+                              "reference; pmap, jit, explicit agree.")
     assert "shard_map vs reference, output: 48 of 48 elements differ" in message
     assert "pmap vs" not in message and "jit vs" not in message
     # Data movement is compared exactly: n_terms = 0.

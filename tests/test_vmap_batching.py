@@ -75,7 +75,8 @@ def test_vmap_form_agrees_with_pmap_and_shard_map(name):
     forms = {**recipe.forms(mesh, axis),
              "vmap": functools.partial(cx.vmap_form, recipe, mesh=mesh, axis=axis)}
     report = assert_forms_agree(forms, *args, rtol=0, atol=0)
-    assert report.forms == ("pmap", "shard_map", "jit", "vmap", "reference")
+    assert report.forms == ("pmap", "shard_map", "jit", "explicit", "vmap",
+                            "reference")
 
 
 def test_vmap_form_runs_on_a_single_device():
