@@ -9,7 +9,6 @@ on a named flag in collectives._compat and asserts what this version does.
 import numpy as np
 import pytest
 
-import collectives as cx
 from helpers import load_recipe
 
 N = 8
@@ -18,11 +17,6 @@ N = 8
 @pytest.fixture(scope="module")
 def grads():
     return load_recipe("sharp_edges_grads")
-
-
-@pytest.fixture(scope="module")
-def mesh():
-    return cx.make_mesh((N,), "i")
 
 
 def test_pitfall_3_literal_pmap_port_gives_n_times_the_gradient(grads, mesh):

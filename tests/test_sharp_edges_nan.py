@@ -21,11 +21,6 @@ def nan_edges():
     return load_recipe("sharp_edges_nan")
 
 
-@pytest.fixture(scope="module")
-def mesh():
-    return cx.make_mesh((N,), "i")
-
-
 def test_pitfall_11_cross_device_max_drops_nan(nan_edges, mesh):
     x = np.arange(3.0 * N, dtype=np.float32).reshape(N, 3)
     x[2, 0] = np.nan  # one device

@@ -24,10 +24,6 @@ def pmap_edges():
     return load_recipe("sharp_edges_pmap")
 
 
-@pytest.fixture(scope="module")
-def mesh():
-    return cx.make_mesh((N,), "i")
-
 X = np.arange(2.0 * N, dtype=np.float32)
 
 

@@ -25,10 +25,6 @@ def ppermute():
     return load_recipe("sharp_edges_ppermute")
 
 
-@pytest.fixture(scope="module")
-def mesh():
-    return cx.make_mesh((N,), "i")
-
 X = np.arange(2.0 * N, dtype=np.float32)
 
 

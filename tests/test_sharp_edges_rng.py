@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-import collectives as cx
 from helpers import load_recipe
 
 N = 8
@@ -20,11 +19,6 @@ N = 8
 @pytest.fixture(scope="module")
 def rng():
     return load_recipe("sharp_edges_rng")
-
-
-@pytest.fixture(scope="module")
-def mesh():
-    return cx.make_mesh((N,), "i")
 
 
 def _noise_program(mesh):

@@ -23,10 +23,6 @@ def sharding():
     return load_recipe("sharp_edges_sharding")
 
 
-@pytest.fixture(scope="module")
-def mesh():
-    return cx.make_mesh((N,), "i")
-
 X = np.arange(2.0 * N, dtype=np.float32)
 
 

@@ -5,7 +5,6 @@ import jax
 import numpy as np
 import pytest
 
-import collectives as cx
 from collectives import _compat
 from helpers import load_recipe
 
@@ -15,11 +14,6 @@ N = 8
 @pytest.fixture(scope="module")
 def edges():
     return load_recipe("sharp_edges_versions")
-
-
-@pytest.fixture(scope="module")
-def mesh():
-    return cx.make_mesh((N,), "i")
 
 
 @pytest.fixture(scope="module")
