@@ -6,7 +6,7 @@ real error or the wrong number) and the fix:
 
   14. ``jnp.roll`` (or a slice) along a sharded dimension raises a
       ShardingTypeError ("slicing on sharded dims where out dim (1) is not
-      divisible by mesh axes (8)"; from 0.12: "`a` cannot be sharded on the
+      divisible by mesh axes (8)"; from 0.11: "`a` cannot be sharded on the
       axis being rolled over"). Fix: ``jax.sharding.auto_axes(f,
       out_sharding=...)`` around it (the compiler picks the communication),
       or a shard_map island that says it (one ppermute).
