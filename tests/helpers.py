@@ -134,7 +134,7 @@ def rank_env(*, strip=("SLURM_", "OMPI_", "PMI_", "PMIX_")):
     """This process's environment for a rank started by hand or by a real
     launcher: no cluster variables (none whose name starts with ``strip``
     either), this checkout importable, output unbuffered, CPU devices only
-    (the rank chooses how many)."""
+    (the rank chooses how many), compiled as the suite compiles."""
     from collectives.distributed import _cluster
 
     env = {name: value for name, value in os.environ.items()
@@ -142,11 +142,21 @@ def rank_env(*, strip=("SLURM_", "OMPI_", "PMI_", "PMIX_")):
            and not (strip and name.startswith(tuple(strip)))}
     for name in ("JAX_NUM_CPU_DEVICES", "PYTEST_XDIST_WORKER", "XLA_FLAGS"):
         env.pop(name, None)
+    # the suite's compile setting (conftest.py) and nothing else of XLA_FLAGS
+    optimization = [flag for flag in os.environ.get("XLA_FLAGS", "").split()
+                    if flag.startswith("--xla_backend_optimization_level")]
+    if optimization:
+        env["XLA_FLAGS"] = " ".join(optimization)
     env["PYTHONPATH"] = os.pathsep.join(
         p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
     env["PYTHONUNBUFFERED"] = "1"
     env["JAX_PLATFORMS"] = "cpu"
     return env
+
+
+SLOW = "CI: once, on the newest JAX; the release matrix: on the oldest"
+"""Where the tests marked ``slow`` run (each takes minutes; the default run
+stays short)."""
 
 
 def only_with_marker(request, marker, where):
