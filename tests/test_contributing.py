@@ -11,6 +11,8 @@ import textwrap
 import pytest
 
 from helpers import ROOT
+from helpers import SLOW
+from helpers import only_with_marker
 from helpers import run_python
 
 _SKELETON = '''
@@ -378,7 +380,9 @@ REGISTRY_DRIVEN = (
 """The suite's files that iterate the registry (the rest test named recipes)."""
 
 
-def test_the_registry_driven_suite_runs_each_new_recipe_and_passes(checkout):
+@pytest.mark.slow
+def test_the_registry_driven_suite_runs_each_new_recipe_and_passes(request, checkout):
+    only_with_marker(request, "slow", SLOW)
     args = ("-m", "pytest", "-p", "no:cacheprovider", "-q", "-rs",
             *REGISTRY_DRIVEN, "-k", "throwaway or double_psum or centre or dp_square")
     ran = run_python(*args, cwd=checkout, env=_ENV, timeout=900, check=False)

@@ -18,6 +18,8 @@ from collectives._recipe import clear_caches
 from collectives.recipes import reductions
 from collectives.recipes.reductions import blocks
 from helpers import ROOT
+from helpers import SLOW
+from helpers import only_with_marker
 from helpers import run_python
 
 _SCRIPT = """
@@ -60,7 +62,9 @@ def _readme_example():
     return text[text.index("```python\n") + len("```python\n"):].split("```")[0]
 
 
-def test_on_a_global_explicit_mesh_everything_runs_and_agrees():
+@pytest.mark.slow
+def test_on_a_global_explicit_mesh_everything_runs_and_agrees(request):
+    only_with_marker(request, "slow", SLOW)
     script = _SCRIPT.format(readme=_readme_example())
     out = run_python("-c", script, timeout=900, env={"JAX_PLATFORMS": "cpu"}).stdout
     assert "axis_types=(Explicit, Explicit)" in out.splitlines()[0] or (
