@@ -154,9 +154,9 @@ def rank_env(*, strip=("SLURM_", "OMPI_", "PMI_", "PMIX_")):
     return env
 
 
-SLOW = "CI: once, on the newest JAX; the release matrix: on the oldest"
-"""Where the tests marked ``slow`` run (each takes minutes; the default run
-stays short)."""
+SLOW = "CI: once, on the newest JAX; the Explicit mode's also on the oldest"
+"""Where the tests marked ``slow`` run (each takes a minute or more; the
+default run stays short)."""
 
 
 def only_with_marker(request, marker, where):

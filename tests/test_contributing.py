@@ -306,9 +306,11 @@ _ENV = {"JAX_PLATFORMS": "cpu"}
 
 
 @pytest.fixture(scope="module")
-def checkout(tmp_path_factory):
+def checkout(request, tmp_path_factory):
     """A copy of the repository with three recipes added as CONTRIBUTING.md's
-    "Adding a recipe" says, step by step, and nothing else."""
+    "Adding a recipe" says, step by step, and nothing else (only where the
+    slow tests run: every test here is one)."""
+    only_with_marker(request, "slow", SLOW)
     root = tmp_path_factory.mktemp("contributing") / "repo"
     shutil.copytree(ROOT, root, symlinks=True, ignore=_NOT_COPIED)
     steps = (ROOT / "CONTRIBUTING.md").read_text()
@@ -331,6 +333,7 @@ def checkout(tmp_path_factory):
     return root
 
 
+@pytest.mark.slow
 def test_each_new_recipe_reaches_list_check_show_the_gallery_and_the_bench(checkout):
     script = textwrap.dedent("""
         import sys
@@ -381,8 +384,7 @@ REGISTRY_DRIVEN = (
 
 
 @pytest.mark.slow
-def test_the_registry_driven_suite_runs_each_new_recipe_and_passes(request, checkout):
-    only_with_marker(request, "slow", SLOW)
+def test_the_registry_driven_suite_runs_each_new_recipe_and_passes(checkout):
     args = ("-m", "pytest", "-p", "no:cacheprovider", "-q", "-rs",
             *REGISTRY_DRIVEN, "-k", "throwaway or double_psum or centre or dp_square")
     ran = run_python(*args, cwd=checkout, env=_ENV, timeout=900, check=False)

@@ -28,6 +28,8 @@ from collectives._registry import core_names
 from collectives.distributed import _forms as _process_forms
 from collectives.distributed import _launcher
 from collectives.distributed._results import worker_argv
+from helpers import SLOW
+from helpers import only_with_marker
 from helpers import run_python
 
 CORE = (*core_names(), "dp_grads")
@@ -87,8 +89,10 @@ def _same_bits(a, b):
     return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
-def test_two_processes_match_one_process_bit_for_bit(tmp_path):
+def test_two_processes_match_one_process_bit_for_bit(request, tmp_path):
+    only_with_marker(request, "slow", SLOW)
     out = run_python(
         "-m", "collectives", "launch", "-n", "2", "--devices-per-process", "4",
         "--", "check", *CORE, "--exact", "--save", str(tmp_path)).stdout
