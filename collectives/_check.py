@@ -16,6 +16,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from collectives import _args
 from collectives._arrays import dtype_kind
 from collectives._compare import Agreement
 from collectives._compare import forms_agree
@@ -277,13 +278,13 @@ def add_mesh_arguments(parser: argparse.ArgumentParser) -> None:
 def add_check_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``check``."""
     parser.add_argument("names", nargs="*", help="recipes to check (default: all)")
-    parser.add_argument("--dtype", nargs="+", default=["float32"],
+    parser.add_argument("--dtype", nargs="+", default=["float32"], type=_args.dtype,
                         help="input dtypes (default: float32)")
     add_mesh_arguments(parser)
     parser.add_argument("--exact", action="store_true",
                         help="small-integer inputs: recipes declared exact must match "
                              "the oracle bit for bit")
-    parser.add_argument("--seed", type=int, default=0,
+    parser.add_argument("--seed", type=_args.seed, default=0,
                         help="seed of the inputs (default: %(default)s)")
 
 
@@ -297,16 +298,15 @@ def write_check_json(rows: Sequence[CheckResult], path: str) -> None:
         out["max_error"] = None if np.isnan(row.max_error) else row.max_error
         return out
 
-    with open(path, "w") as stream:
-        json.dump({"jax": jax.__version__, "rows": [plain(r) for r in rows]},
-                  stream, indent=1)
+    _args.write_text_atomic(path, json.dumps(
+        {"jax": jax.__version__, "rows": [plain(r) for r in rows]}, indent=1))
 
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``run``."""
     parser.add_argument("name")
     add_mesh_arguments(parser)
-    parser.add_argument("--dtype", default="int32",
+    parser.add_argument("--dtype", default="int32", type=_args.dtype,
                         help="input dtype (default: %(default)s; patterns with "
                              "gradients need a float, e.g. float32)")
 

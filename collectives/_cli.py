@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 import jax
 
+from collectives import _args
 from collectives import bench
 from collectives._check import add_check_arguments
 from collectives._check import add_mesh_arguments
@@ -35,11 +37,11 @@ DEFAULT_DEVICES = 8
 
 
 def _device_options() -> argparse.ArgumentParser:
-    parent = argparse.ArgumentParser(add_help=False)
+    parent = _args.Parser(add_help=False)
     parent.add_argument(
-        "--devices", type=int, default=DEFAULT_DEVICES, metavar="N",
-        help="simulated CPU devices (default: %(default)s); ignored where JAX "
-             "runs on accelerators")
+        "--devices", type=_args.devices, default=DEFAULT_DEVICES, metavar="N",
+        help=f"simulated CPU devices, 1 to {_args.MAX_CPU_DEVICES} (default: "
+             "%(default)s); ignored where JAX runs on accelerators")
     parent.add_argument(
         "--x64", action="store_true", help="enable 64-bit types (jax_enable_x64)")
     return parent
@@ -49,6 +51,13 @@ def _setup(args: argparse.Namespace) -> None:
     if args.x64:
         jax.config.update("jax_enable_x64", True)
     use_cpu_devices(args.devices)
+    mesh = getattr(args, "mesh", None)
+    if mesh and math.prod(mesh) > jax.device_count():
+        fix = (f"pass --devices {math.prod(mesh)}" if jax.default_backend() == "cpu"
+               else "use a mesh of at most the devices this machine has")
+        raise _args.Refused(
+            f"--mesh {'x'.join(map(str, mesh))}: needs {math.prod(mesh)} devices, "
+            f"there are {jax.device_count()}. Fix: {fix}, or a smaller mesh.")
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -103,7 +112,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     if _lookup(args.name) is None:
         return 2
     _setup(args)
-    print_run(args)
+    try:
+        print_run(args)
+    except (KeyError, ValueError) as err:  # e.g. a mesh bigger than the devices
+        print(f"error: {err.args[0]}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -129,7 +142,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _args.Parser(
         prog="python -m collectives",
         description="JAX collectives in pmap, shard_map and jit form, checked "
                     "against NumPy.")
@@ -160,7 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("check", parents=[devices],
                        help="every recipe in every form vs the NumPy oracle")
     add_check_arguments(p)
-    p.add_argument("--json", metavar="FILE",
+    p.add_argument("--json", metavar="FILE", type=_args.output_file,
                    help="also write the rows and the JAX version to FILE as JSON")
     p.set_defaults(func=cmd_check)
 
@@ -200,3 +213,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # e.g. `python -m collectives list | head`
         sys.stderr.close()
         return 0
+    except _args.Refused as err:
+        print(f"python -m collectives {args.command}: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:  # Ctrl-C: one line, no traceback
+        print(f"\n{args.command}: interrupted", file=sys.stderr)
+        return 130

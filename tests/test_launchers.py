@@ -390,6 +390,30 @@ def test_a_sigtermed_rank_stops_at_once_naming_the_signal(request, tmp_path, job
                "SIGTERM. Rank 0 stops too" in out, out
 
 
+@pytest.mark.multiprocess
+def test_ctrl_c_on_the_launcher_ends_it_and_its_ranks_in_one_line(tmp_path, job):
+    # Ctrl-C in a terminal signals the whole foreground group; here only the
+    # launcher gets SIGINT, so its ranks end because it stops them.
+    script = tmp_path / "loop.py"
+    script.write_text(LOOP)
+    started = job(command("launch", 2, 2, ["python", str(script), str(tmp_path)],
+                          "--timeout", "300"))
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not all(
+            (tmp_path / f"pid-{r}").exists() for r in range(2)):
+        assert started.proc.poll() is None, started.output()
+        time.sleep(0.2)
+    pids = [int((tmp_path / f"pid-{r}").read_text()) for r in range(2)]
+    started.proc.send_signal(signal.SIGINT)
+    code, out = started.wait(TERM_BOUND + 10)
+    assert code == 130, out
+    assert out.strip().splitlines()[-1] == "launch: interrupted", out
+    assert "Traceback" not in out, out
+    for pid in pids:  # the ranks ended with the launcher, not left to the test
+        assert not Path(f"/proc/{pid}").exists() or (
+            Path(f"/proc/{pid}/stat").read_text().split(")")[1].split()[0] == "Z"), pid
+
+
 def test_every_documented_worker_table_is_the_one_ci_runs():
     # CI runs the Open MPI and SLURM templates and checks their tables; the
     # Kubernetes template (no cluster here) and the guide must show the same.

@@ -167,8 +167,10 @@ def test_mesh_checks_name_the_value_and_the_fix():
     with pytest.raises(ValueError, match=r"one or two named axes"):
         check_mesh(("a", "b", "c"), (2, 2, 2))
     assert parse_mesh("data=256,model=8") == {"data": 256, "model": 8}
-    with pytest.raises(ValueError, match=r"--mesh: expected AXIS=SIZE.*'256x8'"):
+    with pytest.raises(ValueError, match=r"'256x8': expected AXIS=SIZE"):
         parse_mesh("256x8")
+    with pytest.raises(ValueError, match=r"axis 'data' is named twice"):
+        parse_mesh("data=2,data=4")
 
 
 # -- a step from one compiled unit -----------------------------------------------

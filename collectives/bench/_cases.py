@@ -241,8 +241,10 @@ def count_wrong(out: jax.Array, expected: np.ndarray, rtol: float, atol: float
             continue
         if rtol == 0 and atol == 0:
             wrong += int(np.count_nonzero(got != want))
-        else:
-            ok = np.abs(got.astype(np.float64) - want) <= atol + rtol * np.abs(want)
+        else:  # complex values differ by the modulus: real and imaginary parts
+            wide = (np.complex128 if np.iscomplexobj(got) or np.iscomplexobj(want)
+                    else np.float64)
+            ok = np.abs(got.astype(wide) - want) <= atol + rtol * np.abs(want)
             wrong += int(np.count_nonzero(~ok))
     return wrong
 

@@ -12,6 +12,7 @@ from typing import TextIO
 
 import jax
 
+from collectives import _args
 from collectives._devices import make_mesh
 from collectives.bench import _cases
 from collectives.bench import _report
@@ -38,6 +39,11 @@ OVERHEAD_SAMPLES, OVERHEAD_BUDGET = 10, 10.0
 """Rounds at least, and timing seconds per collective, of ``--overhead``."""
 
 
+_AT_LEAST_ONE = _args.whole("a count of 1 or more", low=1)
+_POSITIVE = _args.real("a positive number", above=0)
+_SECONDS = _args.real("seconds, 0 or more", low=0)
+
+
 def _size_arg(text: str) -> int:
     try:
         return parse_size(text)
@@ -56,41 +62,47 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--forms", nargs="+", default=list(BENCH_FORMS), metavar="FORM",
         help=f"forms to time (default: {' '.join(BENCH_FORMS)}; ring = the ring "
         "built from ppermute, where one exists)")
-    parser.add_argument("-d", "--dtype", default="float32",
+    parser.add_argument("-d", "--dtype", default="float32", type=_args.dtype,
                         help="element type (default: %(default)s)")
     parser.add_argument("-b", "--minbytes", type=_size_arg, default=parse_size("1K"),
                         metavar="SIZE", help="smallest size S (default: 1K)")
     parser.add_argument("-e", "--maxbytes", type=_size_arg, default=parse_size("4M"),
                         metavar="SIZE", help="largest size S (default: 4M)")
-    parser.add_argument("-f", "--stepfactor", type=float, default=4.0, metavar="F",
+    parser.add_argument("-f", "--stepfactor", default=4.0, metavar="F",
+                        type=_args.real("a factor above 1", above=1, fix="e.g. -f 4"),
                         help="multiply the size by F each step (default: 4)")
-    parser.add_argument("-n", "--iters", type=int, default=None, metavar="N",
+    parser.add_argument("-n", "--iters", type=_AT_LEAST_ONE, default=None, metavar="N",
                         help="collectives inside one timed call (default: enough "
                         "for --min-time)")
-    parser.add_argument("-w", "--warmup", type=int, default=1, metavar="N",
+    parser.add_argument("-w", "--warmup", default=1, metavar="N",
+                        type=_args.whole("a count of 0 or more", low=0),
                         help="untimed calls before timing (default: 1)")
-    parser.add_argument("-r", "--samples", type=int, default=None, metavar="N",
+    parser.add_argument("-r", "--samples", type=_AT_LEAST_ONE, default=None,
+                        metavar="N",
                         help="timed rounds at least; more are taken until every "
                         "interval meets --precision or --budget runs out "
                         f"(default: {SWEEP_SAMPLES}; with --overhead "
                         f"{OVERHEAD_SAMPLES})")
-    parser.add_argument("--precision", type=float, default=0.02, metavar="FRACTION",
+    parser.add_argument("--precision", type=_POSITIVE, default=0.02, metavar="FRACTION",
                         help="target half-width of each 95%% interval over its "
                         "median (default: 0.02, i.e. ±2%%)")
-    parser.add_argument("--budget", type=float, default=None, metavar="SECONDS",
+    parser.add_argument("--budget", type=_SECONDS, default=None, metavar="SECONDS",
                         help="timing seconds per collective and size (with "
                         "--overhead: per collective); the first -r rounds are "
                         f"always taken (default: {SWEEP_BUDGET:g}; with "
                         f"--overhead {OVERHEAD_BUDGET:g})")
-    parser.add_argument("--max-samples", type=int, default=1000, metavar="N",
+    parser.add_argument("--max-samples", type=_AT_LEAST_ONE, default=1000, metavar="N",
                         help="timed rounds at most (default: %(default)s)")
-    parser.add_argument("--min-time", type=float, default=0.01, metavar="SECONDS",
+    parser.add_argument("--min-time", type=_SECONDS, default=0.01, metavar="SECONDS",
                         help="target duration of one timed call (default: 0.01)")
-    parser.add_argument("--json", metavar="FILE", help="write the results as JSON "
+    parser.add_argument("--json", metavar="FILE", type=_args.output_file,
+                        help="write the results as JSON "
                         "(schema: collectives/bench/schema.json)")
-    parser.add_argument("--csv", metavar="FILE", help="write the table rows (with "
+    parser.add_argument("--csv", metavar="FILE", type=_args.output_file,
+                        help="write the table rows (with "
                         "--overhead: the ratios) as CSV")
-    parser.add_argument("--plot", metavar="FILE", help="draw busbw against size with "
+    parser.add_argument("--plot", metavar="FILE", type=_args.plot_file,
+                        help="draw busbw against size with "
                         "the 95%% intervals as bands (needs the bench extra)")
     parser.add_argument("--no-memory", dest="memory", action="store_false",
                         help="skip the per-device memory of each form (saves one "
@@ -141,8 +153,7 @@ def _main(args: argparse.Namespace) -> int:
                   max_samples=args.max_samples, memory=args.memory,
                   out=sys.stdout, progress=progress)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(doc, f, indent=1)
+        _args.write_text_atomic(args.json, json.dumps(doc, indent=1))
     if args.csv:
         _report.write_csv(doc, args.csv)
     if args.plot and doc["results"]:

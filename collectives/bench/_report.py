@@ -6,8 +6,10 @@ from __future__ import annotations
 import csv
 from collections.abc import Mapping
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
+from collectives._args import write_atomic
 from collectives._pyplot import pyplot
 from collectives.bench._memory import MEMORY_FIELDS
 
@@ -148,10 +150,12 @@ def write_csv(doc: Mapping[str, Any], path: str) -> None:
     rows = doc.get("overhead") or doc["results"]
     records = [_flat(row) for row in rows]
     fields = list(dict.fromkeys(key for record in records for key in record))
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=fields)
-        writer.writeheader()
-        writer.writerows(records)
+    def write(temporary: Path) -> None:
+        with open(temporary, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=fields)
+            writer.writeheader()
+            writer.writerows(records)
+    write_atomic(path, write)
 
 
 # -- the plot ------------------------------------------------------------------
@@ -202,5 +206,5 @@ def plot(doc: Mapping[str, Any], path: str) -> None:
     fig.suptitle(f"collectives bench, {doc['settings']['dtype']}\n{where}, "
                  f"JAX {machine['jax']}", fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    write_atomic(path, lambda temporary: fig.savefig(temporary, dpi=110))
     plt.close(fig)

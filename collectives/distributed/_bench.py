@@ -30,6 +30,7 @@ from jax import lax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from collectives import _args
 from collectives import bench
 from collectives.bench._command import SWEEP_SAMPLES
 from collectives.distributed import _ranks
@@ -63,7 +64,7 @@ def sampling(args: argparse.Namespace, size: int) -> dict[str, Any]:
 
 def bench_parser() -> argparse.ArgumentParser:
     """The arguments of the ``bench`` target (after ``launch ... --``)."""
-    p = argparse.ArgumentParser(
+    p = _args.Parser(
         prog="launch ... -- bench",
         description="the nccl-tests-style sweep on a mesh over every process; "
                     "times as min/avg/max over ranks, #wrong per rank")

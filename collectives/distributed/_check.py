@@ -19,6 +19,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from collectives import _args
 from collectives import _check
 from collectives._check import CheckResult
 from collectives.distributed._forms import bound_process_forms
@@ -64,7 +65,7 @@ def _recorder(save: dict[str, np.ndarray] | None) -> Any:
 
 def check_parser() -> argparse.ArgumentParser:
     """The arguments of the ``check`` target (after ``launch ... --``)."""
-    p = argparse.ArgumentParser(
+    p = _args.Parser(
         prog="launch ... -- check",
         description="every recipe in every form vs the NumPy oracle, on meshes "
                     "spanning every process")
@@ -76,7 +77,7 @@ def check_parser() -> argparse.ArgumentParser:
 
 def run_parser() -> argparse.ArgumentParser:
     """The arguments of the ``run`` target (after ``launch ... --``)."""
-    p = argparse.ArgumentParser(
+    p = _args.Parser(
         prog="launch ... -- run",
         description="one recipe in every form on small integer data, every "
                     "process printing the gathered results")

@@ -7,20 +7,27 @@ import signal
 import sys
 from typing import Any
 
+from collectives import _args
 from collectives.distributed import _launcher
 from collectives.distributed import _worker
 from collectives.distributed._results import LaunchError
 from collectives.distributed._results import worker_argv
 
+_AT_LEAST_ONE = _args.whole("a count of 1 or more", low=1)
+_SECONDS = _args.whole("a whole number of seconds, 1 or more", low=1)
+_PORT = _args.whole("a port from 1 to 65535", low=1, high=65535)
+
 
 def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``python -m collectives launch``."""
-    parser.add_argument("-n", "--num-processes", type=int, default=2, metavar="N",
+    parser.add_argument("-n", "--num-processes", type=_AT_LEAST_ONE, default=2,
+                        metavar="N",
                         help="processes to start (default: %(default)s)")
-    parser.add_argument("--devices-per-process", type=int, default=4, metavar="M",
+    parser.add_argument("--devices-per-process", type=_args.devices, default=4,
+                        metavar="M",
                         help="simulated CPU devices per process (default: "
                              "%(default)s)")
-    parser.add_argument("--port", type=int,
+    parser.add_argument("--port", type=_PORT,
                         help="coordinator port on 127.0.0.1 (default: a free one)")
     add_timeout_arguments(parser, "stop every process")
     parser.add_argument("--echo", choices=("first", "all", "none"), default="first",
@@ -35,19 +42,21 @@ def add_timeout_arguments(parser: argparse.ArgumentParser, stop: str) -> None:
     ``stop`` says what ``--timeout`` ends. The defaults are
     :class:`WorkerOptions`'s (and :func:`collectives.distributed.launch`'s)."""
     defaults = _worker.WorkerOptions()
-    parser.add_argument("--startup-timeout", type=int,
+    parser.add_argument("--startup-timeout", type=_SECONDS,
                         default=defaults.startup_timeout, metavar="S",
                         help="seconds for every process to join (default: "
                              "%(default)s)")
-    parser.add_argument("--heartbeat-timeout", type=int,
+    parser.add_argument("--heartbeat-timeout", type=_SECONDS,
                         default=defaults.heartbeat_timeout, metavar="S",
                         help="seconds without a heartbeat before a process "
                              "counts as dead (default: %(default)s)")
-    parser.add_argument("--collective-timeout", type=int,
+    parser.add_argument("--collective-timeout", type=_SECONDS,
                         default=defaults.collective_timeout, metavar="S",
                         help="seconds a CPU collective waits for its peers "
                              "(default: %(default)s)")
-    parser.add_argument("--timeout", type=float, default=defaults.timeout, metavar="S",
+    parser.add_argument("--timeout", type=_args.real("a positive number of seconds",
+                                                     above=0),
+                        default=defaults.timeout, metavar="S",
                         help=f"{stop} after S seconds (default: %(default)g)")
 
 
@@ -85,17 +94,18 @@ def add_worker_command(sub: Any) -> None:
                     "target; rank 0 prints one table; every rank exits non-zero "
                     "if any rank failed. e.g. srun python -m collectives worker -- "
                     "check")
-    p.add_argument("--cpu-devices", type=int, metavar="M",
+    p.add_argument("--cpu-devices", type=_args.devices, metavar="M",
                    help="simulate M CPU devices in this rank (CPU-only runs; "
                         "leave out on GPU and TPU hosts)")
     p.add_argument("--log-dir", metavar="DIR",
                    help="also write each rank's output to DIR/rank-<i>.log")
     add_timeout_arguments(p, "stop this rank")
-    p.add_argument("--coordinator", metavar="HOST:PORT",
+    p.add_argument("--coordinator", metavar="HOST:PORT", type=_args.coordinator,
                    help="rank 0's address, when no cluster is detected (with "
                         "--num-processes and --process-id)")
-    p.add_argument("--num-processes", type=int, metavar="N")
-    p.add_argument("--process-id", type=int, metavar="I")
+    p.add_argument("--num-processes", type=_AT_LEAST_ONE, metavar="N")
+    p.add_argument("--process-id", metavar="I",
+                   type=_args.whole("a rank of 0 or more", low=0))
     p.add_argument("--on-sigterm", choices=("stop", "jax"), default="stop",
                    help="stop: end the rank at once on SIGTERM, naming the "
                         "signal (default); jax: leave SIGTERM to JAX's "

@@ -9,6 +9,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from collectives import _args
 from collectives._registry import RECIPES
 from collectives.plan._model import DEFAULT_MODEL
 from collectives.plan._model import MODELS
@@ -34,12 +35,13 @@ from collectives.plan._versus import versus_bench
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``plan`` flags."""
     parser.add_argument(
-        "--devices", type=int, nargs="+", default=[MAX_DEVICES], metavar="N",
+        "--devices", nargs="+", default=[MAX_DEVICES], metavar="N",
+        type=_args.whole("a device count of 1 or more", low=1),
         help=f"device counts to plan for, each a mesh data x model with 8 on "
         f"model (default: {MAX_DEVICES}; at most {MAX_DEVICES}); several make a "
         "sweep")
     parser.add_argument(
-        "--mesh", metavar="AXIS=SIZE,...",
+        "--mesh", metavar="AXIS=SIZE,...", type=_mesh_arg,
         help="the mesh instead of --devices, e.g. data=256,model=8 (one or two "
         "axes; strategies over one axis run over the last)")
     parser.add_argument(
@@ -50,8 +52,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         ("seq", "tokens per sequence"),
                         ("batch", "sequences per step"), ("heads", "attention heads"),
                         ("ffn", "an expert's hidden width")):
-        parser.add_argument(f"--{field}", type=int, metavar="N", help=what)
-    parser.add_argument("--dtype", help="parameters' and activations' dtype "
+        parser.add_argument(f"--{field}", metavar="N", help=what,
+                            type=_args.whole("a whole number of 1 or more", low=1))
+    parser.add_argument("--dtype", type=_args.dtype,
+                        help="parameters' and activations' dtype "
                         "(default: bfloat16)")
     parser.add_argument(
         "--interconnect", default=MEASURED, metavar="PROFILE|AXIS=PROFILE,...",
@@ -81,10 +85,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="also time each strategy's collectives with bench on this machine "
         "and compare with the prediction (a 1-D --mesh, the measured profile; "
         "e.g. --mesh data=8 --model laptop)")
-    parser.add_argument("--json", metavar="FILE", help="write the plans as JSON")
-    parser.add_argument("--plot", metavar="FILE", help="draw communication and "
+    parser.add_argument("--json", metavar="FILE", type=_args.output_file,
+                        help="write the plans as JSON")
+    parser.add_argument("--plot", metavar="FILE", type=_args.plot_file,
+                        help="draw communication and "
                         "memory against devices (needs the bench extra)")
-    parser.add_argument("--timeout", type=float, default=600, metavar="SECONDS",
+    parser.add_argument("--timeout", type=_args.real("a positive number", above=0),
+                        default=600, metavar="SECONDS",
                         help="limit for compiling one mesh (default: %(default)s)")
 
 
@@ -99,6 +106,13 @@ def _gigabytes(text: str) -> float:
     return value * 1e9
 
 
+def _mesh_arg(text: str) -> dict[str, int]:
+    try:
+        return parse_mesh(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
 def parse_mesh(text: str) -> dict[str, int]:
     """``data=256,model=8`` -> ``{"data": 256, "model": 8}``.
 
@@ -109,8 +123,14 @@ def parse_mesh(text: str) -> dict[str, int]:
     for part in text.split(","):
         name, eq, value = part.partition("=")
         if not eq or not name.strip() or not value.strip().isdigit():
-            raise ValueError(f"--mesh: expected AXIS=SIZE,... (e.g. data=256,model=8), "
-                             f"got {text!r}.")
+            raise ValueError(f"{text!r}: expected AXIS=SIZE,... (e.g. "
+                             "data=256,model=8).")
+        if name.strip() in mesh:
+            raise ValueError(f"{text!r}: axis {name.strip()!r} is named twice. "
+                             "Fix: name each axis once, e.g. data=8,model=4.")
+        if int(value) < 1:
+            raise ValueError(f"{text!r}: axis {name.strip()!r} has size "
+                             f"{int(value)}. Fix: every axis has 1 device or more.")
         mesh[name.strip()] = int(value)
     return mesh
 
@@ -191,7 +211,7 @@ def _main(args: argparse.Namespace) -> int:
             raise ValueError(f"--devices: {n}; at most {MAX_DEVICES} (XLA's CPU "
                              "client refuses more).")
     if args.mesh:
-        meshes = [parse_mesh(args.mesh)]
+        meshes = [args.mesh]
     else:
         meshes = [dict(zip(*default_mesh(n), strict=True)) for n in args.devices]
     if args.versus_bench and args.interconnect != MEASURED:
@@ -232,9 +252,8 @@ def _main(args: argparse.Namespace) -> int:
                   "predicted (measured profile) and measured by bench here")
             print("\n".join(versus_lines(mine)))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(_doc(plans) | ({"versus_bench": versus} if versus else {}),
-                      f, indent=1)
+        _args.write_text_atomic(args.json, json.dumps(
+            _doc(plans) | ({"versus_bench": versus} if versus else {}), indent=1))
     if args.plot:
         plot(plans, args.plot, args.memory_per_device)
     # a cost model that differs from XLA:CPU's program is a bug to fix; the

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from collections.abc import Sequence
 from typing import Any
 
+from collectives._args import MAX_CPU_DEVICES
 from collectives._registry import RECIPES
 from collectives.hlo import bytes_moved
 from collectives.plan._child import run_child
@@ -25,7 +26,7 @@ from collectives.plan._profiles import Profile
 from collectives.plan._profiles import profile_from
 from collectives.plan._profiles import profile_json
 
-MAX_DEVICES = 2048
+MAX_DEVICES = MAX_CPU_DEVICES
 """The most devices a plan compiles for: XLA's CPU client refuses more."""
 
 

@@ -6,6 +6,7 @@ import math
 from collections.abc import Mapping
 from collections.abc import Sequence
 
+from collectives._args import write_atomic
 from collectives._pyplot import pyplot
 from collectives.plan._plan import Plan
 from collectives.plan._plan import PlanRow
@@ -200,5 +201,5 @@ def plot(plans: Sequence[Plan], path: str, memory: float | None = None) -> None:
         f"{axis}: {profile.name}" for axis, profile in plans[0].interconnect.items()))
     fig.suptitle(f"Predicted per device and training step ({links})", fontsize=11)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    write_atomic(path, lambda temporary: fig.savefig(temporary, dpi=110))
     plt.close(fig)

@@ -1,0 +1,159 @@
+"""Argument types for the command line: every value is checked when the
+command line is parsed, before any work, and a bad one is refused with one
+line naming the flag, the value and the fix (argparse's exit code 2).
+
+Each factory returns a callable for ``add_argument(type=...)``; argparse
+prefixes the message with the flag itself (``argument --seed: ...``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+
+class Parser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose refusal is one line on stderr, naming the
+    command, the flag, the value and the fix (exit code 2); ``--help`` still
+    shows the usage."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (usage: {self.prog} --help)\n")
+
+
+class Refused(ValueError):
+    """A value the command line cannot take, found after parsing but before
+    any work (e.g. a mesh bigger than the devices): ``main`` prints its
+    message as one line and exits 2."""
+
+
+MAX_CPU_DEVICES = 2048
+"""XLA's CPU client simulates at most this many devices in one process (more
+fail with "Multiprocess computations aren't implemented on the CPU
+backend"); each takes threads and memory, so big counts are for compiling
+(``plan``), not for running."""
+
+MAX_SEED = 2**32 - 1
+"""NumPy's and JAX's seeds are unsigned 32-bit integers."""
+
+
+def _refuse(text: str, expected: str, fix: str) -> argparse.ArgumentTypeError:
+    return argparse.ArgumentTypeError(f"{text!r}: expected {expected}. Fix: {fix}")
+
+
+def whole(expected: str = "a whole number", *, low: int | None = None,
+          high: int | None = None, fix: str = "") -> Callable[[str], int]:
+    """An int in ``[low, high]`` (either bound optional)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or (low is not None and value < low) or (
+                high is not None and value > high):
+            raise _refuse(text, expected, fix or f"pass {expected}")
+        return value
+    parse.__name__ = "whole number"
+    return parse
+
+
+def real(expected: str, *, low: float | None = None, above: float | None = None,
+         fix: str = "") -> Callable[[str], float]:
+    """A finite float, at least ``low`` or greater than ``above``."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value) or (low is not None and value < low) or (
+                above is not None and value <= above):
+            raise _refuse(text, expected, fix or f"pass {expected}")
+        return value
+    parse.__name__ = "number"
+    return parse
+
+
+devices = whole(f"a device count from 1 to {MAX_CPU_DEVICES}", low=1,
+                high=MAX_CPU_DEVICES,
+                fix=f"simulate 1 to {MAX_CPU_DEVICES} CPU devices (XLA's CPU client "
+                    "refuses more; e.g. --devices 8)")
+"""``--devices``/``--cpu-devices``: 1 to :data:`MAX_CPU_DEVICES`."""
+
+seed = whole(f"a seed from 0 to {MAX_SEED}", low=0, high=MAX_SEED,
+             fix="pass a non-negative seed, e.g. --seed 0")
+"""``--seed``: an unsigned 32-bit integer."""
+
+
+def dtype(text: str) -> str:
+    """A NumPy or JAX dtype name (``float32``, ``bfloat16``, ``int8``...)."""
+    import jax.numpy as jnp
+
+    try:
+        jnp.dtype(text)
+    except TypeError:
+        raise _refuse(text, "a dtype name such as float32, bfloat16 or int32",
+                      "pass one of NumPy's or JAX's dtype names") from None
+    return text
+
+
+def output_file(text: str) -> str:
+    """A file to write at the end: its folder must exist and be writable now,
+    so that a long run does not fail only at its last step."""
+    path = Path(text)
+    folder = path.parent if str(path.parent) else Path(".")
+    if path.is_dir():
+        raise _refuse(text, "a file name, not a folder",
+                      f"name a file inside it, e.g. {path / 'out.json'}")
+    if not folder.is_dir():
+        raise _refuse(text, "a file in an existing folder",
+                      f"create {folder} first, or write elsewhere")
+    if not os.access(folder, os.W_OK):
+        raise _refuse(text, "a file in a folder you can write to",
+                      f"{folder} is not writable; write elsewhere")
+    return text
+
+
+def plot_file(text: str) -> str:
+    """``--plot FILE``: :func:`output_file`, and matplotlib is installed (an
+    optional dependency: checked now, not after the run)."""
+    import importlib.util
+
+    output_file(text)
+    if importlib.util.find_spec("matplotlib") is None:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: drawing needs matplotlib, which is not installed. Fix: pip "
+            "install matplotlib (jax-collectives' 'bench' extra), or drop --plot")
+    return text
+
+
+def coordinator(text: str) -> str:
+    """``HOST:PORT`` with a port from 1 to 65535."""
+    host, colon, port = text.rpartition(":")
+    if not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise _refuse(text, "HOST:PORT with a port from 1 to 65535",
+                      "pass rank 0's address, e.g. 10.0.0.1:1234")
+    return text
+
+
+def write_atomic(path: str | os.PathLike, write: Callable[[Path], object]) -> None:
+    """``write(temporary)`` into a file beside ``path``, then rename it onto
+    ``path``: an interrupted run leaves the old file or none, never half of
+    one."""
+    target = Path(path)
+    # the same suffix: writers such as matplotlib's choose the format by it
+    temporary = target.with_name(f".{target.stem}.{os.getpid()}.tmp{target.suffix}")
+    try:
+        write(temporary)
+        os.replace(temporary, target)
+    finally:
+        temporary.unlink(missing_ok=True)
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> None:
+    """``text`` into ``path`` (:func:`write_atomic`)."""
+    write_atomic(path, lambda temporary: temporary.write_text(text))

@@ -1,0 +1,219 @@
+"""Bad command lines are refused before any work: exit code 2 and one line on
+stderr that names the flag, the value and the fix; never a traceback, a
+hang, a segfault or a silent wrong answer. Outputs are written whole or not
+at all, and bench's ``#wrong`` counts every part of a value.
+
+The commands run in this process (``_cli.main``): a refusal happens while the
+command line is parsed, or right after the devices start, before any
+compile.
+"""
+
+import argparse
+import importlib.util
+import json
+import os
+import subprocess
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck
+from hypothesis import given
+from hypothesis import settings
+from hypothesis import strategies as st
+
+from collectives import _args
+from collectives import _cli
+from collectives import bench
+from collectives.bench._cases import count_wrong
+from collectives.distributed import _worker
+
+MISSING = "/nonexistent/dir/x.json"
+
+REFUSED = {  # command line: words the one line must hold (flag, value, fix)
+    "check psum --devices 100000": ["--devices", "'100000'", "1 to 2048"],
+    "check psum --devices 2049": ["--devices", "'2049'", "XLA's CPU client"],
+    "check psum --devices 0": ["--devices", "'0'", "Fix:"],
+    "check psum --seed -1": ["--seed", "'-1'", "non-negative"],
+    "check psum --dtype float99": ["--dtype", "'float99'", "float32"],
+    "plan --dtype float99": ["--dtype", "'float99'", "Fix:"],
+    "run psum --mesh 16": ["--mesh 16", "16 devices", "--devices 16"],
+    "run psum --dtype float99": ["--dtype", "'float99'", "Fix:"],
+    "worker --coordinator 127.0.0.1:notaport -- check": [
+        "--coordinator", "'127.0.0.1:notaport'", "1 to 65535"],
+    "worker --coordinator localhost -- check": ["--coordinator", "'localhost'",
+                                                "HOST:PORT"],
+    "worker --coordinator 127.0.0.1:99999 -- check": ["--coordinator", "99999",
+                                                      "1 to 65535"],
+    "worker --cpu-devices 0 -- check": ["--cpu-devices", "'0'", "Fix:"],
+    "plan --mesh data=2,data=4": ["--mesh", "'data' is named twice", "Fix:"],
+    "plan --mesh data=0": ["--mesh", "size 0", "Fix:"],
+    f"check psum --json {MISSING}": ["--json", MISSING, "existing folder"],
+    f"bench --json {MISSING}": ["--json", MISSING, "existing folder"],
+    f"bench --csv {MISSING}": ["--csv", MISSING, "existing folder"],
+    f"plan --json {MISSING}": ["--json", MISSING, "existing folder"],
+    "check psum --json .": ["--json", "not a folder", "Fix:"],
+    "bench -f nan": ["--stepfactor", "'nan'", "above 1"],
+    "bench -f 1": ["--stepfactor", "'1'", "above 1"],
+    "bench -n 0": ["--iters", "'0'", "1 or more"],
+    "bench -r 0": ["--samples", "'0'", "1 or more"],
+    "bench -w -1": ["--warmup", "'-1'", "0 or more"],
+    "bench --budget inf": ["--budget", "'inf'", "0 or more"],
+    "bench --precision 0": ["--precision", "'0'", "positive"],
+    "bench -d float99": ["--dtype", "'float99'", "Fix:"],
+    "launch -n 0 -- check": ["--num-processes", "'0'", "1 or more"],
+    "launch --port 70000 -- check": ["--port", "'70000'", "65535"],
+    "launch --timeout nan -- check": ["--timeout", "'nan'", "positive"],
+    "launch -- check --seed -1": ["--seed", "'-1'", "non-negative"],
+}
+
+
+def _one_line_refusal(capsys, argv):
+    try:
+        code = _cli.main(argv)
+    except SystemExit as exit_:
+        code = exit_.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture
+def no_work(monkeypatch):
+    """Every command's work (and any process start) recorded and refused."""
+    started = []
+
+    def work(name):
+        def refuse(*args, **kwargs):
+            started.append(name)
+            raise AssertionError(f"{name} started before the refusal")
+        return refuse
+    for owner, name in ((_cli, "print_run"), (_cli, "print_check"),
+                        (_cli, "plan_main"), (bench, "main"), (_worker, "main"),
+                        (subprocess, "Popen")):
+        monkeypatch.setattr(owner, name, work(f"{owner.__name__}.{name}"))
+    return started
+
+
+@pytest.mark.parametrize("command", list(REFUSED))
+def test_a_bad_command_line_is_refused_in_one_line_before_any_work(
+        capsys, no_work, command):
+    code, out, err = _one_line_refusal(capsys, command.split())
+    assert code == 2 and not no_work, (command, out, err, no_work)
+    assert len(err.strip().splitlines()) == 1, err
+    for words in REFUSED[command]:
+        assert words in err, (command, err)
+    assert "Traceback" not in err
+
+
+def test_plot_without_matplotlib_is_refused_at_the_start(capsys, monkeypatch):
+    real = importlib.util.find_spec
+
+    def find_spec(name, *args):
+        return None if name == "matplotlib" else real(name, *args)
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    for argv in (["bench", "--plot", "b.png"], ["plan", "--plot", "p.png"]):
+        code, _, err = _one_line_refusal(capsys, argv)
+        assert code == 2 and "--plot" in err and "pip install matplotlib" in err, err
+
+
+def test_ctrl_c_ends_a_command_in_one_line(capsys, monkeypatch):
+    def interrupted(args):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(_cli, "cmd_list", interrupted)
+    code, _, err = _one_line_refusal(capsys, ["list"])
+    assert code == 130 and err.strip() == "list: interrupted", err
+
+
+# -- outputs are whole or absent -------------------------------------------------
+
+def test_an_interrupted_write_leaves_the_old_file_and_no_temporary(tmp_path):
+    path = tmp_path / "rows.json"
+    path.write_text('{"old": true}')
+
+    def half_then_interrupt(temporary):
+        temporary.write_text('{"new": ')
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        _args.write_atomic(path, half_then_interrupt)
+    assert json.loads(path.read_text()) == {"old": True}
+    assert os.listdir(tmp_path) == ["rows.json"]
+    _args.write_text_atomic(path, '{"new": 1}')
+    assert json.loads(path.read_text()) == {"new": 1}
+    assert os.listdir(tmp_path) == ["rows.json"]
+
+
+def test_check_writes_its_json_whole(tmp_path, capsys):
+    path = tmp_path / "check.json"
+    assert _cli.main(["check", "psum", "--mesh", "8", "--json", str(path)]) == 0
+    rows = json.loads(path.read_text())["rows"]
+    assert [row["recipe"] for row in rows] == ["psum"] and rows[0]["ok"]
+    assert os.listdir(tmp_path) == ["check.json"]
+
+
+# -- bench's #wrong ---------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", ["complex64", "float32"])
+def test_wrong_counts_every_part_of_a_value(mesh, dtype):
+    import jax
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    want = (np.arange(16) + (1j * np.arange(16) if "complex" in dtype else 0)
+            ).astype(dtype)
+    out = jax.device_put(want, NamedSharding(mesh, P("i")))
+    assert count_wrong(out, want, rtol=1e-6, atol=0) == 0
+    planted = want.copy()
+    planted[3] += 1j if "complex" in dtype else 1  # a wrong imaginary part
+    bad = jax.device_put(planted, NamedSharding(mesh, P("i")))
+    assert count_wrong(bad, want, rtol=1e-6, atol=0) == 1
+
+
+# -- a fuzz of the command line ----------------------------------------------------
+
+FLAGS = {
+    "check": ["--devices", "--seed", "--dtype", "--mesh", "--axis", "--json",
+              "--exact"],
+    "run": ["--devices", "--dtype", "--mesh", "--axis"],
+    "bench": ["--devices", "-f", "-n", "-w", "-r", "-b", "-e", "-d", "--budget",
+              "--precision", "--json", "--csv", "--forms", "-c"],
+    "plan": ["--devices", "--mesh", "--model", "--dtype", "--json", "--timeout",
+             "--interconnect", "-s", "--width", "--layers"],
+    "worker": ["--coordinator", "--cpu-devices", "--num-processes", "--process-id",
+               "--timeout"],
+    "launch": ["-n", "--devices-per-process", "--port", "--timeout"],
+}
+JUNK = st.sampled_from(["-1", "0", "nan", "inf", "1e400", "", "x", "99999", "4x0",
+                        "2049", "data=2,data=4", "127.0.0.1:", ":80", "float99",
+                        MISSING, "--", "-", "=", "1.5", "abc:def", "\x00"])
+
+
+def _parses(command, argv):
+    parser = _cli.build_parser()
+    try:
+        parser.parse_args([command, *argv])
+    except SystemExit as exit_:
+        return exit_.code
+    return 0
+
+
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(command=st.sampled_from(sorted(FLAGS)), data=st.data())
+def test_fuzzed_command_lines_parse_or_are_refused_in_one_line(capsys, command,
+                                                               data):
+    words = data.draw(st.lists(st.one_of(st.sampled_from(FLAGS[command]), JUNK),
+                               max_size=6))
+    code = _parses(command, words)
+    _, err = capsys.readouterr()
+    assert code in (0, 2), (command, words, code, err)
+    if code == 2:
+        assert len(err.strip().splitlines()) == 1, (command, words, err)
+        assert "Traceback" not in err
+
+
+def test_every_refusal_type_names_the_value_and_a_fix():
+    for parse, bad in ((_args.devices, "0"), (_args.seed, "-1"),
+                       (_args.dtype, "float99"), (_args.coordinator, "x"),
+                       (_args.output_file, MISSING)):
+        with pytest.raises(argparse.ArgumentTypeError, match=rf"'{bad}'.*Fix:"):
+            parse(bad)
