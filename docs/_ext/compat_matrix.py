@@ -136,8 +136,9 @@ def explicit_table(results: dict[str, dict], recipes: list[str]) -> str:
                 cells.append(AGREES)
             elif verdict == "fails":
                 cells.append(FAILS)
-            else:
-                note = f"`{name}`: {verdict}"
+            else:  # the column names the release: the reason need not
+                reason = verdict.replace(f"JAX {release} ", "this release ")
+                note = f"`{name}`: {reason}"
                 if note not in reasons:
                     reasons.append(note)
                 cells.append(f"{SKIPPED} [{reasons.index(note) + 1}]")
@@ -192,9 +193,7 @@ def releases_table(results: dict[str, dict]) -> str:
         lines.append(f"| {release} | {python} | {result['date']} | "
                      f"`{result['commit']}` | {agree} | {counts} |")
         failures += [(release, f) for f in tests.get("failures", [])]
-        later += [f"jax {release}: `{name}` ({entry['date']}, `{entry['commit']}`)"
-                  for name, entry in result.get("recipes", {}).items()
-                  if "commit" in entry]
+        later += _measured_later(release, result.get("recipes", {}))
     lines.append("")
     if failures:
         lines += ["Failing tests:", ""]
@@ -209,6 +208,19 @@ def releases_table(results: dict[str, dict]) -> str:
     args = {r.get("tests", {}).get("args") for r in results.values()} - {None}
     lines += ["", "Test subset: " + "; ".join(f"`pytest {a}`" for a in sorted(args))]
     return "\n".join(lines) + "\n"
+
+
+def _measured_later(release: str, recipes: dict[str, dict]) -> list[str]:
+    """``jax V: `a`, `b` (date, `commit`)`` per later ``--missing`` run of a
+    release; ``every recipe`` where that run measured them all again."""
+    runs: dict[tuple[str, str], list[str]] = {}
+    for name, entry in recipes.items():
+        if "commit" in entry:
+            runs.setdefault((entry["date"], entry["commit"]), []).append(name)
+    return [f"jax {release}: "
+            + ("every recipe" if len(names) == len(recipes)
+               else ", ".join(f"`{n}`" for n in names))
+            + f" ({date}, `{commit}`)" for (date, commit), names in runs.items()]
 
 
 def _write_if_changed(path: Path, text: str) -> None:
