@@ -100,3 +100,32 @@ def test_rows_measured_after_their_release_are_listed_with_their_commit(docs_ext
     text = compat_matrix.releases_table(results)
     assert "jax 0.8.0: `throwaway` (2026-12-02, `def5678`)" in text, text
     assert "`psum` (" not in text, text
+    # a release measured again as a whole: one entry, not one per recipe
+    results["0.8.0"]["recipes"]["psum"] = {"ok": True, "date": "2026-12-02",
+                                           "commit": "def5678"}
+    text = compat_matrix.releases_table(results)
+    assert "jax 0.8.0: every recipe (2026-12-02, `def5678`)" in text, text
+
+
+def test_the_explicit_form_has_its_own_matrix_with_each_skip_reason_once(docs_ext):
+    import compat_matrix
+
+    install = {"install": {"ok": True}}
+    def keys(release):
+        return {"ok": True, "explicit": f"skipped: JAX {release} cannot reshard keys"}
+    agrees = {"ok": True, "explicit": "agrees"}
+    results = {
+        "0.8.0": {**install, "recipes": {"psum": agrees,
+                                         "mc": keys("0.8.0")}},
+        "0.9.0": {**install, "recipes": {"psum": {"ok": True},  # measured before it
+                                         "mc": keys("0.9.0")}},
+        "0.10.0": {**install, "recipes": {"psum": {"ok": False, "explicit": "fails"},
+                                          "mc": agrees}}}
+    text = compat_matrix.explicit_table(results, ["psum", "mc"])
+    box = re.search(r"```\{container\} compat-matrix\n\n(.*?)```", text, re.S)
+    assert "| `psum` | ✓ | ? | ✗ |" in box.group(1), text
+    skipped = compat_matrix.SKIPPED
+    assert f"| `mc` | {skipped} [1] | {skipped} [1] | ✓ |" in box.group(1), text
+    assert "1. `mc`: skipped: this release cannot reshard keys" in text, text
+    assert "2." not in text, text
+    assert "Not yet measured (?): 1 rows" in text and "--missing" in text, text

@@ -57,10 +57,31 @@ def test_recipe_table_keeps_the_first_failure_per_recipe(matrix):
          "detail": "TypeError: a second reason"},
     ]
     table = matrix.recipe_table(rows)
-    assert table["psum"] == {"ok": True, "rows": 1, "failed": 0, "reason": ""}
+    assert table["psum"] == {"ok": True, "rows": 1, "failed": 0, "reason": "",
+                             "explicit": "not run"}
     assert table["pmax"]["failed"] == 2 and not table["pmax"]["ok"]
     assert table["pmax"]["reason"] == (
         "mesh 4x2 axis j float32: ValueError: the first reason")
+
+
+def _rows(*states):
+    return [{"recipe": "r", "ok": state != "FAIL", "mesh": mesh, "axis": "i",
+             "dtype": "float32", "detail": "", "explicit": state}
+            for mesh, state in zip(("8", "4x2"), states, strict=False)]
+
+
+@pytest.mark.parametrize("states,verdict", [
+    (("ok", "ok"), "agrees"),
+    (("ok", "FAIL"), "fails"),
+    (("skipped: keys", "skipped: keys"), "skipped: keys"),
+    (("ok", "skipped: one axis"), "skipped on mesh 4x2: one axis"),
+    (("-", "-"), "not run"),
+])
+def test_the_explicit_verdict_reads_every_row(matrix, states, verdict):
+    assert matrix.recipe_table(_rows(*states))["r"]["explicit"] == verdict
+    # check rows from before the form existed: no key, so no verdict yet
+    old = [{k: v for k, v in row.items() if k != "explicit"} for row in _rows(*states)]
+    assert matrix.explicit_verdict(old) == "not run"
 
 
 def test_regressions_name_what_newly_fails(matrix):
@@ -183,9 +204,13 @@ def test_missing_checks_only_the_lacking_recipes_and_merges_their_rows(
         matrix, monkeypatch, tmp_path, capsys):
     results = tmp_path / "results"
     results.mkdir()
-    stored = {"0.8.0": _result({"psum": {"ok": True}}),  # lacks "new"
-              "0.8.1": _result({"psum": {"ok": True}, "new": {"ok": True}}),
-              "0.11.0": _result({"psum": {"ok": True}}, python="3.12")}  # idem
+    done = {"ok": True, "rows": 1, "failed": 0, "explicit": "agrees"}
+    stored = {"0.8.0": _result({"psum": done}),  # lacks "new"
+              "0.8.1": _result({"psum": done, "new": done}),
+              # psum measured before the explicit form: measured again
+              "0.9.0": _result({"psum": {"ok": True, "rows": 2, "failed": 0},
+                                "new": done}),
+              "0.11.0": _result({"psum": done}, python="3.12")}  # lacks "new"
     for release, result in stored.items():
         result["jax"] = release
         matrix.result_path(release, results).write_text(json.dumps(result))
@@ -200,7 +225,8 @@ def test_missing_checks_only_the_lacking_recipes_and_merges_their_rows(
     def run_check(venv, work, names=()):
         checked.append((venv.name, list(names)))
         return ({"agree": 3, "disagree": 1, "seconds": 1.0},
-                {"new": {"ok": False, "rows": 4, "failed": 1, "reason": "R"}})
+                {name: {"ok": False, "rows": 4, "failed": 1, "reason": "R",
+                        "explicit": "fails"} for name in names})
 
     monkeypatch.setattr(matrix, "registered_recipes", lambda *a: ["psum", "new"])
     monkeypatch.setattr(matrix, "build_wheel", lambda out: "w.whl")
@@ -209,8 +235,8 @@ def test_missing_checks_only_the_lacking_recipes_and_merges_their_rows(
     assert matrix.main(["--missing", "--results", str(results),
                         "--venv-root", str(tmp_path / "venvs")]) == 0
     # Only the releases lacking a row are built; only the lacking recipe checked.
-    assert built == ["0.8.0", "0.11.0"]
-    assert checked == [("jax-0.8.0", ["new"])]
+    assert built == ["0.8.0", "0.9.0", "0.11.0"]
+    assert checked == [("jax-0.8.0", ["new"]), ("jax-0.9.0", ["psum"])]
     merged = json.loads(matrix.result_path("0.8.0", results).read_text())
     recipes = merged.pop("recipes")
     new = recipes.pop("new")
@@ -220,12 +246,16 @@ def test_missing_checks_only_the_lacking_recipes_and_merges_their_rows(
     # Probes, tests, the release's date and commit: as they were.
     assert merged == {k: v for k, v in stored["0.8.0"].items()
                       if k not in ("recipes", "check")}
+    # A row measured again replaces the old one and its counts (2 agreed).
+    again = json.loads(matrix.result_path("0.9.0", results).read_text())
+    assert again["recipes"]["psum"]["explicit"] == "fails"
+    assert again["check"] == {"agree": 2 - 2 + 3, "disagree": 1}
     # The release this machine has no Python for keeps its file as it was.
     assert json.loads(matrix.result_path("0.11.0", results).read_text()) == (
         stored["0.11.0"])
     out = capsys.readouterr().out
     assert "filled new: fails: R" in out
-    assert "1 rows measured and merged" in out
+    assert "2 rows measured and merged" in out
     assert "not measured here: jax 0.11.0" in out
 
 

@@ -14,15 +14,16 @@ tree on ``PYTHONPATH`` so the code under test is the checkout's:
 
 and writes ``docs/compat/results/jax-<V>.json``, from which the docs page
 ``docs/compatibility.md`` is rendered and which ``tests/test_compat_results.py``
-checks for staleness (a recipe a file has no row for is "not yet
-measured" there; ``--missing`` measures just those rows, on the releases
+checks for staleness (a recipe a file has no row for, or no verdict for its
+explicit form, is "not yet measured" there; ``--missing`` measures just
+those rows, on the releases
 whose Python this machine has, and merges them into the files). Only the
 standard library is needed to run it::
 
     python tools/jax_matrix.py                 # every release (tox -e matrix)
     python tools/jax_matrix.py --spread        # first release, newest of each minor
     python tools/jax_matrix.py --releases 0.8.1 0.12.0.1
-    python tools/jax_matrix.py --missing       # only recipes a result lacks
+    python tools/jax_matrix.py --missing       # only rows a result lacks
     python tools/jax_matrix.py --list-new      # releases newer than the list
     python tools/jax_matrix.py --steps tests --tests tests/test_conformance.py
 """
@@ -120,17 +121,31 @@ def load_workarounds(path: Path = WORKAROUNDS) -> dict[str, str]:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
-def unmeasured(results: dict[str, dict], recipes) -> dict[str, list[str]]:
-    """Recipe -> the releases whose result has no row for it, in release order:
-    not yet measured there (``--missing`` measures them). Releases that did
-    not install are left out: they have no rows at all."""
+def unmeasured(results: dict[str, dict], recipes,
+               form: str | None = None) -> dict[str, list[str]]:
+    """Recipe -> the releases whose result has no row for it (with ``form=
+    "explicit"``: no verdict for its explicit form, a row measured before the
+    form existed), in release order: not yet measured there (``--missing``
+    measures them). Releases that did not install are left out: they have no
+    rows at all."""
     lacking: dict[str, list[str]] = {}
     for release, result in results.items():
         if result["install"]["ok"]:
             for name in recipes:
-                if name not in result.get("recipes", {}):
+                if not _measured(result.get("recipes", {}).get(name), form):
                     lacking.setdefault(name, []).append(release)
     return lacking
+
+
+def _measured(entry: dict | None, form: str | None = None) -> bool:
+    return entry is not None and (form is None or form in entry)
+
+
+def to_measure(result: dict, recipes) -> list[str]:
+    """The recipes ``--missing`` checks on a release: those with no row, or
+    with no verdict for the explicit form."""
+    known = result.get("recipes", {})
+    return [n for n in recipes if not _measured(known.get(n), "explicit")]
 
 
 def failing_rows(result: dict, workarounds: dict[str, str]) -> dict[str, str]:
@@ -269,7 +284,8 @@ def make_venv(release: str, python: str, venv: Path, *, fresh: bool, log,
 
 
 def recipe_table(rows: list[dict]) -> dict[str, dict]:
-    """``check`` rows -> one entry per recipe: ok, rows run, first failure."""
+    """``check`` rows -> one entry per recipe: ok, rows run, first failure,
+    and the explicit form's verdict (:func:`explicit_verdict`)."""
     table: dict[str, dict] = {}
     for row in rows:
         entry = table.setdefault(row["recipe"], {"ok": True, "rows": 0, "failed": 0,
@@ -281,7 +297,30 @@ def recipe_table(rows: list[dict]) -> dict[str, dict]:
                 entry["reason"] = (f"mesh {row['mesh']} axis {row['axis']} "
                                    f"{row['dtype']}: {_first_line(row['detail'])}")
             entry["ok"] = False
+    for name, entry in table.items():
+        entry["explicit"] = explicit_verdict([r for r in rows if r["recipe"] == name])
     return table
+
+
+def explicit_verdict(rows: list[dict]) -> str:
+    """One recipe's explicit column over its ``check`` rows: ``agrees`` (every
+    row that ran it), ``fails`` (a row whose explicit form disagreed), ``not
+    run`` (no row ran it, none said why), or ``skipped: why`` where it does not
+    run on this release (on every mesh, or ``skipped on mesh M: why`` on some).
+    ``check`` rows from before the form existed carry no ``explicit`` key: the
+    recipe's verdict is then absent, not yet measured."""
+    states = [r.get("explicit", "-") for r in rows]
+    if "FAIL" in states:
+        return "fails"
+    skipped = [(r, s) for r, s in zip(rows, states, strict=True)
+               if s.startswith("skipped")]
+    ran = states.count("ok")
+    if skipped and not ran:
+        return skipped[0][1]
+    if skipped:
+        row, state = skipped[0]
+        return f"skipped on mesh {row['mesh']}: {state.removeprefix('skipped: ')}"
+    return "agrees" if ran else "not run"
 
 
 def run_check(venv: Path, work: Path, names=()) -> tuple[dict, dict]:
@@ -413,9 +452,10 @@ def _write(path: Path, result: dict) -> None:
 def fill_release(release: str, python: str, args, log,
                  recipes: list[str] | None) -> list[str] | None:
     """``--missing``: ``check`` only the registered recipes the release's
-    result has no row for, in its venv, and merge their rows into the file
-    (each stamped with its own date and commit; the check counts grow by
-    them; probes, tests and the file's date stay). ``recipes``: the
+    result has no row for, or no explicit verdict for (:func:`to_measure`),
+    in its venv, and merge their rows into the file (a row measured again
+    replaces the old one and its counts; each is stamped with its own date
+    and commit; probes, tests and the file's date stay). ``recipes``: the
     registered names, or None where no interpreter with JAX could list them
     yet (the release's venv then lists them). Returns the recipes filled, or
     None where this machine cannot measure the release (no result file, or
@@ -426,8 +466,7 @@ def fill_release(release: str, python: str, args, log,
         log(f"  no installed result to add rows to: measure the whole release "
             f"with --releases {release}")
         return None
-    if recipes is not None and not [n for n in recipes
-                                    if n not in result.get("recipes", {})]:
+    if recipes is not None and not to_measure(result, recipes):
         log("  every registered recipe has a row")
         return []
     venv = Path(args.venv_root) / f"jax-{release}"
@@ -441,7 +480,7 @@ def fill_release(release: str, python: str, args, log,
         recipes = registered_recipes(str(venv / "bin" / "python"), _test_env(venv))
         if recipes is None:
             raise RuntimeError(f"jax {release}: `python -m collectives list` failed")
-    missing = [n for n in recipes if n not in result.get("recipes", {})]
+    missing = to_measure(result, recipes)
     if not missing:
         log("  every registered recipe has a row")
         return []
@@ -454,8 +493,14 @@ def fill_release(release: str, python: str, args, log,
     stamp = {"date": datetime.date.today().isoformat(), "commit": _commit()}
     for entry in table.values():
         entry.update(stamp)
-    result.setdefault("recipes", {}).update(table)
+    known = result.setdefault("recipes", {})
     check = result.setdefault("check", {})
+    for name in table:  # a row measured again replaces its counts
+        if name in known:
+            check["agree"] = check.get("agree", 0) - (known[name]["rows"]
+                                                      - known[name]["failed"])
+            check["disagree"] = check.get("disagree", 0) - known[name]["failed"]
+    known.update(table)
     for key in ("agree", "disagree"):
         check[key] = check.get(key, 0) + summary.get(key, 0)
     _write(path, result)
@@ -607,7 +652,8 @@ def main(argv=None) -> int:
             if recipes is not None:
                 break
         if recipes is not None:
-            lacking = unmeasured(load_results(Path(args.results)), recipes)
+            lacking = unmeasured(load_results(Path(args.results)), recipes,
+                                 form="explicit")
             chosen = [v for v in chosen if any(v in r for r in lacking.values())]
             if not chosen:
                 print("every result has a row for every registered recipe")

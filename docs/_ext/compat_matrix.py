@@ -8,6 +8,8 @@
   one-line reason and the workaround from ``docs/compat/workarounds.json``),
   or not yet measured (a recipe the release's file has no row for, never
   shown as agreeing; ``tools/jax_matrix.py --missing`` measures them);
+* ``explicit.inc``: the same for the explicit form alone, skipped rows with
+  the recipe's reason;
 * ``apis.inc``: each probe of ``tools/jax_probes.py`` with the releases where
   it holds (first and last) and what to write instead;
 * ``releases.inc``: per release, the Python, the check and test-subset counts
@@ -30,6 +32,7 @@ logger = logging.getLogger(__name__)
 
 ROOT = Path(__file__).resolve().parents[2]
 AGREES, FAILS, NOT_MEASURED, HOLDS, ABSENT = "✓", "✗", "?", "●", "·"
+SKIPPED = "\N{EN DASH}"
 DASH = "\N{EN DASH}"
 
 
@@ -112,6 +115,45 @@ def recipes_table(results: dict[str, dict], recipes: list[str],
     return "\n".join(lines) + "\n"
 
 
+def explicit_table(results: dict[str, dict], recipes: list[str]) -> str:
+    """Registered recipe x release for the explicit form alone: agrees, fails,
+    skipped (with the recipe's reason, once per reason), or not yet measured
+    (a row from before the form existed)."""
+    releases = list(results)
+    table = ["| recipe | " + " | ".join(releases) + " |",
+             "|---|" + "---|" * len(releases)]
+    reasons: list[str] = []
+    unmeasured: list[str] = []
+    for name in recipes:
+        cells = []
+        for release in releases:
+            verdict = results[release].get("recipes", {}).get(name, {}).get("explicit")
+            if verdict is None:
+                cells.append(NOT_MEASURED)
+                if results[release]["install"]["ok"]:
+                    unmeasured.append(f"{name} on {release}")
+            elif verdict == "agrees":
+                cells.append(AGREES)
+            elif verdict == "fails":
+                cells.append(FAILS)
+            else:  # the column names the release: the reason need not
+                reason = verdict.replace(f"JAX {release} ", "this release ")
+                note = f"`{name}`: {reason}"
+                if note not in reasons:
+                    reasons.append(note)
+                cells.append(f"{SKIPPED} [{reasons.index(note) + 1}]")
+        table.append(f"| `{name}` | " + " | ".join(cells) + " |")
+    lines = [*_in_matrix_box(table), ""]
+    if reasons:
+        lines += [f"Skipped ({SKIPPED}), with the reason the recipe gives:", ""]
+        lines += [f"{i}. {_cell(note)}" for i, note in enumerate(reasons, 1)]
+    if unmeasured:
+        lines += ["", f"Not yet measured ({NOT_MEASURED}): {len(unmeasured)} rows "
+                  "were measured before the explicit form existed; "
+                  "`python tools/jax_matrix.py --missing` measures them."]
+    return "\n".join(lines) + "\n"
+
+
 def apis_table(results: dict[str, dict], docs: dict[str, tuple[str, str]]) -> str:
     releases = list(results)
     lines = ["| API or behaviour | releases where it holds | first | last | "
@@ -151,9 +193,7 @@ def releases_table(results: dict[str, dict]) -> str:
         lines.append(f"| {release} | {python} | {result['date']} | "
                      f"`{result['commit']}` | {agree} | {counts} |")
         failures += [(release, f) for f in tests.get("failures", [])]
-        later += [f"jax {release}: `{name}` ({entry['date']}, `{entry['commit']}`)"
-                  for name, entry in result.get("recipes", {}).items()
-                  if "commit" in entry]
+        later += _measured_later(release, result.get("recipes", {}))
     lines.append("")
     if failures:
         lines += ["Failing tests:", ""]
@@ -168,6 +208,19 @@ def releases_table(results: dict[str, dict]) -> str:
     args = {r.get("tests", {}).get("args") for r in results.values()} - {None}
     lines += ["", "Test subset: " + "; ".join(f"`pytest {a}`" for a in sorted(args))]
     return "\n".join(lines) + "\n"
+
+
+def _measured_later(release: str, recipes: dict[str, dict]) -> list[str]:
+    """``jax V: `a`, `b` (date, `commit`)`` per later ``--missing`` run of a
+    release; ``every recipe`` where that run measured them all again."""
+    runs: dict[tuple[str, str], list[str]] = {}
+    for name, entry in recipes.items():
+        if "commit" in entry:
+            runs.setdefault((entry["date"], entry["commit"]), []).append(name)
+    return [f"jax {release}: "
+            + ("every recipe" if len(names) == len(recipes)
+               else ", ".join(f"`{n}`" for n in names))
+            + f" ({date}, `{commit}`)" for (date, commit), names in runs.items()]
 
 
 def _write_if_changed(path: Path, text: str) -> None:
@@ -190,6 +243,8 @@ def generate(app: Sphinx) -> None:
     out.mkdir(parents=True, exist_ok=True)
     _write_if_changed(out / "recipes.inc",
                       recipes_table(results, list(collectives.RECIPES), workarounds))
+    _write_if_changed(out / "explicit.inc",
+                      explicit_table(results, list(collectives.RECIPES)))
     _write_if_changed(out / "apis.inc", apis_table(results, matrix.probe_docs()))
     _write_if_changed(out / "releases.inc", releases_table(results))
 
