@@ -390,14 +390,22 @@ def test_a_sigtermed_rank_stops_at_once_naming_the_signal(request, tmp_path, job
                "SIGTERM. Rank 0 stops too" in out, out
 
 
+SIGINT_DEFAULT = [sys.executable, "-c", "import os, signal, sys; signal.signal("
+                  "signal.SIGINT, signal.SIG_DFL); os.execv(sys.argv[1], sys.argv[1:])"]
+"""Runs the command after it with SIGINT's default action, as a terminal's
+foreground job has it. A shell without job control (a CI script's ``cmd &``)
+starts background commands with SIGINT ignored; Python then keeps ignoring
+it, and so would every process started from there."""
+
+
 @pytest.mark.multiprocess
 def test_ctrl_c_on_the_launcher_ends_it_and_its_ranks_in_one_line(tmp_path, job):
     # Ctrl-C in a terminal signals the whole foreground group; here only the
     # launcher gets SIGINT, so its ranks end because it stops them.
     script = tmp_path / "loop.py"
     script.write_text(LOOP)
-    started = job(command("launch", 2, 2, ["python", str(script), str(tmp_path)],
-                          "--timeout", "300"))
+    started = job([*SIGINT_DEFAULT, *command(
+        "launch", 2, 2, ["python", str(script), str(tmp_path)], "--timeout", "300")])
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and not all(
             (tmp_path / f"pid-{r}").exists() for r in range(2)):
