@@ -57,7 +57,6 @@ def whole(expected: str = "a whole number", *, low: int | None = None,
                 high is not None and value > high):
             raise _refuse(text, expected, fix or f"pass {expected}")
         return value
-    parse.__name__ = "whole number"
     return parse
 
 
@@ -74,9 +73,11 @@ def real(expected: str, *, low: float | None = None, above: float | None = None,
                 above is not None and value <= above):
             raise _refuse(text, expected, fix or f"pass {expected}")
         return value
-    parse.__name__ = "number"
     return parse
 
+
+at_least_one = whole("a count of 1 or more", low=1)
+"""Counts of processes, iterations, rounds."""
 
 devices = whole(f"a device count from 1 to {MAX_CPU_DEVICES}", low=1,
                 high=MAX_CPU_DEVICES,

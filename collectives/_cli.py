@@ -52,11 +52,12 @@ def _setup(args: argparse.Namespace) -> None:
         jax.config.update("jax_enable_x64", True)
     use_cpu_devices(args.devices)
     mesh = getattr(args, "mesh", None)
-    if mesh and math.prod(mesh) > jax.device_count():
-        fix = (f"pass --devices {math.prod(mesh)}" if jax.default_backend() == "cpu"
+    needed = math.prod(mesh) if mesh else 0
+    if needed > jax.device_count():
+        fix = (f"pass --devices {needed}" if jax.default_backend() == "cpu"
                else "use a mesh of at most the devices this machine has")
         raise _args.Refused(
-            f"--mesh {'x'.join(map(str, mesh))}: needs {math.prod(mesh)} devices, "
+            f"--mesh {'x'.join(map(str, mesh))}: needs {needed} devices, "
             f"there are {jax.device_count()}. Fix: {fix}, or a smaller mesh.")
 
 
@@ -114,7 +115,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     _setup(args)
     try:
         print_run(args)
-    except (KeyError, ValueError) as err:  # e.g. a mesh bigger than the devices
+    except (KeyError, ValueError) as err:  # e.g. an axis the mesh lacks
         print(f"error: {err.args[0]}", file=sys.stderr)
         return 2
     return 0

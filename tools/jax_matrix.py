@@ -287,7 +287,9 @@ def recipe_table(rows: list[dict]) -> dict[str, dict]:
     """``check`` rows -> one entry per recipe: ok, rows run, first failure,
     and the explicit form's verdict (:func:`explicit_verdict`)."""
     table: dict[str, dict] = {}
+    by_recipe: dict[str, list[dict]] = {}
     for row in rows:
+        by_recipe.setdefault(row["recipe"], []).append(row)
         entry = table.setdefault(row["recipe"], {"ok": True, "rows": 0, "failed": 0,
                                                  "reason": ""})
         entry["rows"] += 1
@@ -298,7 +300,7 @@ def recipe_table(rows: list[dict]) -> dict[str, dict]:
                                    f"{row['dtype']}: {_first_line(row['detail'])}")
             entry["ok"] = False
     for name, entry in table.items():
-        entry["explicit"] = explicit_verdict([r for r in rows if r["recipe"] == name])
+        entry["explicit"] = explicit_verdict(by_recipe[name])
     return table
 
 

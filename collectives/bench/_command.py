@@ -39,7 +39,6 @@ OVERHEAD_SAMPLES, OVERHEAD_BUDGET = 10, 10.0
 """Rounds at least, and timing seconds per collective, of ``--overhead``."""
 
 
-_AT_LEAST_ONE = _args.whole("a count of 1 or more", low=1)
 _POSITIVE = _args.real("a positive number", above=0)
 _SECONDS = _args.real("seconds, 0 or more", low=0)
 
@@ -71,13 +70,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-f", "--stepfactor", default=4.0, metavar="F",
                         type=_args.real("a factor above 1", above=1, fix="e.g. -f 4"),
                         help="multiply the size by F each step (default: 4)")
-    parser.add_argument("-n", "--iters", type=_AT_LEAST_ONE, default=None, metavar="N",
+    parser.add_argument("-n", "--iters", type=_args.at_least_one, default=None,
+                        metavar="N",
                         help="collectives inside one timed call (default: enough "
                         "for --min-time)")
     parser.add_argument("-w", "--warmup", default=1, metavar="N",
                         type=_args.whole("a count of 0 or more", low=0),
                         help="untimed calls before timing (default: 1)")
-    parser.add_argument("-r", "--samples", type=_AT_LEAST_ONE, default=None,
+    parser.add_argument("-r", "--samples", type=_args.at_least_one, default=None,
                         metavar="N",
                         help="timed rounds at least; more are taken until every "
                         "interval meets --precision or --budget runs out "
@@ -91,7 +91,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "--overhead: per collective); the first -r rounds are "
                         f"always taken (default: {SWEEP_BUDGET:g}; with "
                         f"--overhead {OVERHEAD_BUDGET:g})")
-    parser.add_argument("--max-samples", type=_AT_LEAST_ONE, default=1000, metavar="N",
+    parser.add_argument("--max-samples", type=_args.at_least_one, default=1000,
+                        metavar="N",
                         help="timed rounds at most (default: %(default)s)")
     parser.add_argument("--min-time", type=_SECONDS, default=0.01, metavar="SECONDS",
                         help="target duration of one timed call (default: 0.01)")

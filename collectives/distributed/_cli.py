@@ -13,14 +13,13 @@ from collectives.distributed import _worker
 from collectives.distributed._results import LaunchError
 from collectives.distributed._results import worker_argv
 
-_AT_LEAST_ONE = _args.whole("a count of 1 or more", low=1)
 _SECONDS = _args.whole("a whole number of seconds, 1 or more", low=1)
 _PORT = _args.whole("a port from 1 to 65535", low=1, high=65535)
 
 
 def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``python -m collectives launch``."""
-    parser.add_argument("-n", "--num-processes", type=_AT_LEAST_ONE, default=2,
+    parser.add_argument("-n", "--num-processes", type=_args.at_least_one, default=2,
                         metavar="N",
                         help="processes to start (default: %(default)s)")
     parser.add_argument("--devices-per-process", type=_args.devices, default=4,
@@ -103,7 +102,7 @@ def add_worker_command(sub: Any) -> None:
     p.add_argument("--coordinator", metavar="HOST:PORT", type=_args.coordinator,
                    help="rank 0's address, when no cluster is detected (with "
                         "--num-processes and --process-id)")
-    p.add_argument("--num-processes", type=_AT_LEAST_ONE, metavar="N")
+    p.add_argument("--num-processes", type=_args.at_least_one, metavar="N")
     p.add_argument("--process-id", metavar="I",
                    type=_args.whole("a rank of 0 or more", low=0))
     p.add_argument("--on-sigterm", choices=("stop", "jax"), default="stop",

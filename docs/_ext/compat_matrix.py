@@ -32,8 +32,8 @@ logger = logging.getLogger(__name__)
 
 ROOT = Path(__file__).resolve().parents[2]
 AGREES, FAILS, NOT_MEASURED, HOLDS, ABSENT = "✓", "✗", "?", "●", "·"
-SKIPPED = "\N{EN DASH}"
 DASH = "\N{EN DASH}"
+SKIPPED = DASH
 
 
 def _matrix():
