@@ -247,7 +247,9 @@ class OnMesh:
 
     def __init__(self, fn: Any, mesh: jax.sharding.Mesh | None) -> None:
         self._fn, self._mesh = fn, mesh
-        functools.update_wrapper(self, fn)
+        # names and docstring only: copying fn's __dict__ (updated=) would put
+        # pmap's own ``lower`` on the instance, over the scoped one below
+        functools.update_wrapper(self, fn, updated=())
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if tracing():

@@ -84,6 +84,20 @@ def test_on_a_global_explicit_mesh_everything_runs_and_agrees(request):
     assert set(ran_explicit) | set(skipped) == set(cx.RECIPES), out
 
 
+def test_bench_measures_memory_under_a_scoped_explicit_mesh():
+    # bench's default (memory on) lowers the pmap form: it must not see the
+    # caller's mesh either
+    from collectives import bench
+    from collectives._compat import mesh_scope
+    from collectives._compat import with_axis_types
+
+    with mesh_scope(with_axis_types(cx.make_mesh((4, 2), ("X", "Y")), explicit=True)):
+        doc = bench.run(["psum"], ("pmap", "shard_map"), sizes=(1024,), samples=1,
+                        budget=0, memory=True)
+    rows = [row for row in doc["results"] if row["form"] == "pmap"]
+    assert rows and rows[0]["memory"]["argument_bytes"] > 0, rows
+
+
 def test_a_users_explicit_mesh_runs_every_form():
     mesh = jax.make_mesh((4, 2), ("i", "j"),
                          axis_types=(jax.sharding.AxisType.Explicit,) * 2)
