@@ -115,7 +115,7 @@ class Job:
     def __init__(self, argv, tmp_path, env=None):
         self.tag = uuid.uuid4().hex
         assert tagged(self.tag) == []
-        self.out = open(tmp_path / "job.out", "w+")  # noqa: SIM115 (closed in close)
+        self.out = open(tmp_path / f"job-{self.tag}.out", "w+")  # noqa: SIM115 (closed in close)
         env = {**rank_env(strip=()), TAG: self.tag, **(env or {})}
         self.proc = subprocess.Popen(argv, env=env, stdout=self.out,
                                      stderr=subprocess.STDOUT,
@@ -388,6 +388,119 @@ def test_a_sigtermed_rank_stops_at_once_naming_the_signal(request, tmp_path, job
     else:
         assert f"rank 1 (host {os.uname().nodename}, pid {pid}) was stopped by " \
                "SIGTERM. Rank 0 stops too" in out, out
+
+
+# Rank 1 fails on its own: it sleeps (stuck outside JAX) or exits 3 where
+# rank 0 goes on into the next collective.
+FAULTS = textwrap.dedent("""
+    import os, sys, time
+    import jax
+    from jax.experimental import multihost_utils
+    rank = jax.process_index()
+    multihost_utils.sync_global_devices("up")
+    path = os.path.join(sys.argv[1], f"pid-{rank}")
+    with open(path + ".tmp", "w") as f:
+        f.write(str(os.getpid()))
+    os.rename(path + ".tmp", path)
+    if rank == 1 and sys.argv[2] == "stuck":
+        time.sleep(600)  # stuck outside JAX: never enters the collective below
+    if rank == 1 and sys.argv[2] == "exit":
+        sys.exit(3)
+    while True:
+        multihost_utils.sync_global_devices("tick")
+        time.sleep(0.01)
+""")
+
+FAULT_BOUND = 30  # every fault below ends the job within this (seconds)
+CPP_TRACE = re.compile(r"Begin stack trace|Check failed|^F\d{4} ", re.M)
+
+
+def _fault(request, tmp_path, job, launcher, how):
+    """Start 2 ranks of FAULTS, fault rank 1 (or 0) as ``how`` says; (seconds
+    from the fault to the job's end, exit code, output, the faulty rank's pid)."""
+    if how == "sigstop":
+        return _signal_rank(request, tmp_path, job, launcher, signal.SIGSTOP)
+    if how == "kill rank 0":
+        return _signal_rank(request, tmp_path, job, launcher, signal.SIGKILL, rank=0)
+    _need(launcher)
+    script = tmp_path / "faults.py"
+    script.write_text(FAULTS)
+    started = job(command(launcher, 2, 2, ["python", str(script), str(tmp_path), how],
+                          "--timeout", "300"))
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not (tmp_path / "pid-1").exists():
+        assert started.proc.poll() is None, started.output()
+        time.sleep(0.1)
+    assert (tmp_path / "pid-1").exists(), started.output()
+    faulted = time.monotonic()
+    code, out = started.wait(120)
+    return time.monotonic() - faulted, code, out, int((tmp_path / "pid-1").read_text())
+
+
+FAULT_CASES = ["sigstop", "stuck", "exit", "kill rank 0"]
+
+
+@pytest.mark.launchers
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("how", FAULT_CASES)
+@pytest.mark.parametrize("launcher", ["launch", "mpirun", "srun"])
+def test_each_fault_names_the_rank_that_failed_first(request, tmp_path, job,
+                                                     launcher, how):
+    _selected(request)
+    seconds, code, out, pid = _fault(request, tmp_path, job, launcher, how)
+    assert code != 0, out
+    assert seconds < FAULT_BOUND, f"{seconds:.1f} s:\n{out}"
+    assert not CPP_TRACE.search(out), out
+    host = os.uname().nodename
+    expected = {
+        "sigstop": "stopped responding: no heartbeat for",
+        "stuck": "has been idle outside JAX for",
+        "exit": "exited with code 3" if launcher == "launch" else "failed (exit 3",
+        "kill rank 0": ("was killed by signal SIGKILL" if launcher == "launch" else
+                        "ended without reporting a result"),
+    }[how]
+    if launcher == "launch":
+        rank = 0 if how == "kill rank 0" else 1
+        head = f"launch failed: process {rank} (pid {pid}) "
+        assert re.search(re.escape(head) + r".*" + re.escape(expected), out), out
+    elif how == "kill rank 0":
+        assert f"error: rank 0 (the coordinator) {expected}" in out, out
+    else:
+        assert f"error: rank 1 (host {host}, pid {pid}) {expected}" in out, out
+    if how == "stuck":
+        assert "faults.py:12 (<module>)" in out, out  # where it sat
+
+
+SILENCE = textwrap.dedent("""
+    import sys, time
+    import jax
+    from jax.experimental import multihost_utils
+    multihost_utils.sync_global_devices("up")
+    if sys.argv[1] == "busy":
+        end = time.monotonic() + 12
+        while time.monotonic() < end:  # works on, past --timeout
+            sum(range(10000))
+    else:
+        time.sleep(600)  # every rank idle: no progress anywhere
+    multihost_utils.sync_global_devices("done")
+""")
+
+
+@pytest.mark.launchers
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("launcher", ["launch", "srun"])
+def test_timeout_bounds_silence_not_the_whole_run(request, tmp_path, job, launcher):
+    _selected(request)
+    _need(launcher)
+    script = tmp_path / "silence.py"
+    script.write_text(SILENCE)
+    code, out = job(command(launcher, 2, 1, ["python", str(script), "busy"],
+                            "--timeout", "5")).wait(120)
+    assert code == 0, out  # 12 s of work under --timeout 5
+    code, out = job(command(launcher, 2, 1, ["python", str(script), "idle"],
+                            "--timeout", "5")).wait(60)
+    assert code != 0 and "error: no rank made progress for 5 s (--timeout" in out, out
+    assert "rank 0 idle outside JAX at silence.py:11 (<module>)" in out, out
 
 
 SIGINT_DEFAULT = [sys.executable, "-c", "import os, signal, sys; signal.signal("

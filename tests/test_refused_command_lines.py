@@ -63,6 +63,8 @@ REFUSED = {  # command line: words the one line must hold (flag, value, fix)
     "launch -n 0 -- check": ["--num-processes", "'0'", "1 or more"],
     "launch --port 70000 -- check": ["--port", "'70000'", "65535"],
     "launch --timeout nan -- check": ["--timeout", "'nan'", "positive"],
+    "launch --stall-timeout -1 -- check": ["--stall-timeout", "'-1'", "0 or more"],
+    "worker --stall-timeout inf -- check": ["--stall-timeout", "'inf'", "0 or more"],
     "launch -- check --seed -1": ["--seed", "'-1'", "non-negative"],
 }
 
@@ -179,8 +181,9 @@ FLAGS = {
     "plan": ["--devices", "--mesh", "--model", "--dtype", "--json", "--timeout",
              "--interconnect", "-s", "--width", "--layers"],
     "worker": ["--coordinator", "--cpu-devices", "--num-processes", "--process-id",
-               "--timeout"],
-    "launch": ["-n", "--devices-per-process", "--port", "--timeout"],
+               "--timeout", "--stall-timeout"],
+    "launch": ["-n", "--devices-per-process", "--port", "--timeout",
+               "--stall-timeout"],
 }
 JUNK = st.sampled_from(["-1", "0", "nan", "inf", "1e400", "", "x", "99999", "4x0",
                         "2049", "data=2,data=4", "127.0.0.1:", ":80", "float99",

@@ -53,10 +53,20 @@ def add_timeout_arguments(parser: argparse.ArgumentParser, stop: str) -> None:
                         default=defaults.collective_timeout, metavar="S",
                         help="seconds a CPU collective waits for its peers "
                              "(default: %(default)s)")
+    parser.add_argument("--stall-timeout", type=_args.real(
+                            "a number of seconds, 0 or more (0: no bound)", low=0),
+                        default=defaults.stall_timeout, metavar="S",
+                        help="seconds a process may sit idle outside JAX while "
+                             "another waits for it inside a JAX call, before the "
+                             "job stops naming it; 0: no bound (default: "
+                             "%(default)g)")
     parser.add_argument("--timeout", type=_args.real("a positive number of seconds",
                                                      above=0),
                         default=defaults.timeout, metavar="S",
-                        help=f"{stop} after S seconds (default: %(default)g)")
+                        help=f"{stop} after S seconds in which no process made "
+                             "progress (used CPU or moved on): a bound on "
+                             "silence, not on the whole run (default: "
+                             "%(default)g)")
 
 
 def _stop_on_sigterm(signum: int, frame: object) -> None:
@@ -72,7 +82,8 @@ def run_launch_command(args: argparse.Namespace) -> int:
             devices_per_process=args.devices_per_process, port=args.port,
             timeout=args.timeout, startup_timeout=args.startup_timeout,
             heartbeat_timeout=args.heartbeat_timeout,
-            collective_timeout=args.collective_timeout, echo=args.echo)
+            collective_timeout=args.collective_timeout,
+            stall_timeout=args.stall_timeout, echo=args.echo)
     except (ValueError, LaunchError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -128,6 +139,7 @@ def run_worker_command(args: argparse.Namespace) -> int:
         startup_timeout=args.startup_timeout,
         heartbeat_timeout=args.heartbeat_timeout,
         collective_timeout=args.collective_timeout, timeout=args.timeout,
-        coordinator=args.coordinator, num_processes=args.num_processes,
-        process_id=args.process_id, on_sigterm=args.on_sigterm)
+        stall_timeout=args.stall_timeout, coordinator=args.coordinator,
+        num_processes=args.num_processes, process_id=args.process_id,
+        on_sigterm=args.on_sigterm)
     return _worker.main(target, options)

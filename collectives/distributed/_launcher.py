@@ -18,6 +18,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import json
+import math
 import os
 import re
 import signal
@@ -32,6 +33,7 @@ from pathlib import Path
 from typing import IO
 
 from collectives import _compat
+from collectives.distributed import _watch
 from collectives.distributed._results import LOOPBACK
 from collectives.distributed._results import LaunchResult
 from collectives.distributed._results import ProcessResult
@@ -92,12 +94,24 @@ class _Worker:
         (killed, crashed) comes first, since the peers of a dead process report
         errors of their own a moment later; then reported errors by time; last
         processes JAX ended because another one died."""
-        when = self.result().get("time")
-        if when is not None:
-            return (1, float(when))
+        record = self.result()
+        if record.get("code") == 0 or self.blame() is not None:
+            return (3, self.ended or 0.0)  # its target passed, or a peer stopped it
+        if record.get("time") is not None:
+            return (1, float(record["time"]))
         if any(_PEER_DIED in line for line in self.lines):
             return (2, self.ended or 0.0)
         return (0, self.ended or 0.0)
+
+    def blame(self) -> tuple[int, str] | None:
+        """(the rank this one stopped because of, what that rank did), from
+        the peer watch; ``None`` if it did not stop because of a peer."""
+        path = self.settings.marker("blame").with_suffix(".json")
+        try:
+            record = json.loads(path.read_text())
+            return int(record["rank"]), str(record["how"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
 
     def result(self) -> dict:
         path = self.settings.marker("result").with_suffix(".json")
@@ -130,6 +144,21 @@ class _Worker:
             self.proc.stdout.close()
 
 
+def _cpu_seconds(pid: int) -> float:
+    """CPU seconds process ``pid`` used so far (Linux's /proc); 0 where
+    unknown, so that elsewhere ``--timeout`` bounds the whole run."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0.0
+    fields = stat[stat.rindex(")") + 2:].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+BACKSTOP_SECONDS = 10.0
+"""The launcher stops every process this long after ``timeout`` without
+progress, should the processes not have stopped themselves."""
+
 READ_GRACE = 10.0
 """Seconds to wait, after a process ended, for the rest of its output."""
 
@@ -152,7 +181,8 @@ class _Launch:
     def __init__(self, argv: list[str], *, num_processes: int,
                  devices_per_process: int, port: int, timeout: float,
                  startup_timeout: float, heartbeat_timeout: int,
-                 collective_timeout: int, env: Mapping[str, str] | None,
+                 collective_timeout: int, stall_timeout: float,
+                 env: Mapping[str, str] | None,
                  cwd: str | None, echo: str, stream: IO[str]):
         self.argv = argv
         self.n = num_processes
@@ -162,6 +192,7 @@ class _Launch:
         self.startup_timeout = startup_timeout
         self.heartbeat_timeout = heartbeat_timeout
         self.collective_timeout = collective_timeout
+        self.stall_timeout = stall_timeout
         self.extra_env = dict(env or {})
         self.cwd = cwd
         self.echo = echo
@@ -190,7 +221,8 @@ class _Launch:
                 startup_timeout=max(1, int(self.startup_timeout)),
                 heartbeat_timeout=self.heartbeat_timeout,
                 shutdown_timeout=max(10, self.heartbeat_timeout),
-                launcher_pid=os.getpid())
+                launcher_pid=os.getpid(), stall_timeout=math.ceil(self.stall_timeout),
+                timeout=math.ceil(self.timeout))
             proc = subprocess.Popen(
                 [sys.executable, "-m", "collectives", "worker", "--", *self.argv],
                 env=self._env(settings), cwd=self.cwd, stdin=subprocess.DEVNULL,
@@ -203,6 +235,7 @@ class _Launch:
     def watch(self) -> tuple[str, _Worker | None, str]:
         """Wait for the end; returns (kind, culprit, message)."""
         start = time.monotonic()
+        progress = (start, 0.0)  # (when CPU was last used, the CPU seconds then)
         while True:
             time.sleep(_POLL)
             self._note_exits(start)
@@ -214,9 +247,7 @@ class _Launch:
                        and any(w.proc.poll() is None for w in self.workers)):
                     time.sleep(_POLL)
                     self._note_exits(start)
-                culprit = min((w for w in self.workers if w.failed()),
-                              key=_Worker.failure_order)
-                return "failed", culprit, self._failure(culprit)
+                return "failed", *self._culprit()
             if all(w.proc.poll() is not None for w in self.workers):
                 return "ok", None, (f"ok: {self.n} processes x {self.m} devices "
                                     "finished")
@@ -226,13 +257,41 @@ class _Launch:
                 silent = [w for w in waiting if not w.has("started")]
                 return "startup", (silent or waiting)[0], self._startup_failure(
                     waiting)
-            if elapsed > self.timeout:
+            cpu = sum(_cpu_seconds(w.proc.pid) for w in self.workers)
+            if cpu - progress[1] >= _watch.IDLE_CPU * (time.monotonic() - progress[0]):
+                progress = (time.monotonic(), cpu)
+            # (the workers stop themselves after --timeout without progress,
+            # naming where each sat; this is the backstop for a process that
+            # cannot: frozen, or without the peer watch)
+            if time.monotonic() - progress[0] > self.timeout + BACKSTOP_SECONDS:
                 running = [w.index for w in self.workers if w.proc.poll() is None]
                 return "timeout", None, (
-                    f"launch timed out after {self.timeout:g} s with processes "
-                    f"{running} still running; stopped them. Fix: look for a process "
-                    "that skipped a collective the others entered, or raise the "
-                    "timeout.")
+                    f"launch stopped: no process made progress (used CPU) for "
+                    f"{self.timeout:g} s, with processes {running} still running; "
+                    "stopped them. Fix: look for a process that skipped a "
+                    "collective the others entered, or raise --timeout.")
+
+    def _culprit(self) -> tuple[_Worker, str]:
+        """Who failed first, and how: the peers' evidence first (the rank
+        they stopped because of, which may still be running: stopped or
+        stuck), then the order of the exits."""
+        named = collections.Counter(
+            blame for w in self.workers if (blame := w.blame()) is not None
+            and 0 <= blame[0] < self.n and blame[0] != w.index)
+        if named:
+            (index, how), _ = named.most_common(1)[0]
+            culprit = self.workers[index]
+            if culprit.failed() and culprit.blame() is None:
+                return culprit, self._failure(culprit)  # its own exit says how
+            others = [w.index for w in self.workers if w.index != index
+                      and w.blame() is not None and w.blame()[0] == index]
+            return culprit, (
+                f"launch failed: process {index} (pid {culprit.proc.pid}) {how}; "
+                f"process(es) {others} stopped because of it; the launcher "
+                "stopped the rest.")
+        culprit = min((w for w in self.workers if w.failed()),
+                      key=_Worker.failure_order)
+        return culprit, self._failure(culprit)
 
     def _note_exits(self, start: float) -> None:
         for w in self.workers:
@@ -315,6 +374,11 @@ class _Launch:
             summary = record.get("summary", "")
             if status != "ok" and record.get("error"):
                 summary = record["error"].splitlines()[0][:80]
+            blame = w.blame()
+            if status == "failed" and blame is not None:
+                summary = (blame[1] if blame[0] == w.index else
+                           f"stopped because process {blame[0]} {blame[1]}")[:80]
+                status = "failed" if blame[0] == w.index else "stopped"
             out.append(ProcessResult(
                 index=w.index, pid=w.proc.pid, status=status, returncode=code,
                 seconds=w.ended if w.ended is not None else elapsed,
@@ -326,6 +390,7 @@ def launch(target: Sequence[str], *, num_processes: int = 2,
            devices_per_process: int = 4, port: int | None = None,
            timeout: float = 900.0, startup_timeout: float = 60.0,
            heartbeat_timeout: int = 30, collective_timeout: int = 120,
+           stall_timeout: float = _watch.STALL_SECONDS,
            env: Mapping[str, str] | None = None, cwd: str | None = None,
            echo: str = "first", stream: IO[str] | None = None) -> LaunchResult:
     """Run ``target`` in ``num_processes`` local processes joined by JAX.
@@ -334,7 +399,10 @@ def launch(target: Sequence[str], *, num_processes: int = 2,
     distributed runtime through a coordinator on 127.0.0.1 (gloo collectives,
     loopback only) and runs the target. If any process fails, the others are
     stopped at once: SIGTERM to each process group, SIGKILL after 2 s, so
-    nothing they started outlives the launch.
+    nothing they started outlives the launch. The processes watch each other
+    (:mod:`._watch`): one that dies, stops responding or sits idle outside
+    JAX while the others wait for it is named as the cause, from that
+    evidence, not from who reported first.
 
     Args:
       target: what every process runs: ``["check", *names_and_options]``
@@ -346,12 +414,17 @@ def launch(target: Sequence[str], *, num_processes: int = 2,
       num_processes: how many processes.
       devices_per_process: simulated CPU devices in each.
       port: the coordinator's port on 127.0.0.1; default a free one.
-      timeout: seconds for the whole run before every process is stopped.
+      timeout: seconds in which no process makes progress (uses CPU or
+        moves on) before every process is stopped: a bound on silence, not on
+        the whole run.
       startup_timeout: seconds for every process to start and connect.
       heartbeat_timeout: seconds without a heartbeat before JAX declares a
         process dead.
       collective_timeout: seconds a CPU collective waits for its peers
         (XLA flags; gloo's reduce-scatter keeps its own 30 s).
+      stall_timeout: seconds a process may sit idle outside JAX while another
+        waits for it inside a JAX call before it is named and the launch
+        stops; 0: no bound.
       env: extra environment variables for the workers.
       cwd: the workers' working directory (default: this one).
       echo: whose output to echo live, prefixed ``[pI]``: ``"first"``
@@ -378,7 +451,8 @@ def launch(target: Sequence[str], *, num_processes: int = 2,
     _validate_launch_arguments(
         num_processes=num_processes, devices_per_process=devices_per_process,
         heartbeat_timeout=heartbeat_timeout, collective_timeout=collective_timeout,
-        timeout=timeout, startup_timeout=startup_timeout, echo=echo, port=port)
+        timeout=timeout, startup_timeout=startup_timeout, echo=echo, port=port,
+        stall_timeout=stall_timeout)
     attempts = 1 if port is not None else 2
     for attempt in range(attempts):
         chosen = port if port is not None else free_port()
@@ -386,7 +460,8 @@ def launch(target: Sequence[str], *, num_processes: int = 2,
                       devices_per_process=devices_per_process, port=chosen,
                       timeout=timeout, startup_timeout=startup_timeout,
                       heartbeat_timeout=heartbeat_timeout,
-                      collective_timeout=collective_timeout, env=env, cwd=cwd,
+                      collective_timeout=collective_timeout,
+                      stall_timeout=stall_timeout, env=env, cwd=cwd,
                       echo=echo, stream=stream or sys.stdout)
         result = run.execute()
         if run.bind_failed and attempt + 1 < attempts:
@@ -398,7 +473,7 @@ def launch(target: Sequence[str], *, num_processes: int = 2,
 def _validate_launch_arguments(*, num_processes: int, devices_per_process: int,
                                heartbeat_timeout: int, collective_timeout: int,
                                timeout: float, startup_timeout: float, echo: str,
-                               port: int | None) -> None:
+                               port: int | None, stall_timeout: float) -> None:
     """``launch``'s arguments, checked before anything starts.
 
     Raises:
@@ -415,6 +490,9 @@ def _validate_launch_arguments(*, num_processes: int, devices_per_process: int,
         if not value > 0:
             raise ValueError(f"{name}: expected a positive number of seconds, got "
                              f"{value!r}.")
+    if not stall_timeout >= 0:
+        raise ValueError("stall_timeout: expected a number of seconds, 0 or more "
+                         f"(0: no bound), got {stall_timeout!r}.")
     if echo not in ("first", "all", "none"):
         raise ValueError(f"echo: expected 'first', 'all' or 'none', got {echo!r}.")
     if port is not None:

@@ -1,13 +1,17 @@
 """Ranks watch each other, and a signal stops a rank at once, saying so.
 
-Two ways a rank of a cluster job ends without a word from this package:
+Three ways a rank of a job fails without a word from this package:
 
 * **it is killed** (``SIGKILL``, the out-of-memory killer, a crash inside
   XLA): its peers would wait in their next collective, until JAX's heartbeat
   declares it dead and aborts them with a C++ stack trace (30 s and more);
 * **it is sent SIGTERM** (``scancel``, ``kubectl delete``, ``mpirun`` ending
   the job, a preemption): JAX's preemption notifier catches the signal and
-  the rank carries on as if nothing happened.
+  the rank carries on as if nothing happened;
+* **it stalls**: it is stopped (``SIGSTOP``, a debugger) or it waits outside
+  JAX (a deadlock, a sleep, a read that never returns) while the others wait
+  for it in a collective. Its peers would wait until the collective timeout
+  (minutes), then fail with errors that name no one.
 
 :class:`PeerWatch` keeps one TCP connection from every rank to rank 0 (its
 address travels through the coordination service's key-value store). The
@@ -18,6 +22,15 @@ and :data:`EXIT_PEER_LOST`. A rank that ends with a failed result says so
 first; its peers stop if they are still running their target (they would
 wait for it in a collective).
 
+Over the same connections every rank sends a heartbeat each second: how long
+it has been idle (no CPU used, the main thread in one place) and where, inside
+a JAX call or outside one. Rank 0 decides from that evidence, not from who
+complains first: a rank whose heartbeat stops for :data:`SILENT_SECONDS` is
+stopped; a rank idle outside JAX for the stall timeout while another rank
+waits idle inside a JAX call is the one the job waits for. Either way it is
+named, and every rank stops. A rank that uses CPU or moves on is never
+called stuck, however long it runs.
+
 :func:`stop_on_signals` makes SIGTERM and SIGINT end the rank within a
 moment, even while it waits inside a collective (a thread reads the signal
 from Python's wakeup file descriptor, so the main thread need not return to
@@ -27,6 +40,7 @@ Python), with a message naming the signal and exit code 128 + its number.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import select
 import signal
@@ -40,6 +54,26 @@ from collectives import _compat
 
 EXIT_PEER_LOST = 4
 """Exit code of a rank stopped because another rank ended without a result."""
+
+EXIT_NO_PROGRESS = 124
+"""Exit code of a rank that made no progress for its ``--timeout``."""
+
+BEAT_SECONDS = 1.0
+"""How often every rank sends its heartbeat."""
+
+SILENT_SECONDS = 8.0
+"""A rank whose heartbeat stops this long is stopped (``SIGSTOP``, a
+debugger) or frozen. A Python thread sends it, so a loaded machine delays it
+by well under a second; JAX's own heartbeat declares a rank dead after 20 to
+30 s, with a C++ stack trace."""
+
+STALL_SECONDS = 15.0
+"""Default bound (``--stall-timeout``) on a rank idle outside JAX while the
+others wait for it idle inside a JAX call."""
+
+IDLE_CPU = 0.05
+"""CPU seconds per second under which a process counts as idle (a rank that
+waits in a CPU collective uses well under 0.01)."""
 
 _ANNOUNCE_KEY = "collectives/watch/rank0"
 _KILLED = ("ended without reporting a result: it was killed (SIGKILL, the "
@@ -66,20 +100,39 @@ class PeerWatch:
       address: where rank 0 listens (the coordinator's host: 127.0.0.1 for a
         job on one machine).
       timeout: seconds for every rank to connect.
+      stall: seconds a rank may sit idle outside JAX while another waits for
+        it idle inside a JAX call (0: never stop for that).
+      progress: seconds the job may make no progress at all (no rank uses
+        CPU or moves on) before every rank stops with
+        :data:`EXIT_NO_PROGRESS` (``None``: no bound). A rank waiting for a
+        busy peer is not stopped, however long it waits.
+      on_stop: called as ``on_stop(rank, how)`` just before this rank stops
+        because of rank ``rank`` (``how``: what that rank did, e.g. "stopped
+        responding: ..."); the launcher reads it as evidence.
     """
 
     def __init__(self, rank: int, num_processes: int, address: str,
-                 timeout: float):
+                 timeout: float, *, stall: float = STALL_SECONDS,
+                 progress: float | None = None,
+                 on_stop: Callable[[int, str], None] | None = None):
         self.rank = rank
         self.num_processes = num_processes
         self.address = address
         self.timeout = timeout
+        self.stall = stall
+        self.progress = progress
+        self.on_stop = on_stop
         self.in_target = True  # False once this rank is reporting its result
+        self._stopping = False  # True once this rank is on its way out
+        self.pulse = Pulse()
         self._lock = threading.Lock()
         self._peers: dict[int, socket.socket] = {}  # rank 0: one per other rank
         self._who: dict[int, str] = {}
         self._reported: set[int] = set()  # ranks that said how they ended
         self._upstream: socket.socket | None = None  # other ranks: to rank 0
+        # the last heartbeat heard from each rank (rank 0: every rank, its own
+        # included; the others: rank 0's): (when, idle seconds, in JAX, where)
+        self._beats: dict[int, tuple[float, float, bool, str]] = {}
 
     # -- start-up ------------------------------------------------------------
 
@@ -89,6 +142,7 @@ class PeerWatch:
         Where rank 0 cannot listen on ``address`` the watch stays off (a
         note says so) and a lost rank is found by JAX's heartbeat instead.
         """
+        threading.Thread(target=self._beat, name="heartbeat", daemon=True).start()
         if self.num_processes < 2:
             return
         if self.rank == 0:
@@ -104,6 +158,9 @@ class PeerWatch:
             _compat.key_value_set(_ANNOUNCE_KEY, f"{host}:{port}")
             try:
                 self._accept(server)
+                heard = time.monotonic()
+                self._beats.update((rank, (heard, 0.0, False, "?"))
+                                   for rank in self._peers)
             except (OSError, ValueError) as err:
                 self._off(f"not every rank connected within {self.timeout:g} s "
                           f"({err})")
@@ -126,6 +183,7 @@ class PeerWatch:
             except OSError as err:
                 self._off(f"rank 0's watch at {where} cannot be reached ({err})")
                 return
+            self._beats[0] = (time.monotonic(), 0.0, False, "?")
             self._upstream = upstream
             threading.Thread(target=self._watch_rank0, name="peer-watch",
                              daemon=True).start()
@@ -167,7 +225,7 @@ class PeerWatch:
                 if not data:
                     del open_[rank]
                     if rank not in self._reported:
-                        self._lost(self._who[rank], _KILLED)
+                        self._lost(rank, self._who[rank], _KILLED)
                     continue
                 lines, buffers[rank] = _split_lines(buffers[rank] + data)
                 for line in lines:
@@ -175,38 +233,120 @@ class PeerWatch:
 
     def _heard(self, rank: int, line: str) -> None:
         what, *rest = line.split(" ", 1)
-        if what == "end":
+        if what == "beat":
+            self._beats[rank] = _parse_beat(rest[0])
+        elif what == "end":
             code = int(rest[0])
             self._reported.add(rank)
             if code != 0:
                 self._broadcast(f"failed {rank} {code}")
-                self._peer_failed(self._who[rank], code)
+                self._peer_failed(rank, self._who[rank], code)
         elif what == "signal":
             self._reported.add(rank)
-            self._lost(self._who[rank], f"was stopped by {rest[0]}")
+            self._lost(rank, self._who[rank], f"was stopped by {rest[0]}")
 
     def _broadcast(self, line: str) -> None:
         for conn in self._peers.values():
             with contextlib.suppress(OSError):
                 conn.sendall(f"{line}\n".encode())
 
-    def _lost(self, who: str, how: str) -> None:
-        """A peer went without a result: tell the others, then stop."""
+    def _lost(self, rank: int, who: str, how: str) -> None:
+        """Rank ``rank`` went, or stalled, without a result: tell the others,
+        then stop."""
         if self.rank == 0:
-            self._broadcast(f"lost {who}: {how}")
-        say_and_exit(
-            f"error: {who} {how}. Rank {self.rank} stops too, so the job "
-            f"fails now instead of waiting in a collective (exit "
-            f"{EXIT_PEER_LOST}).", EXIT_PEER_LOST)
+            self._broadcast(f"lost {rank} {who}: {how}")
+        if rank == self.rank:
+            then = ("It stops now, and every other rank with it (exit "
+                    f"{EXIT_PEER_LOST}).")
+        else:
+            then = (f"Rank {self.rank} stops too, so the job fails now instead of "
+                    f"waiting in a collective (exit {EXIT_PEER_LOST}).")
+        self._stop(rank, how, f"error: {who} {how}. {then}", EXIT_PEER_LOST)
 
-    def _peer_failed(self, who: str, code: int) -> None:
+    def _peer_failed(self, rank: int, who: str, code: int) -> None:
         """A peer reported a failure: a rank still in its target would wait
         for it in a collective; stop it, naming the peer."""
         if self.in_target:
-            say_and_exit(
-                f"error: {who} failed (exit {code}; its error is in its own "
-                f"output). Rank {self.rank} stops too: it would wait for that "
-                "rank in its next collective.", 1)
+            self._stop(rank, f"failed (exit {code})",
+                       f"error: {who} failed (exit {code}; its error is in its "
+                       f"own output). Rank {self.rank} stops too: it would wait "
+                       "for that rank in its next collective.", 1)
+
+    def _stop(self, rank: int, how: str, message: str, code: int) -> None:
+        with self._lock:
+            if self._stopping:
+                return  # this rank already stops (a signal, or another verdict)
+            self._stopping = True
+        if self.on_stop is not None:
+            with contextlib.suppress(Exception):  # the evidence is a courtesy
+                self.on_stop(rank, how)
+        say_and_exit(message, code)
+
+    # -- every rank: a heartbeat each second; rank 0 judges them all -----------
+
+    def _beat(self) -> None:
+        while True:
+            time.sleep(BEAT_SECONDS)
+            idle = self.pulse.sample()
+            inside, place = self.pulse.inside_jax, self.pulse.place
+            beat = f"beat {idle:.1f} {int(inside)} {place}"
+            if self._upstream is not None:
+                self._send(beat)
+                self._judge_rank0()
+                continue
+            self._beats[0] = (time.monotonic(), idle, inside, place)
+            if self.rank == 0 and self._peers:
+                self._broadcast(beat)
+                self._judge()
+            self._judge_progress()
+
+    def _judge_progress(self) -> None:
+        """Rank 0 (or a rank alone): stop if no rank made progress for
+        ``progress`` seconds."""
+        beats = {rank: beat for rank, beat in self._beats.items()
+                 if rank not in self._reported}
+        if self.progress is None or not beats or min(
+                idle for _, idle, _, _ in beats.values()) < self.progress:
+            return
+        where = "; ".join(
+            f"rank {rank} idle {'inside a JAX call' if inside else 'outside JAX'} "
+            f"at {place}" for rank, (_, _, inside, place) in sorted(beats.items()))
+        message = (f"error: no rank made progress for {self.progress:g} s "
+                   f"(--timeout; no CPU used, each where it was): {where}. "
+                   "Every rank stops.")
+        self._broadcast(f"stop {EXIT_NO_PROGRESS} {message}")
+        say_and_exit(message, EXIT_NO_PROGRESS)
+
+    def _judge(self) -> None:
+        """Rank 0: stop the job if a rank is silent, or idle outside JAX while
+        another rank waits for it inside a JAX call."""
+        now = time.monotonic()
+        beats = {rank: beat for rank, beat in self._beats.items()
+                 if rank not in self._reported}
+        for rank, (heard, *_) in beats.items():
+            if rank != 0 and now - heard > SILENT_SECONDS:
+                self._lost(rank, self._who[rank], _silent(now - heard))
+        if not self.stall:
+            return
+        waiting = [rank for rank, (_, idle, inside, _) in beats.items()
+                   if inside and idle >= self.stall]
+        stuck = [rank for rank, (_, idle, inside, _) in beats.items()
+                 if not inside and idle >= self.stall]
+        if waiting and stuck:
+            rank = max(stuck, key=lambda r: beats[r][1])
+            _, idle, _, place = beats[rank]
+            others = ", ".join(f"rank {r} (at {beats[r][3]})" for r in waiting)
+            who = self._who.get(rank, f"rank {rank}")
+            self._lost(rank, who, (
+                f"has been idle outside JAX for {idle:.0f} s, at {place}, while "
+                f"{others} waited for it inside a JAX call: it never entered the "
+                "collective they wait in (a deadlock, a sleep, a read that never "
+                f"returns; --stall-timeout {self.stall:g} s)"))
+
+    def _judge_rank0(self) -> None:
+        heard = self._beats[0][0]
+        if time.monotonic() - heard > SILENT_SECONDS:
+            self._lost(0, _RANK0, _silent(time.monotonic() - heard))
 
     # -- other ranks: watch rank 0, which speaks for the rest -----------------
 
@@ -221,27 +361,34 @@ class PeerWatch:
                 data = b""
             if not data:
                 if not rank0_ended:
-                    self._lost(_RANK0, _KILLED)
+                    self._lost(0, _RANK0, _KILLED)
                 return
             lines, buffer = _split_lines(buffer + data)
             for line in lines:
                 what, _, rest = line.partition(" ")
                 if what == "off":
                     return
-                if what == "lost":
+                if what == "beat":
+                    self._beats[0] = _parse_beat(rest)
+                elif what == "stop":
+                    code, _, message = rest.partition(" ")
+                    say_and_exit(message, int(code))
+                elif what == "lost":
+                    rank, _, rest = rest.partition(" ")
                     who, _, how = rest.partition(": ")
-                    self._lost(who, how)
+                    self._lost(int(rank), who, how)
                 elif what == "failed":
                     rank, code = rest.split()
                     if int(rank) != self.rank:
-                        self._peer_failed(f"rank {rank}", int(code))
+                        self._peer_failed(int(rank), f"rank {rank}", int(code))
                 elif what == "end":
                     rank0_ended = True
+                    self._beats[0] = (float("inf"), 0.0, False, "?")  # no more beats
                     if int(rest) != 0:
-                        self._peer_failed(_RANK0, int(rest))
+                        self._peer_failed(0, _RANK0, int(rest))
                 elif what == "signal":
                     rank0_ended = True
-                    self._lost(_RANK0, f"was stopped by {rest}")
+                    self._lost(0, _RANK0, f"was stopped by {rest}")
 
     # -- this rank's own end ----------------------------------------------------
 
@@ -264,6 +411,8 @@ class PeerWatch:
 
     def signalled(self, name: str) -> None:
         """Say this rank is stopping because of signal ``name``."""
+        with self._lock:
+            self._stopping = True
         self._send(f"signal {name}")
 
     def _send(self, line: str) -> None:
@@ -290,6 +439,68 @@ def _read_line(conn: socket.socket) -> str:
         data += chunk
     return data.decode().strip()
 
+
+def _parse_beat(text: str) -> tuple[float, float, bool, str]:
+    idle, inside, place = text.split(" ", 2)
+    return time.monotonic(), float(idle), inside == "1", place
+
+
+def _silent(seconds: float) -> str:
+    return (f"stopped responding: no heartbeat for {seconds:.0f} s (stopped by "
+            "SIGSTOP or a debugger, or frozen)")
+
+
+class Pulse:
+    """Where this process's main thread is, and how long it has been idle.
+
+    Idle: the process used less than :data:`IDLE_CPU` CPU seconds per second
+    and the main thread stayed in one place, inside a JAX call (waiting for
+    peers in a collective, or for the coordination service) or outside one.
+    """
+
+    def __init__(self) -> None:
+        self._main = threading.main_thread().ident
+        self._cpu = time.process_time()
+        self._when = time.monotonic()
+        self._since = self._when
+        self.inside_jax = False
+        self.place = "?"
+
+    def sample(self) -> float:
+        """Look again; the seconds this process has been idle."""
+        now, cpu = time.monotonic(), time.process_time()
+        inside, place = _where(self._main)
+        busy = cpu - self._cpu >= IDLE_CPU * (now - self._when)
+        if busy or (inside, place) != (self.inside_jax, self.place):
+            self._since = now
+        self._cpu, self._when = cpu, now
+        self.inside_jax, self.place = inside, place
+        return now - self._since
+
+
+@functools.cache
+def _jax_dirs() -> tuple[str, ...]:
+    import jax
+    import jaxlib
+    here = os.path.dirname(os.path.abspath(_compat.__file__))
+    return (*(os.path.dirname(os.path.abspath(m.__file__)) + os.sep
+              for m in (jax, jaxlib)), os.path.join(here, "_compat.py"))
+
+
+def _where(thread: int | None) -> tuple[bool, str]:
+    """(whether thread ``thread`` is inside a JAX call, the innermost place
+    outside JAX as ``file:line (function)``). The package's ``_compat``
+    counts as JAX: it only wraps JAX's runtime (the key-value store)."""
+    frame = sys._current_frames().get(thread) if thread is not None else None
+    if frame is None:
+        return False, "?"
+    inside = frame.f_code.co_filename.startswith(_jax_dirs())
+    while frame is not None and frame.f_code.co_filename.startswith(_jax_dirs()):
+        frame = frame.f_back
+    if frame is None:
+        return inside, "?"
+    return inside, (f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno} "
+                    f"({frame.f_code.co_name})")
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 

@@ -45,8 +45,12 @@ from collectives.distributed import _check as _process_check
 from collectives.distributed import _cluster
 from collectives.distributed import _ranks
 from collectives.distributed import _watch
+from collectives.distributed._results import LOOPBACK
 
 PREFIX = "COLLECTIVES_"
+RESULT_WAIT = 3600.0
+"""Seconds a rank that finished waits for the others' results (the peer
+watch stops the job sooner where a rank died or stalled)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,6 +69,9 @@ class WorkerEnv:
       shutdown_timeout: seconds the shutdown barrier waits (JAX 0.8.1+).
       launcher_pid: the launcher's pid; the worker ends itself (and its
         children) if the launcher goes away.
+      stall_timeout: seconds a process may sit idle outside JAX while another
+        waits for it inside a JAX call (0: no bound).
+      timeout: seconds a process may make no progress at all.
     """
 
     coordinator: str
@@ -76,6 +83,8 @@ class WorkerEnv:
     heartbeat_timeout: int
     shutdown_timeout: int
     launcher_pid: int
+    stall_timeout: int
+    timeout: int
 
     def to_env(self) -> dict[str, str]:
         """The environment variables that carry these settings."""
@@ -203,7 +212,12 @@ class WorkerOptions:
       heartbeat_timeout: seconds without a heartbeat before JAX declares a
         rank dead (and ends the others).
       collective_timeout: seconds a CPU collective waits for its peers.
-      timeout: seconds for the whole run, after which the rank stops.
+      timeout: seconds this rank may make no progress at all (no CPU used,
+        the program where it was), after which it stops; a bound on silence,
+        not on the whole run.
+      stall_timeout: seconds a rank may sit idle outside JAX while another
+        rank waits for it inside a JAX call before the job stops naming it
+        (0: no bound).
       coordinator: ``HOST:PORT`` of rank 0, when no cluster is detected.
       num_processes: the number of ranks, with ``coordinator``.
       process_id: this rank, with ``coordinator``.
@@ -219,6 +233,7 @@ class WorkerOptions:
     heartbeat_timeout: int = 30
     collective_timeout: int = 120
     timeout: float = 900.0
+    stall_timeout: float = _watch.STALL_SECONDS
     coordinator: str | None = None
     num_processes: int | None = None
     process_id: int | None = None
@@ -244,26 +259,22 @@ class _Tee:
         return getattr(self._streams[0], name)
 
 
-def _log_to(log_dir: str, rank: int) -> None:
-    path = Path(log_dir) / f"rank-{rank}.log"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    log = open(path, "w", buffering=1)  # noqa: SIM115 (open for the process)
-    sys.stdout = _Tee(sys.stdout, log)
-    sys.stderr = _Tee(sys.stderr, log)
+def _log_to(log_dir: str | None, rank: int, console: bool) -> None:
+    """Write this rank's output to ``log_dir``/rank-<rank>.log too, where
+    given; with ``console`` False, its standard output goes only there (its
+    errors still reach the console)."""
+    log: Any = open(os.devnull, "w")  # noqa: SIM115 (open for the process)
+    if log_dir:
+        path = Path(log_dir) / f"rank-{rank}.log"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(path, "w", buffering=1)  # noqa: SIM115 (open for the process)
+        sys.stderr = _Tee(sys.stderr, log)
+    sys.stdout = _Tee(sys.stdout, log) if console else log
 
 
-def _stop_after(seconds: float, rank: int) -> None:
-    """End this rank after ``seconds``, saying so, whatever it is doing."""
-
-    def watch() -> None:
-        time.sleep(seconds)
-        print(f"error: rank {rank} timed out after {seconds:g} s (--timeout); a "
-              "rank probably waits in a collective another rank never entered. "
-              "Stopping.", file=sys.stderr, flush=True)
-        sys.stdout.flush()
-        os._exit(124)
-
-    threading.Thread(target=watch, name="run-timeout", daemon=True).start()
+TABLE_TARGETS = ("check", "run", "bench")
+"""Targets whose table rank 0 alone prints under a cluster launcher: every
+rank runs every row, and each rank's result is in rank 0's closing table."""
 
 
 def _run_target(argv: Sequence[str]) -> tuple[int, str, str]:
@@ -335,15 +346,24 @@ def main(argv: Sequence[str] | None = None,
         _watch_launcher(settings.launcher_pid)
         settings.marker("started").touch()
         join(settings)
-        _watch.stop_on_signals(settings.process_id, time.monotonic())
+
+        def blame(rank: int, how: str) -> None:  # the launcher's evidence
+            settings.marker("blame").with_suffix(".json").write_text(
+                json.dumps({"rank": rank, "how": how}))
+        watch = _watch.PeerWatch(
+            settings.process_id, settings.num_processes, LOOPBACK,
+            settings.startup_timeout, stall=settings.stall_timeout,
+            progress=settings.timeout, on_stop=blame)
+        watch.start()
+        _watch.stop_on_signals(settings.process_id, time.monotonic(),
+                               before_exit=watch.signalled)
         settings.marker("ready").touch()
         return _run_and_report(argv, settings.process_id, settings.num_processes,
-                               settings, wait=3600.0)
+                               settings, wait=RESULT_WAIT, watch=watch)
     return _main_in_cluster(argv, options or WorkerOptions())
 
 
 def _main_in_cluster(argv: Sequence[str], options: WorkerOptions) -> int:
-    deadline = time.monotonic() + options.timeout
     if options.cpu_devices is not None:
         _simulate_cpu_devices(options.cpu_devices, options.collective_timeout)
     try:
@@ -362,21 +382,22 @@ def _main_in_cluster(argv: Sequence[str], options: WorkerOptions) -> int:
               "elsewhere name the job with --coordinator HOST:PORT --num-processes "
               "N --process-id I.", file=sys.stderr)
         return 2
-    if options.log_dir:
-        _log_to(options.log_dir, target.process_id)
-    _stop_after(options.timeout, target.process_id)
+    quiet = target.process_id != 0 and argv[0] in TABLE_TARGETS
+    if options.log_dir or quiet:
+        _log_to(options.log_dir, target.process_id, console=not quiet)
     _cluster.join(target, startup_timeout=options.startup_timeout,
                   heartbeat_timeout=options.heartbeat_timeout,
                   shutdown_timeout=max(10, options.heartbeat_timeout))
     watch = _watch.PeerWatch(target.process_id, target.num_processes,
-                             target.watch_address(), options.startup_timeout)
+                             target.watch_address(), options.startup_timeout,
+                             stall=options.stall_timeout, progress=options.timeout)
     watch.start()
     _watch.stop_on_signals(
         target.process_id, time.monotonic(), before_exit=watch.signalled,
         signals=_watch.STOP_SIGNALS if options.on_sigterm == "stop"
         else (signal.SIGINT,))
     return _run_and_report(argv, target.process_id, target.num_processes, None,
-                           wait=max(1.0, deadline - time.monotonic()), watch=watch)
+                           wait=RESULT_WAIT, watch=watch)
 
 
 def _simulate_cpu_devices(n: int, collective_timeout: int) -> None:
