@@ -26,6 +26,10 @@ from collectives import _cli
 from collectives import bench
 from collectives.bench._cases import count_wrong
 from collectives.distributed import _worker
+from helpers import SLOW
+from helpers import examples
+from helpers import only_with_marker
+from helpers import run_python
 
 MISSING = "/nonexistent/dir/x.json"
 
@@ -212,6 +216,50 @@ def test_fuzzed_command_lines_parse_or_are_refused_in_one_line(capsys, command,
     if code == 2:
         assert len(err.strip().splitlines()) == 1, (command, words, err)
         assert "Traceback" not in err
+
+
+# Whole commands, each in a fresh process as a user runs it: every command
+# line that parses must run to the end (exit 0) or be refused in one line
+# (exit 2), within a bound; never a traceback, a crash or a hang. Each starts
+# from a small piece of work (one recipe, one size, a laptop model) that the
+# drawn words extend or break.
+WHOLE = {
+    "check": (["check", "psum"], ["--devices", "--seed", "--dtype", "--mesh",
+                                  "--axis", "--exact"]),
+    "run": (["run", "all_gather"], ["--devices", "--dtype", "--mesh", "--axis"]),
+    "bench": (["bench", "-c", "psum", "-b", "1K", "-e", "4K", "-n", "1", "-w", "0",
+               "-r", "1", "--forms", "shard_map", "--no-memory"],
+              ["--devices", "-f", "-n", "-w", "-r", "-d", "--precision"]),
+    "plan": (["plan", "--model", "laptop", "-s", "dp"], ["--devices", "--dtype"]),
+    # (no --num-processes: a rank told to wait for peers that never come
+    # waits --startup-timeout, tested in test_clusters)
+    "worker": (["worker"], ["--coordinator", "--cpu-devices", "--process-id",
+                            "--timeout", "--stall-timeout"]),
+}
+VALUES = st.sampled_from(["1", "2", "4", "8", "0", "-1", "nan", "2049", "x", "",
+                          "4x2", "8", "i", "float32", "int32", "float99",
+                          "127.0.0.1:1", "1.5", "--"])
+
+
+@pytest.mark.slow
+@settings(max_examples=examples(8), deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(command=st.sampled_from(sorted(WHOLE)), data=st.data())
+def test_fuzzed_whole_commands_finish_or_are_refused_in_one_line(request, tmp_path,
+                                                                 command, data):
+    only_with_marker(request, "slow", SLOW)
+    base, flags = WHOLE[command]
+    words = data.draw(st.lists(st.one_of(st.sampled_from(flags), VALUES),
+                               max_size=4))
+    argv = [*base, *words] if command != "worker" else [*base, *words, "--",
+                                                         "check", "psum"]
+    result = run_python("-m", "collectives", *argv, cwd=tmp_path, timeout=180,
+                        check=False)
+    why = (argv, result.returncode, result.stdout[-2000:], result.stderr[-2000:])
+    assert result.returncode in (0, 2), why
+    assert "Traceback" not in result.stderr + result.stdout, why
+    if result.returncode == 2:
+        assert len(result.stderr.strip().splitlines()) == 1, why
 
 
 def test_every_refusal_type_names_the_value_and_a_fix():
