@@ -440,6 +440,7 @@ def _fault(request, tmp_path, job, launcher, how):
 FAULT_CASES = ["sigstop", "stuck", "exit", "kill rank 0"]
 
 
+@pytest.mark.faults
 @pytest.mark.launchers
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("how", FAULT_CASES)
@@ -486,6 +487,7 @@ SILENCE = textwrap.dedent("""
 """)
 
 
+@pytest.mark.faults
 @pytest.mark.launchers
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("launcher", ["launch", "srun"])
