@@ -41,6 +41,26 @@ def pytest_xdist_auto_num_workers(config):
     return max(1, min(os.cpu_count() or 1, 4))
 
 
+# Tests that start processes (JAX ranks, pytest runs, recipe files in a
+# fresh interpreter): seconds each, mostly spent waiting on their children.
+STARTS_PROCESSES = ("tests/test_recipe_files.py::test_recipe_runs_standalone",
+                    "tests/test_testing_plugin.py", "tests/test_install_lines.py")
+
+
+def pytest_collection_modifyitems(items):
+    """The tests that start processes first, the rest in their order.
+
+    pytest-xdist hands tests out in collection order; the long ones, left to
+    the end of the alphabet (test_recipe_files, test_testing_plugin), kept
+    one worker busy after the others had finished. First, they overlap with
+    the short compute-bound tests instead (longest first is the classic
+    remedy for such a tail)."""
+    def first(item):
+        return not (item.get_closest_marker("multiprocess")
+                    or item.nodeid.startswith(STARTS_PROCESSES))
+    items.sort(key=first)  # stable: each group keeps its order
+
+
 def _release_memory():
     """Drop the compiled programs, then hand freed heap back to the system
     (glibc keeps it otherwise, and the process's resident size never falls)."""

@@ -247,7 +247,8 @@ VALUES = st.sampled_from(["1", "2", "4", "8", "0", "-1", "nan", "2049", "x", "",
 @given(command=st.sampled_from(sorted(WHOLE)), data=st.data())
 def test_fuzzed_whole_commands_finish_or_are_refused_in_one_line(request, tmp_path,
                                                                  command, data):
-    only_with_marker(request, "slow", SLOW)
+    if settings.get_current_profile_name() != "deep":  # (the deep run: always)
+        only_with_marker(request, "slow", SLOW)
     base, flags = WHOLE[command]
     words = data.draw(st.lists(st.one_of(st.sampled_from(flags), VALUES),
                                max_size=4))

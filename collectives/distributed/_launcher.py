@@ -6,9 +6,12 @@ anything it started. The launcher
 * picks a free loopback port for JAX's coordination service (or checks the
   one it is given) and retries once if another program takes it first;
 * waits a bounded time for every worker to join the runtime;
-* stops all workers as soon as one fails (raises, exits non-zero, is killed)
-  or the whole run passes its time limit: SIGTERM to each process group, then
+* stops all workers as soon as one fails (raises, exits non-zero, is killed,
+  or its peers stop because of it: stopped, stuck outside JAX) or none has
+  made progress for the time limit: SIGTERM to each process group, then
   SIGKILL after a short grace period;
+* names the process that failed first, from the peers' evidence (the
+  workers watch each other, :mod:`._watch`) and then the order of the exits;
 * reports each process: status, exit code, time, a summary and its last
   output.
 """
