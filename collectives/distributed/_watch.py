@@ -48,7 +48,9 @@ import socket
 import sys
 import threading
 import time
+import types
 from collections.abc import Callable
+from typing import Any
 
 from collectives import _compat
 
@@ -287,7 +289,10 @@ class PeerWatch:
     def _beat(self) -> None:
         while True:
             time.sleep(BEAT_SECONDS)
-            idle = self.pulse.sample()
+            try:
+                idle = self.pulse.sample()
+            except Exception:  # the heartbeat must never stop
+                idle = 0.0
             inside, place = self.pulse.inside_jax, self.pulse.place
             beat = f"beat {idle:.1f} {int(inside)} {place}"
             if self._upstream is not None:
@@ -469,10 +474,11 @@ class Pulse:
     def sample(self) -> float:
         """Look again; the seconds this process has been idle."""
         now, cpu = time.monotonic(), time.process_time()
-        inside, place = _where(self._main)
+        where = _where(self._main)
+        inside, place = where if where is not None else (self.inside_jax, self.place)
         busy = cpu - self._cpu >= IDLE_CPU * (now - self._when)
-        if busy or (inside, place) != (self.inside_jax, self.place):
-            self._since = now
+        if busy or where is None or (inside, place) != (self.inside_jax, self.place):
+            self._since = now  # (an unreadable stack counts as moving)
         self._cpu, self._when = cpu, now
         self.inside_jax, self.place = inside, place
         return now - self._since
@@ -487,20 +493,47 @@ def _jax_dirs() -> tuple[str, ...]:
               for m in (jax, jaxlib)), os.path.join(here, "_compat.py"))
 
 
-def _where(thread: int | None) -> tuple[bool, str]:
+def _where(thread: int | None) -> tuple[bool, str] | None:
     """(whether thread ``thread`` is inside a JAX call, the innermost place
-    outside JAX as ``file:line (function)``). The package's ``_compat``
-    counts as JAX: it only wraps JAX's runtime (the key-value store)."""
-    frame = sys._current_frames().get(thread) if thread is not None else None
-    if frame is None:
-        return False, "?"
-    inside = frame.f_code.co_filename.startswith(_jax_dirs())
-    while frame is not None and frame.f_code.co_filename.startswith(_jax_dirs()):
-        frame = frame.f_back
-    if frame is None:
-        return inside, "?"
-    return inside, (f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno} "
-                    f"({frame.f_code.co_name})")
+    outside JAX as ``file:line (function)``); ``None`` where its stack could
+    not be read this time. The package's ``_compat`` counts as JAX: it only
+    wraps JAX's runtime (the key-value store).
+
+    Another thread's frames change under a reader whenever that thread runs
+    (CPython 3.11 once handed back a ``str`` for ``f_back`` here), so the walk
+    runs with the switch interval raised, every object is checked, and any
+    error reads as "unknown": the caller then counts the rank as moving,
+    never as stuck.
+    """
+    if thread is None:
+        return None
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1.0)  # no other thread runs Python during the walk
+    try:
+        frame = sys._current_frames().get(thread)
+        jax_dirs = _jax_dirs()
+
+        def in_jax(f: Any) -> bool:
+            return isinstance(f, types.FrameType) and isinstance(
+                f.f_code.co_filename, str) and f.f_code.co_filename.startswith(
+                    jax_dirs)
+        if not isinstance(frame, types.FrameType):
+            return None
+        inside = in_jax(frame)
+        while in_jax(frame):
+            frame = frame.f_back
+        if frame is None:
+            return inside, "?"
+        if not isinstance(frame, types.FrameType):
+            return None
+        code = frame.f_code
+        return inside, (f"{os.path.basename(code.co_filename)}:{frame.f_lineno} "
+                        f"({code.co_name})")
+    except Exception:  # a racing read: unknown this time
+        return None
+    finally:
+        sys.setswitchinterval(interval)
+
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 

@@ -1,0 +1,63 @@
+"""The peer watch's view of a rank: where its main thread is, and whether it
+is idle (collectives/distributed/_watch.py); the verdicts it leads to are
+tested under every launcher in test_launchers.py."""
+
+import threading
+import time
+
+import jax
+import jax.numpy as jnp
+
+from collectives.distributed import _watch
+
+
+def test_a_stack_read_while_the_thread_runs_is_a_place_or_unknown_never_an_error():
+    # The main thread keeps calling and returning (frames come and go) while
+    # another thread reads its stack, as the heartbeat does every second.
+    main = threading.main_thread().ident
+    seen, errors, stop = [], [], threading.Event()
+
+    def read():
+        while not stop.is_set():
+            try:
+                seen.append(_watch._where(main))
+            except Exception as err:  # recorded, asserted below
+                errors.append(err)
+
+    def deep(n):
+        return 0 if n == 0 else 1 + deep(n - 1)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    end = time.monotonic() + 1.0
+    while time.monotonic() < end:
+        deep(50)
+    stop.set()
+    reader.join()
+    assert not errors, errors[:3]
+    assert seen and all(w is None or (isinstance(w[0], bool) and isinstance(w[1], str))
+                        for w in seen)
+    assert any(w is not None and "test_watch.py" in w[1] for w in seen)
+
+
+def test_a_thread_inside_jax_reads_as_inside_and_names_the_caller():
+    done = threading.Event()
+    where = []
+
+    def sample():
+        time.sleep(0.05)
+        while not done.is_set():
+            where.append(_watch._where(threading.main_thread().ident))
+            time.sleep(0.001)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    end = time.monotonic() + 1.0
+    while time.monotonic() < end:
+        jax.jit(lambda x: x + 1)(jnp.ones(3))  # traced and dispatched in jax
+    done.set()
+    sampler.join()
+    inside = [w for w in where if w is not None and w[0]]
+    assert inside, where[:5]
+    assert all("test_watch.py" in place for _, place in inside), inside[:5]
+
