@@ -48,15 +48,25 @@ def _selected(request):
 def _srun_works():
     if not shutil.which("srun") or not shutil.which("sinfo"):
         return "srun is not installed (Debian: apt-get install slurm-wlm munge)"
-    try:
-        state = subprocess.run(["sinfo", "-h", "-o", "%t"], capture_output=True,
-                               text=True, timeout=15)
-    except subprocess.TimeoutExpired:
+    # (asked again for up to a minute: a controller busy starting the jobs of
+    # tests running side by side can fail to answer one query)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            state = subprocess.run(["sinfo", "-h", "-o", "%t"], capture_output=True,
+                                   text=True, timeout=15)
+        except subprocess.TimeoutExpired:
+            state = None
+        if state is not None and ("idle" in state.stdout or "mix" in state.stdout
+                                  or "alloc" in state.stdout):
+            return None
+        if time.monotonic() > deadline:
+            break
+        time.sleep(2)
+    if state is None:
         return "sinfo did not answer in 15 s"
-    if "idle" not in state.stdout and "mix" not in state.stdout:
-        return ("no SLURM node is up (run the tests inside `bash "
-                f"tools/local_slurm.sh -- ...`): {state.stderr.strip()[:200]}")
-    return None
+    return ("no SLURM node is up (run the tests inside `bash "
+            f"tools/local_slurm.sh -- ...`): {state.stderr.strip()[:200]}")
 
 
 def _mpirun_works():
@@ -451,7 +461,13 @@ def test_each_fault_names_the_rank_that_failed_first(request, tmp_path, job,
     seconds, code, out, pid = _fault(request, tmp_path, job, launcher, how)
     assert code != 0, out
     assert seconds < FAULT_BOUND, f"{seconds:.1f} s:\n{out}"
-    assert not CPP_TRACE.search(out), out
+    assert "stack trace" not in out, out
+    if not (how == "kill rank 0" and launcher != "launch"):
+        assert not CPP_TRACE.search(out), out
+    # (Killing rank 0 kills JAX's coordination service, which it hosts; rank
+    # 1's JAX client then logs one fatal line, "Terminating process because
+    # the JAX distributed service detected fatal errors", racing the watch's
+    # message, which still names rank 0, below.)
     host = os.uname().nodename
     expected = {
         "sigstop": "stopped responding: no heartbeat for",
