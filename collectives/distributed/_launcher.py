@@ -11,7 +11,7 @@ anything it started. The launcher
   made progress for the time limit: SIGTERM to each process group, then
   SIGKILL after a short grace period;
 * names the process that failed first, from the peers' evidence (the
-  workers watch each other, :mod:`._watch`) and then the order of the exits;
+  workers watch each other, ``_watch``) and then the order of the exits;
 * reports each process: status, exit code, time, a summary and its last
   output.
 """
@@ -403,9 +403,9 @@ def launch(target: Sequence[str], *, num_processes: int = 2,
     loopback only) and runs the target. If any process fails, the others are
     stopped at once: SIGTERM to each process group, SIGKILL after 2 s, so
     nothing they started outlives the launch. The processes watch each other
-    (:mod:`._watch`): one that dies, stops responding or sits idle outside
-    JAX while the others wait for it is named as the cause, from that
-    evidence, not from who reported first.
+    (heartbeats, as ``worker`` ranks do): one that dies, stops responding or
+    sits idle outside JAX while the others wait for it is named as the cause,
+    from that evidence, not from who reported first.
 
     Args:
       target: what every process runs: ``["check", *names_and_options]``
