@@ -109,19 +109,23 @@ class _Worker:
     def blame(self) -> tuple[int, str] | None:
         """(the rank this one stopped because of, what that rank did), from
         the peer watch; ``None`` if it did not stop because of a peer."""
-        path = self.settings.marker("blame").with_suffix(".json")
+        record = self._record("blame")
         try:
-            record = json.loads(path.read_text())
             return int(record["rank"]), str(record["how"])
-        except (OSError, ValueError, KeyError, TypeError):
+        except (KeyError, TypeError, ValueError):
             return None
 
     def result(self) -> dict:
-        path = self.settings.marker("result").with_suffix(".json")
+        return self._record("result")
+
+    def _record(self, what: str) -> dict:
+        """The JSON file ``what`` this worker left; ``{}`` if none (yet)."""
+        path = self.settings.marker(what).with_suffix(".json")
         try:
-            return json.loads(path.read_text())
+            record = json.loads(path.read_text())
         except (OSError, ValueError):
             return {}
+        return record if isinstance(record, dict) else {}
 
     def signal_group(self, sig: int) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -278,16 +282,17 @@ class _Launch:
         """Who failed first, and how: the peers' evidence first (the rank
         they stopped because of, which may still be running: stopped or
         stuck), then the order of the exits."""
+        blames = {w.index: w.blame() for w in self.workers}
         named = collections.Counter(
-            blame for w in self.workers if (blame := w.blame()) is not None
-            and 0 <= blame[0] < self.n and blame[0] != w.index)
+            blame for i, blame in blames.items()
+            if blame is not None and 0 <= blame[0] < self.n and blame[0] != i)
         if named:
             (index, how), _ = named.most_common(1)[0]
             culprit = self.workers[index]
-            if culprit.failed() and culprit.blame() is None:
+            if culprit.failed() and blames[index] is None:
                 return culprit, self._failure(culprit)  # its own exit says how
-            others = [w.index for w in self.workers if w.index != index
-                      and w.blame() is not None and w.blame()[0] == index]
+            others = [i for i, blame in blames.items()
+                      if i != index and blame is not None and blame[0] == index]
             return culprit, (
                 f"launch failed: process {index} (pid {culprit.proc.pid}) {how}; "
                 f"process(es) {others} stopped because of it; the launcher "
@@ -379,9 +384,11 @@ class _Launch:
                 summary = record["error"].splitlines()[0][:80]
             blame = w.blame()
             if status == "failed" and blame is not None:
-                summary = (blame[1] if blame[0] == w.index else
-                           f"stopped because process {blame[0]} {blame[1]}")[:80]
-                status = "failed" if blame[0] == w.index else "stopped"
+                if blame[0] == w.index:  # the others stopped because of it
+                    summary = blame[1][:80]
+                else:
+                    status = "stopped"
+                    summary = f"stopped because process {blame[0]} {blame[1]}"[:80]
             out.append(ProcessResult(
                 index=w.index, pid=w.proc.pid, status=status, returncode=code,
                 seconds=w.ended if w.ended is not None else elapsed,

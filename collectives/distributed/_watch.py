@@ -274,12 +274,15 @@ class PeerWatch:
                        f"own output). Rank {self.rank} stops too: it would wait "
                        "for that rank in its next collective.", 1)
 
-    def _stop(self, rank: int, how: str, message: str, code: int) -> None:
+    def _stop(self, rank: int | None, how: str, message: str, code: int) -> None:
+        """Stop this rank with ``message`` (once, whichever verdict comes
+        first), after recording that rank ``rank`` caused it (``None``: no
+        one rank did)."""
         with self._lock:
             if self._stopping:
                 return  # this rank already stops (a signal, or another verdict)
             self._stopping = True
-        if self.on_stop is not None:
+        if self.on_stop is not None and rank is not None:
             with contextlib.suppress(Exception):  # the evidence is a courtesy
                 self.on_stop(rank, how)
         say_and_exit(message, code)
@@ -308,8 +311,7 @@ class PeerWatch:
     def _judge_progress(self) -> None:
         """Rank 0 (or a rank alone): stop if no rank made progress for
         ``progress`` seconds."""
-        beats = {rank: beat for rank, beat in self._beats.items()
-                 if rank not in self._reported}
+        beats = self._live_beats()
         if self.progress is None or not beats or min(
                 idle for _, idle, _, _ in beats.values()) < self.progress:
             return
@@ -320,14 +322,18 @@ class PeerWatch:
                    f"(--timeout; no CPU used, each where it was): {where}. "
                    "Every rank stops.")
         self._broadcast(f"stop {EXIT_NO_PROGRESS} {message}")
-        say_and_exit(message, EXIT_NO_PROGRESS)
+        self._stop(None, "", message, EXIT_NO_PROGRESS)
+
+    def _live_beats(self) -> dict[int, tuple[float, float, bool, str]]:
+        """The last heartbeat of each rank that has not yet said how it ended."""
+        return {rank: beat for rank, beat in self._beats.items()
+                if rank not in self._reported}
 
     def _judge(self) -> None:
         """Rank 0: stop the job if a rank is silent, or idle outside JAX while
         another rank waits for it inside a JAX call."""
         now = time.monotonic()
-        beats = {rank: beat for rank, beat in self._beats.items()
-                 if rank not in self._reported}
+        beats = self._live_beats()
         for rank, (heard, *_) in beats.items():
             if rank != 0 and now - heard > SILENT_SECONDS:
                 self._lost(rank, self._who[rank], _silent(now - heard))
