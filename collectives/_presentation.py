@@ -52,6 +52,21 @@ class BenchSpec:
 
 
 @dataclasses.dataclass(frozen=True)
+class UnitBoundary:
+    """What a unit inside a model runs beyond the compiled unit, per device
+    (see :attr:`PlanSpec.boundary`).
+
+    Attributes:
+      flops: FLOPs (e.g. the first layer's input gradient, ``2 t w^2``).
+      ops: collectives, each ``(kind, bytes one device sends at the model's
+        dtype, mesh axis names or None for the recipe's axes)``.
+    """
+
+    flops: float = 0.0
+    ops: tuple[tuple[str, float, tuple[str, ...] | None], ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
 class PlanSpec:
     """How ``python -m collectives plan`` sizes a strategy for a model.
 
@@ -83,6 +98,27 @@ class PlanSpec:
         gradients, optimizer state), so strategies of this scope compare
         with each other; ``"layer"``: one kind of layer (attention, experts)
         whose cost adds to a model strategy's.
+      work: ``work(axes, model)``: how many units' computation one step runs
+        (default: ``repeats``; a pipeline stage computes ``layers / stages``
+        layers but sends one unit's activations).
+      serial: which of its collectives the computation waits for (the
+        critical path): ``"none"``, ``"last"`` (those over the last mesh axis
+        alone: tensor parallelism's activation sums, a pipeline's sends) or
+        ``"all"`` (an all-to-all between layers).
+      overlap: what computation hides the others: ``"backward"`` (gradient
+        sums overlap the backward pass, two thirds of a step's FLOPs) or
+        ``"compute"`` (FSDP's gathers overlap the layers before them; a
+        ring's sends the block it computes).
+      boundary: ``boundary(axes, model, form)``: what each unit after the
+        model's first runs that the compiled unit does not, because the
+        compiled unit takes its input as data and a unit inside the model
+        takes it as an activation (its input gradient, and what that
+        needs): a :class:`UnitBoundary`; ``None``: nothing.
+      activations: ``activations(axes, model, remat)``: the activation
+        elements one device keeps for the backward pass over a whole step,
+        as the recipe's program keeps them (``remat=False``) and with each
+        layer rematerialized from its input (``remat=True``); ``None``: not
+        modelled (one kind of layer, forward only).
     """
 
     label: str
@@ -95,8 +131,19 @@ class PlanSpec:
     mesh_axes: int | None = None
     scope: str = "model"
     replicas_sum_gradients: bool = False
+    work: Callable[..., float] | None = None
+    serial: str = "none"
+    overlap: str = "backward"
+    activations: Callable[..., float] | None = None
+    boundary: Callable[..., UnitBoundary] | None = None
 
     def __post_init__(self) -> None:
+        if self.serial not in ("none", "last", "all"):
+            raise ValueError(f"{self.label}: serial={self.serial!r}; expected "
+                             "'none', 'last' or 'all'.")
+        if self.overlap not in ("backward", "compute"):
+            raise ValueError(f"{self.label}: overlap={self.overlap!r}; expected "
+                             "'backward' or 'compute'.")
         if self.axis not in ("all", "last"):
             raise ValueError(f"{self.label}: axis={self.axis!r}; expected 'all' or "
                              "'last'.")

@@ -22,6 +22,7 @@ from collectives.plan import default_mesh
 from collectives.plan import load_profiles
 from collectives.plan import measured_profile
 from collectives.plan import model_from
+from collectives.plan import plan as plan_for
 from collectives.plan import read_profiles
 from collectives.plan._command import parse_mesh
 from collectives.plan._plan import check_mesh
@@ -135,8 +136,10 @@ def test_measured_profile_is_read_back_from_its_cache(tmp_path, monkeypatch):
             "all-to-all": {"alpha_us": 60.0, "busbw_GBps": 0.5}}
     cache.write_text(json.dumps({"key": _machine_key(8), "fits": fits,
                                  "when": "2026-12-01"}))
-    p = measured_profile(8)
+    p = measured_profile(8)  # a cache without peaks: the matmul is timed
     assert p.name == "measured" and "bench's alpha-beta fit" in p.source
+    assert p.peak("float32") > 0 and "matmul" in p.peak_source
+    assert "peaks" in json.loads(cache.read_text())
     assert p.seconds("all-to-all", 1e9) == pytest.approx(60e-6 + 2.0)
     assert p.seconds("all-reduce", 4e9) == pytest.approx(40e-6 + 1.0)
 
@@ -197,8 +200,56 @@ def test_a_step_counts_each_collective_per_unit_on_its_axis_link():
     assert row.sent_by_axes == {"data": pytest.approx(2 * (2e6 + 4)),
                                 "model": pytest.approx(2 * 4e6)}
     want = 2 * ((10e-6 + 2e6 / 10e9) + (1e-6 + 4e6 / 100e9) + (10e-6 + 4 / 10e9))
-    assert row.seconds == pytest.approx(want)
-    assert (row.params, row.optimizer, row.temp) == (1000.0, 2000.0, 200.0)
+    assert row.comm_s == pytest.approx(want)
+    # bfloat16 weights and gradients, float32 master weights and moments
+    assert (row.params, row.states, row.temp) == (1000.0, 1000 / 2 * 16, 200.0)
+    assert row.compute_s is None and row.mfu is None  # no peak given
+
+
+def test_step_time_hides_what_overlaps_and_waits_for_what_does_not():
+    """DP x TP: the model axis's activation sums are waited for; the data
+    axis's gradient sum hides behind the backward pass (2/3 of the FLOPs)
+    until it outlasts it; the critical tokens are where the two are equal."""
+    link = Profile("l", Link(alpha=0.0, busbw=1e9))
+    model = model_from("1b", layers=4)  # one unit, no unit boundary
+    unit = {"recipe": "dp_tp_mlp", "form": "shard_map", "axis": None,
+            "dtype": "bfloat16", "flops": 3e9, "target": None,
+            "ops": [{"kind": "all-reduce", "axes": ["data"], "bytes": 1e9,
+                     "group": 4, "dtype": "bf16"},
+                    {"kind": "all-reduce", "axes": ["model"], "bytes": 0.5e9,
+                     "group": 2, "dtype": "bf16"}],
+            "memory": {"params": 1000, "temp": 0}, "cost_model": None,
+            "compile_s": 0.1}
+    mesh = {"data": 4, "model": 2}
+    for peak, hidden_left in ((1e9, 0.0), (6e9, 1.0 - 2 / 3 * 0.5)):
+        row = step_row(unit, model, mesh, {"data": link, "model": link},
+                       peak=peak)
+        compute = 3e9 / peak
+        assert row.compute_s == pytest.approx(compute)
+        assert row.comm_s == pytest.approx(1.5)
+        assert row.exposed_s == pytest.approx(0.5 + hidden_left)
+        assert row.step_s == pytest.approx(compute + 0.5 + hidden_left)
+        tokens = model.tokens / 8
+        assert row.critical_tokens_per_device == pytest.approx(
+            tokens * 1.0 / (2 / 3 * compute))
+        assert row.mfu == pytest.approx(row.model_flops / (row.step_s * peak))
+
+
+def test_fsdp_units_inside_the_model_gather_their_first_layer_again():
+    """A compiled FSDP unit takes its input as data, so its first layer
+    needs no re-gather; every unit after the model's first does (and its
+    input gradient's FLOPs): the plan adds them."""
+    link = Profile("l", Link(alpha=0.0, busbw=1e9))
+    model = model_from("1b", layers=8, width=64, heads=8)  # two units
+    unit = {"recipe": "fsdp_mlp", "form": "shard_map", "axis": None,
+            "dtype": "bfloat16", "flops": 1e6, "target": None, "ops": [],
+            "memory": {"params": 0, "temp": 0}, "cost_model": None,
+            "compile_s": 0.1}
+    row = step_row(unit, model, {"data": 8}, {"data": link}, peak=1e12)
+    layer = (64 * 64 + 64) * 2 / 8  # one layer's block, bfloat16
+    assert row.collectives == {"all-gather": 1}
+    assert row.sent == pytest.approx(7 * layer)
+    assert row.flops == pytest.approx(2 * 1e6 + 2 * model.tokens / 8 * 64 * 64)
 
 
 # -- the command, end to end -----------------------------------------------------
@@ -228,10 +279,39 @@ def test_plan_on_64_devices_matches_formulas_written_here(tmp_path):
     assert dp["params"] == pytest.approx(layers / 4 * unit_params)
     assert dp["sent"] == pytest.approx(16 * grads, rel=1e-4)
     count = dp["collectives"]["all-reduce"]
-    assert dp["seconds"] == pytest.approx(
+    assert dp["comm_s"] == pytest.approx(
         count * ib.link.alpha + 16 * grads / ib.link.busbw, rel=1e-3)
-    # FSDP: each device stores 1/64 of the parameters
-    assert rows["FSDP"]["params"] == pytest.approx(dp["params"] / n)
+    # its FLOPs: XLA's count of the compiled units is the model's 6NT (less
+    # the first layer's input gradient) per device
+    tokens = 2048 * 4096 / n
+    assert dp["model_flops"] == pytest.approx(
+        (6 * layers * (w * w + w) - 2 * w * w) * tokens)
+    assert dp["flops"] == pytest.approx(dp["model_flops"], rel=0.01)
+    peak = nvlink.peak("bfloat16")
+    assert dp["compute_s"] == pytest.approx(dp["flops"] / peak)
+    # DP's gradient sum hides behind the backward pass (4N FLOPs a token)
+    # until the tokens per device fall below comm x peak / 4N: peak / busbw
+    # (2 x 2N bytes) and the latency's share
+    comm = count * ib.link.alpha + 16 * grads / ib.link.busbw
+    assert dp["critical_tokens_per_device"] == pytest.approx(
+        comm * peak / (4 * layers * (w * w + w)), rel=0.01)
+    assert peak / ib.link.busbw < dp["critical_tokens_per_device"]
+    # memory: 16 bytes a parameter (mixed precision) and two activations a
+    # layer and token
+    assert dp["memory_bytes"] == pytest.approx(
+        dp["params"] / item * 16 + 2 * layers * tokens * w * item)
+    # FSDP: each device stores 1/64 of the parameters, and sends the
+    # textbook's 3 (n-1)/n of them a step (gather, re-gather, reduce-scatter),
+    # less the model's first layer's re-gather, which no program needs
+    fsdp = rows["FSDP"]
+    assert fsdp["params"] == pytest.approx(dp["params"] / n)
+    whole = layers * unit_params / 4
+    assert fsdp["sent"] == pytest.approx(
+        3 * (n - 1) / n * whole * (1 - 1 / (3 * layers)), rel=1e-6)
+    assert "where the target keeps" in fsdp["program"]
+    for key in ("compute_s", "comm_s", "step_s", "mfu",
+                "critical_tokens_per_device", "memory_bytes"):
+        assert all(key in row for row in rows.values()), key
     # DP x TP: the Megatron pair's sums run over model, on NVLink
     tp = rows["DP x TP"]["sent_by_axes"]
     assert set(tp) == {"data", "model"}
@@ -249,7 +329,7 @@ def test_plan_on_64_devices_matches_formulas_written_here(tmp_path):
 @pytest.mark.parametrize("argv,match", [
     (["--devices", "4096"], r"--devices: 4096; at most 2048"),
     (["--devices", "64", "--interconnect", "infiniband"],
-     r"unknown profile 'infiniband'; known: measured, nvlink-h100"),
+     r"unknown profile 'infiniband'; known: dgx-h100, measured, nvlink-h100"),
     (["--devices", "64", "--interconnect", "data=ib-ndr"],
      r"names axes \['data'\], the mesh has \['data', 'model'\]"),
     (["--devices", "64", "-s", "zero3", "--interconnect", "ib-ndr"],
@@ -300,15 +380,61 @@ def test_a_topology_plan_reads_the_tpu_compilers_collectives(tmp_path):
     assert rows["PP"]["collectives"]["collective-permute"] > 0
 
 
+def test_the_default_interconnect_is_a_cluster_of_dgx_h100_nodes():
+    from collectives.plan._command import DATACENTER
+    from collectives.plan._command import interconnect_for
+
+    profiles = load_profiles()
+    links = interconnect_for(DATACENTER, {"data": 256, "model": 8}, profiles)
+    assert {a: p.name for a, p in links.items()} == {"data": "ib-ndr",
+                                                      "model": "nvlink-h100"}
+    one_node = interconnect_for(DATACENTER, {"data": 8}, profiles)
+    assert one_node["data"].name == "nvlink-h100"
+    across = interconnect_for(DATACENTER, {"data": 64}, profiles)
+    assert across["data"].name == "ib-ndr"
+
+
+@pytest.mark.parametrize("mesh,recipe", [({"data": 8}, "dp_mlp"),
+                                         ({"data": 4, "model": 2}, "dp_tp_mlp")])
+def test_the_activation_formula_meets_a_whole_step_compile(mesh, recipe):
+    """A model of four layers is one unit: its compile is the whole step, and
+    XLA's temporaries are the activations it keeps for the backward pass.
+    (FSDP's recipe rematerializes each layer; XLA:CPU drops that barrier and
+    keeps what DP keeps, so its temporaries are no check of FSDP's.)"""
+    model = model_from("laptop", width=512)  # 4 layers, float32
+    plan = plan_for(model, mesh, recipes=[recipe],
+                        interconnect=load_profiles()["ib-ndr"])
+    (row,) = plan.rows
+    assert row.repeats == 1
+    assert row.activations == pytest.approx(row.temp, rel=0.10)
+    assert row.activations_remat < row.activations
+
+
+def test_8b_fits_no_80_gb_device_with_data_parallelism():
+    """Mixed precision keeps 16 bytes a parameter: 137 GB for 8.6B on every
+    device under DP; the step's memory counts them with the activations."""
+    from collectives.plan._plan import state_bytes_per_parameter
+    from collectives.plan._report import fits
+
+    model = MODELS["8b"]
+    assert state_bytes_per_parameter("mixed", model.itemsize) == 16
+    assert state_bytes_per_parameter("pure", model.itemsize) == 8
+    plan = plan_for(model, {"data": 8, "model": 8}, recipes=["dp_mlp"],
+                        interconnect=load_profiles()["ib-ndr"])
+    (row,) = plan.rows
+    assert row.states == pytest.approx(model.parameters * 16, rel=1e-3)
+    assert row.memory_bytes > row.states > 80e9 and not fits(row, 80e9)
+
+
 def test_crossovers_rank_whole_model_strategies_that_fit():
     from collectives.plan import Plan
     from collectives.plan import PlanRow
     from collectives.plan._report import crossovers
 
     def sweep_point(devices, dp_memory):
-        rows = (PlanRow("DP", "dp_mlp", seconds=1.0, params=dp_memory),
-                PlanRow("FSDP", "fsdp_mlp", seconds=2.0, params=1e9),
-                PlanRow("SP ring", "ring_attention", seconds=0.1, scope="layer"))
+        rows = (PlanRow("DP", "dp_mlp", step_s=1.0, memory_bytes=dp_memory),
+                PlanRow("FSDP", "fsdp_mlp", step_s=2.0, memory_bytes=1e9),
+                PlanRow("SP ring", "ring_attention", step_s=0.1, scope="layer"))
         return Plan(model=MODELS["1b"], mesh={"data": devices // 2, "model": 2},
                     form="shard_map", interconnect={}, rows=rows, jax="x",
                     seconds=0.0)
@@ -316,10 +442,10 @@ def test_crossovers_rank_whole_model_strategies_that_fit():
     plans = [sweep_point(8, 90e9), sweep_point(64, 20e9)]
     lines = crossovers(plans, memory=80e9)
     assert lines[:2] == [
-        "1b: from 8 devices the least communication that fits: FSDP",
+        "1b: from 8 devices the fastest step that fits: FSDP",
         "1b: crossover at 64 devices: DP takes over from FSDP"]
     assert "1b: DP fits in 80.0 GB per device from 64 devices" in lines
     assert not any("SP ring" in line for line in lines)
     # without a memory limit DP is the fastest everywhere
     assert crossovers(plans) == [
-        "1b: from 8 devices the least communication that fits: DP"]
+        "1b: from 8 devices the fastest step that fits: DP"]

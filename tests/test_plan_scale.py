@@ -20,11 +20,13 @@ per device, so a 2048-way all-to-all (``all_to_all_attention``,
 inside a node, other parallelism across nodes).
 """
 
+import json
 import resource
 
 import pytest
 
 import collectives as cx
+import collectives.plan
 from collectives.plan import compile_units
 from helpers import only_with_marker
 from helpers import run_python
@@ -75,14 +77,27 @@ def test_compiled_bytes_meet_the_cost_model_at_scale(request, devices):
 
 
 @pytest.mark.scale
-def test_plan_of_2048_devices_prints_every_strategy_within_4_gib(request):
+def test_plan_of_2048_devices_prints_every_strategy_within_4_gib(request, tmp_path):
     only_with_marker(request, "scale", "CI runs them")
+    out = tmp_path / "plan.json"
     done = run_python("-m", "collectives", "plan", "--devices", "2048",
-                      "--interconnect", "nvlink-h100", timeout=300)
+                      "--json", str(out), timeout=300)
     rows = {line.split("  ")[0]: line for line in done.stdout.splitlines()
             if not line.startswith("#")}
     for label in ("DP", "FSDP", "FSDP x TP", "PP", "SP ring", "EP (MoE)"):
         assert label in rows and rows[label].endswith("holds"), done.stdout
     assert "data=256 x model=8 (2048 devices)" in done.stdout
+    # FSDP sends the textbook's 3 (n-1)/n of the parameters a step in the
+    # target's program (XLA:CPU merges its re-gathers), less the model's
+    # first layer's re-gather
+    model, n = cx.plan.MODELS["8b"], 2048
+    fsdp = {row["label"]: row for row in
+            json.loads(out.read_text())["plans"][0]["rows"]}["FSDP"]
+    whole = model.parameters * model.itemsize
+    assert fsdp["sent"] == pytest.approx(
+        3 * (n - 1) / n * whole * (1 - 1 / (3 * model.layers)), rel=1e-6)
+    for key in ("compute_s", "comm_s", "step_s", "mfu",
+                "critical_tokens_per_device", "memory_bytes"):
+        assert fsdp[key] is not None, key
     peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
     assert peak < 4 * 2**30, f"a child process peaked at {peak / 2**30:.2f} GiB"

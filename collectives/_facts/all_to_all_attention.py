@@ -102,4 +102,4 @@ all_to_all_attention_recipe = register(Recipe(
     example_shapes=attention_shapes(heads_per_device=True), arg_names=("q", "k", "v"),
     n_terms=attention_n_terms, dtype_kinds=FLOAT,
     validate=check_attention_args(True, "all_to_all_attention"),
-    plan=attention_plan("SP all-to-all")))
+    plan=attention_plan("SP all-to-all", ring=False)))

@@ -49,6 +49,7 @@ from collectives._layout import axis_tuple
 from collectives._layout import body_axis_size
 from collectives._layout import on_axes
 from collectives._presentation import PlanSpec
+from collectives._presentation import UnitBoundary
 from collectives._recipe import WIDE_FLOATS
 from collectives._recipe import Recipe
 from collectives._registry import register
@@ -421,13 +422,73 @@ def plan_mlp_shapes(axes: Axes, model) -> tuple[Any, ...]:
     return (params, (model.tokens, w), (model.tokens, w))
 
 
-def mlp_plan(label: str, mesh_axes: int | None = None) -> PlanSpec:
+def mlp_activations(model: bool, remat: bool):
+    """``PlanSpec.activations`` of a four-layer MLP strategy: what one device
+    keeps for the backward pass, per unit of four layers, in units of
+    ``t * width`` (``t`` its tokens: the step's over every device, or over
+    the data axis with a model axis of ``m``):
+
+    * as written, no rematerialization (DP, DP x TP): each layer's
+      pre-activation and output, 2 a layer; with the Megatron pair, W2's
+      output and W3's input are ``1/m`` of a layer each: ``6 + 2/m``;
+    * each layer rematerialized from a kept tensor (``jax.checkpoint``:
+      FSDP's recipe keeps the pre-activations, one a layer, ``3 + 1/m``
+      with the pair), plus one layer's working set (2) while it is
+      recomputed.
+    """
+    def kept(axes, model_: Any, remat_now: bool) -> float:
+        m = axes.shape[-1] if model else 1
+        tokens = _batch_tokens(axes, model_, model)
+        units = model_.layers / 4
+        if remat or remat_now:
+            return tokens * model_.width * (units * (4 - (1 - 1 / m) * model) + 2)
+        return tokens * model_.width * units * (8 - (2 - 2 / m) * model)
+
+    return kept
+
+
+def _batch_tokens(axes, model_, model: bool) -> float:
+    """Tokens one device computes on: the step's over the devices that
+    split the batch (every device, or the data axis with a model axis)."""
+    return model_.tokens / (axes.shape[0] if model else axes.size)
+
+
+def mlp_boundary(model: bool, gathers: bool):
+    """``PlanSpec.boundary`` of a four-layer MLP strategy: a unit inside the
+    model also computes its first layer's input gradient (``2 t w^2``
+    FLOPs: that layer is whole on the model axis), and, with ``gathers``
+    (FSDP), gathers that layer's weights again for it: the shard_map form
+    gathers weight and bias as one buffer, the jit form the weight alone,
+    over the data axis (with a model axis) or every axis."""
+    def extra(axes, model_: Any, form: str) -> UnitBoundary:
+        w, itemsize = model_.width, model_.itemsize
+        flops = 2 * _batch_tokens(axes, model_, model) * w * w
+        if not gathers:
+            return UnitBoundary(flops=flops)
+        n = axes.shape[0] if model else axes.size
+        block = (w * w + (w if form == "shard_map" else 0)) / n * itemsize
+        over = (axes.names[0],) if model else None
+        return UnitBoundary(flops=flops, ops=(
+            ("all-gather", per_device_bytes("all-gather", block, n), over),))
+
+    return extra
+
+
+def mlp_plan(label: str, mesh_axes: int | None = None, *,
+             remat: bool = False) -> PlanSpec:
     """The :class:`PlanSpec` of a four-layer MLP strategy: ``layers / 4``
-    units per step, each stored."""
+    units per step, each stored. With two mesh axes the last is the model
+    axis, whose activation sums the layers wait for; ``remat``: the recipe
+    rematerializes each layer (FSDP), whose gathers then overlap every
+    layer's computation, not only the backward pass."""
     per_step = lambda axes, model: model.layers / 4
     return PlanSpec(label=label, shapes=plan_mlp_shapes,
                     unit="4 dense layers, loss and gradients", repeats=per_step,
-                    stored=per_step, mesh_axes=mesh_axes)
+                    stored=per_step, mesh_axes=mesh_axes,
+                    serial="last" if mesh_axes == 2 else "none",
+                    overlap="compute" if remat else "backward",
+                    activations=mlp_activations(mesh_axes == 2, remat),
+                    boundary=mlp_boundary(mesh_axes == 2, gathers=remat))
 
 
 dp_tp_mlp = register(Recipe(

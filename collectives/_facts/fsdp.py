@@ -283,7 +283,7 @@ def _recipe(name: str, summary: str, model: bool, label: str) -> Recipe:
         # the MLP's four matmuls and squared loss (see dp_mlp)
         bitwise=False, exact_dtypes=WIDE_FLOATS,
         magnitudes=magnitudes_of(file.forward_backward),
-        plan=mlp_plan(label, mesh_axes=2 if model else None))
+        plan=mlp_plan(label, mesh_axes=2 if model else None, remat=True))
 
 
 fsdp_mlp = register(_recipe(

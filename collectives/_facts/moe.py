@@ -202,7 +202,7 @@ def _plan_shapes(axes: Axes, model):
 
 
 _PLAN = PlanSpec(label="EP (MoE)", shapes=_plan_shapes, axis="last", params=(0, 1, 2),
-                 scope="layer",
+                 scope="layer", serial="all",
                  unit="one MoE layer (route, dispatch, experts, combine), forward",
                  repeats=lambda axes, model: model.layers,
                  stored=lambda axes, model: model.layers)

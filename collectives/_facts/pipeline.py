@@ -259,7 +259,27 @@ _PLAN = PlanSpec(
     repeats=lambda axes, model: 1,
     # a stage holds layers / stages layers; the activations it passes on
     # do not depend on how many
-    stored=lambda axes, model: model.layers / axes.size)
+    stored=lambda axes, model: model.layers / axes.size,
+    work=lambda axes, model: model.layers / axes.size,
+    # the sends between stages are on the critical path; the replicas'
+    # gradient sum overlaps the backward pass
+    serial="last", overlap="backward",
+    activations=lambda axes, model, remat: _kept(axes, model, remat))
+
+
+def _kept(axes, model, remat: bool) -> float:
+    """What a stage keeps for the backward pass: the scan keeps every tick's
+    activations (``M + S - 1`` ticks, the bubble's included) of each of its
+    ``layers / S`` layers, input and output of one microbatch each (one
+    with ``remat``, plus one layer's working set)."""
+    stages = axes.size
+    rows = model.tokens / axes.others_size / MICROBATCHES
+    ticks = MICROBATCHES + stages - 1
+    per_layer = ticks * rows * model.width
+    layers = model.layers / stages
+    if remat:
+        return layers * per_layer + 2 * rows * model.width
+    return 2 * layers * per_layer
 
 
 pipeline_mlp = register(Recipe(

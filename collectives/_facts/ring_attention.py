@@ -163,9 +163,12 @@ def _plan_shapes(axes: Axes, model):
     return (shape, shape, shape)
 
 
-def attention_plan(label: str) -> PlanSpec:
+def attention_plan(label: str, *, ring: bool = True) -> PlanSpec:
+    """A sequence-parallel attention's :class:`PlanSpec`: a ring's sends
+    overlap the block it computes; an all-to-all's are waited for."""
     return PlanSpec(label=label, shapes=_plan_shapes, axis="last", params=(),
-                    scope="layer",
+                    scope="layer", overlap="compute",
+                    serial="none" if ring else "all",
                     unit="one attention (q, k, v to output), forward",
                     repeats=lambda axes, model: model.layers)
 

@@ -6,6 +6,7 @@ import argparse
 import json
 import math
 import sys
+from collections.abc import Mapping
 from collections.abc import Sequence
 from typing import Any
 
@@ -15,6 +16,7 @@ from collectives.plan._model import DEFAULT_MODEL
 from collectives.plan._model import MODELS
 from collectives.plan._model import model_from
 from collectives.plan._plan import MAX_DEVICES
+from collectives.plan._plan import PRECISIONS
 from collectives.plan._plan import Plan
 from collectives.plan._plan import default_mesh
 from collectives.plan._plan import plan
@@ -30,6 +32,12 @@ from collectives.plan._report import size
 from collectives.plan._report import table_lines
 from collectives.plan._versus import table_lines as versus_lines
 from collectives.plan._versus import versus_bench
+
+
+DATACENTER = "dgx-h100"
+"""The default interconnect: a cluster of DGX H100 nodes."""
+DATACENTER_TEXT = ("nvlink-h100 on the last axis where it has 8 devices or fewer "
+                   "(one node), ib-ndr on every other axis")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -58,10 +66,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="parameters' and activations' dtype "
                         "(default: bfloat16)")
     parser.add_argument(
-        "--interconnect", default=MEASURED, metavar="PROFILE|AXIS=PROFILE,...",
-        help="the interconnect profile of every axis, or one per axis (e.g. "
-        "model=nvlink-h100,data=ib-ndr); default: measured (bench's fit on "
-        "this machine); --list-profiles shows the others")
+        "--interconnect", metavar="PROFILE|AXIS=PROFILE,...",
+        help=f"the interconnect profile of every axis, or one per axis (e.g. "
+        f"model=nvlink-h100,data=ib-ndr); default: {DATACENTER} ({DATACENTER_TEXT}); "
+        f"{MEASURED}: bench's fit on this machine; --list-profiles shows the "
+        "others")
+    parser.add_argument(
+        "--precision", choices=tuple(PRECISIONS), default="mixed",
+        help="how weights, gradients and Adam's moments are kept: " + "; ".join(
+            f"{name}: {what}" for name, what in PRECISIONS.items())
+        + " (default: %(default)s)")
     parser.add_argument("--profiles", action="append", default=[], metavar="FILE",
                         help="add named profiles from a TOML or JSON file")
     parser.add_argument("--list-profiles", action="store_true",
@@ -135,14 +149,19 @@ def parse_mesh(text: str) -> dict[str, int]:
     return mesh
 
 
-def interconnect_for(text: str, axes: Sequence[str], profiles: dict[str, Profile],
+def interconnect_for(text: str, mesh: Mapping[str, int], profiles: dict[str, Profile],
                      remeasure: bool = False) -> dict[str, Profile]:
     """One profile per mesh axis from ``--interconnect``.
 
     Raises:
       ValueError: an unknown profile name, or axes that are not the mesh's.
     """
-    if "=" in text:
+    axes = list(mesh)
+    if text == DATACENTER:
+        inner = axes[-1]
+        chosen = {axis: "nvlink-h100" if axis == inner and mesh[axis] <= 8
+                  else "ib-ndr" for axis in axes}
+    elif "=" in text:
         chosen = {}
         for part in text.split(","):
             axis, _, name = part.partition("=")
@@ -153,7 +172,7 @@ def interconnect_for(text: str, axes: Sequence[str], profiles: dict[str, Profile
                              "or one name for all.")
     else:
         chosen = dict.fromkeys(axes, text.strip())
-    known = [MEASURED, *profiles]
+    known = [DATACENTER, MEASURED, *profiles]
     out = {}
     for axis, name in chosen.items():
         if name == MEASURED:
@@ -185,11 +204,15 @@ def _strategies(wanted: Sequence[str] | None) -> list[str]:
 
 
 def list_profiles(profiles: dict[str, Profile]) -> None:
+    print(f"{DATACENTER}: the default: {DATACENTER_TEXT}")
     print(f"{MEASURED}: this machine, measured by bench's alpha-beta fit per "
-          "collective kind (the default; cached after the first plan)")
+          "collective kind and a matmul's FLOP/s (cached after the first plan)")
     for name, p in profiles.items():
+        peaks = ", ".join(f"{dtype} {flops / 1e12:g}"
+                          for dtype, flops in p.peak_flops.items()) or "none"
         print(f"{name}: {p.description}; alpha {p.link.alpha * 1e6:g} us, busbw "
-              f"{p.link.busbw / 1e9:g} GB/s\n    source: {p.source}")
+              f"{p.link.busbw / 1e9:g} GB/s; {p.chip or 'no chip'}, peak TFLOP/s: "
+              f"{peaks}\n    source: {p.source}\n    peak: {p.peak_source}")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -214,15 +237,16 @@ def _main(args: argparse.Namespace) -> int:
         meshes = [args.mesh]
     else:
         meshes = [dict(zip(*default_mesh(n), strict=True)) for n in args.devices]
-    if args.versus_bench and args.interconnect != MEASURED:
+    if args.versus_bench and args.interconnect not in (None, MEASURED):
         raise ValueError("--versus-bench: compares bench's times here with the "
                          "measured profile; drop --interconnect.")
+    interconnect = args.interconnect or (MEASURED if args.versus_bench
+                                         else DATACENTER)
     overrides = {f: getattr(args, f) for f in
                  ("width", "layers", "seq", "batch", "heads", "ffn", "dtype")}
     models = [model_from(name, **overrides) for name in args.model]
     recipes = _strategies(args.strategies)
-    links = interconnect_for(args.interconnect, list(meshes[0]), profiles,
-                             args.remeasure)
+    links = interconnect_for(interconnect, meshes[0], profiles, args.remeasure)
     plans: list[Plan] = []
     # --mesh gives one mesh; --devices gives data x model meshes: one set of
     # axis names, so one interconnect serves every plan of the run
@@ -230,7 +254,7 @@ def _main(args: argparse.Namespace) -> int:
         for mesh in meshes:
             result = plan(model, mesh, interconnect=links, form=args.form,
                           recipes=recipes, topology=args.topology,
-                          timeout=args.timeout)
+                          precision=args.precision, timeout=args.timeout)
             plans.append(result)
             if len(plans) > 1:
                 print()
@@ -239,8 +263,8 @@ def _main(args: argparse.Namespace) -> int:
         print()
         memory = args.memory_per_device
         if memory:
-            print(f"# which strategy needs the least communication per step among "
-                  f"those that fit in {size(memory)} per device:")
+            print(f"# which strategy has the fastest predicted step among those "
+                  f"whose step fits in {size(memory)} per device:")
         for line in crossovers(plans, memory):
             print(line)
     versus = []

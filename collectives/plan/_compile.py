@@ -20,6 +20,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from collectives._arrays import is_shape
+from collectives._costs import compiled_for
+from collectives._costs import compiling_for
 from collectives._layout import Axes
 from collectives._memory import analysed_memory
 from collectives._memory import sharded_bytes
@@ -85,7 +87,10 @@ def compile_unit(recipe: Recipe, mesh: jax.sharding.Mesh, form: str, *,
       ``axes``, ``bytes``, ``group``), ``memory`` (the compiler's argument,
       output and temp bytes per device; ``params``: the parameters' shards),
       ``cost_model`` (``None`` when the recipe's cost model holds, else what
-      differs) and ``compile_s``.
+      differs), ``target`` (on XLA:CPU: the cost model as written, what a GPU
+      or TPU compiler keeps: ``counts`` and ``bytes`` per kind; ``None`` when
+      compiled for the target itself), ``flops`` (the device program's, or
+      ``None``) and ``compile_s``.
 
     Raises:
       ValueError: the model does not fit the mesh (a dimension that does
@@ -103,6 +108,13 @@ def compile_unit(recipe: Recipe, mesh: jax.sharding.Mesh, form: str, *,
     seconds = time.perf_counter() - start
     stats = parse_collectives(compiled.as_text())
     problems = [e.mismatch(stats) for e in recipe.expected_costs(form, axes, args)]
+    target = None
+    if compiled_for() == "cpu":
+        # what a GPU or TPU compiler keeps: the cost model as written (the
+        # first expectation), which XLA:CPU may merge or rewrite
+        with compiling_for("target"):
+            written = recipe.expected_costs(form, axes, args)[0]
+        target = {"counts": dict(written.counts), "bytes": dict(written.bytes)}
     analysed = analysed_memory(compiled) or {}
     params = [placed[i] for i in (recipe.plan.params if recipe.plan else ())]
     memory = {
@@ -120,5 +132,21 @@ def compile_unit(recipe: Recipe, mesh: jax.sharding.Mesh, form: str, *,
                 for op in stats.ops],
         "memory": memory,
         "cost_model": None if None in problems else "; ".join(problems),
+        "target": target,
+        "flops": compiled_flops(compiled),
         "compile_s": seconds,
     }
+
+
+def compiled_flops(compiled: Any) -> float | None:
+    """The FLOPs of one device's compiled program (XLA's cost analysis: a
+    matmul of ``[m, k] x [k, n]`` counts ``2 m k n``; a loop its body times
+    its trips), or ``None`` where the compiler gives none."""
+    try:
+        analysis = compiled.cost_analysis()
+    except Exception:  # a compiler without a cost analysis
+        return None
+    if isinstance(analysis, (list, tuple)):  # older JAX: one dict per program
+        analysis = analysis[0] if analysis else {}
+    flops = (analysis or {}).get("flops")
+    return float(flops) if flops is not None and flops >= 0 else None

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from collectives._args import MAX_CPU_DEVICES
+from collectives._presentation import UnitBoundary
 from collectives._registry import RECIPES
 from collectives.hlo import bytes_moved
 from collectives.plan._child import run_child
@@ -93,6 +94,39 @@ def compile_units(names: Sequence[str], shape: Sequence[int], *,
                      what=f"compiling for {math.prod(shape)} devices")
 
 
+PRECISIONS = {
+    "mixed": "compute in the model's dtype; float32 master weights and Adam "
+             "moments (16 bytes a parameter in bfloat16)",
+    "pure": "weights, gradients and Adam moments all in the model's dtype",
+}
+"""The precision policies ``--precision`` takes, and what each keeps."""
+
+
+def state_bytes_per_parameter(precision: str, itemsize: int) -> float:
+    """Bytes a device keeps per parameter it stores: weights and gradients
+    in the model's dtype, Adam's two moments (and a float32 master copy of
+    16-bit weights) as ``precision`` says."""
+    if precision == "mixed":
+        return 2 * itemsize + (4 if itemsize < 4 else 0) + 8
+    if precision == "pure":
+        return 4 * itemsize
+    raise ValueError(f"precision: expected one of {', '.join(PRECISIONS)}, got "
+                     f"{precision!r}.")
+
+
+def model_flops_per_device(model: Model, devices: int) -> float:
+    """The FLOPs a training step of ``model`` needs per device: ``6 N T``
+    (forward 2, backward 4 per parameter and token) over the devices, less
+    the first layer's input gradient (``2 w^2`` per token), which no
+    program computes (no gradient flows into the data)."""
+    return (6 * model.parameters - 2 * model.width ** 2) * model.tokens / devices
+
+
+BACKWARD_SHARE = 2 / 3
+"""The backward pass's share of a training step's FLOPs (twice the
+forward's), the computation gradient sums overlap."""
+
+
 @dataclasses.dataclass(frozen=True)
 class PlanRow:
     """One strategy's training step at the plan's scale, per device.
@@ -102,16 +136,37 @@ class PlanRow:
       recipe: the recipe compiled.
       axis: the mesh axes it runs over (``"data,model"``).
       unit: what one compiled program is, and ``repeats`` how many a step runs.
-      collectives: ``{kind: count}`` per step.
-      sent: bytes one device sends per step; ``sent_by_axes`` split by the
-        mesh axes each collective runs over (``"model"``, ``"data,model"``).
-      seconds: the predicted time of the step's collectives, run one after
-        another (no overlap with compute or with each other).
+      collectives: ``{kind: count}`` per step, in the target's program.
+      sent: bytes one device sends per step in the target's program (what
+        a GPU or TPU compiler keeps: the recipe's cost model as written);
+        ``sent_by_axes`` split by the mesh axes each collective runs over.
+      cpu_sent: what XLA:CPU's compile of the same units sends; ``program``
+        says how the two differ, ``None`` where they do not.
+      comm_s: the predicted time of the step's collectives, one after
+        another; ``exposed_s`` the part computation does not hide (see
+        :class:`collectives.PlanSpec`'s ``serial`` and ``overlap``).
+      flops: FLOPs one device computes per step (XLA's cost analysis of the
+        units, times the units a step computes); ``model_flops``: the
+        model's own, ``6 N T / devices`` for a whole-model strategy (none
+        for one kind of layer).
+      compute_s: ``flops`` at the chip's peak in the model's dtype (``None``
+        where the profile has no peak for it); ``step_s``: computation plus
+        the exposed communication; ``mfu``: ``model_flops / (step_s *
+        peak)``.
+      tokens_per_device: the step's tokens over the devices;
+        ``critical_tokens_per_device``: the tokens per device below which
+        the collectives that overlap computation take longer than it (the
+        step is communication-bound); ``None`` where no collective overlaps.
       params: parameter bytes one device stores (the unit's shards, times
-        the units it stores); ``optimizer``: Adam's two moments of them.
+        the units it stores); ``states``: those parameters' weights,
+        gradients and optimizer state under the plan's precision policy.
+      activations: bytes one device keeps for the backward pass over the
+        whole step, as the recipe's program keeps them;
+        ``activations_remat`` with each layer rematerialized.
+      memory_bytes: the step's memory per device, ``states + activations``
+        (for one kind of layer: its states and one unit's temporaries).
       temp: the compiled unit's temporary bytes per device (XLA's memory
-        analysis): activations and buffers of one unit, at the model's
-        dtype (compiled in float32, scaled by the itemsize).
+        analysis), at the model's dtype.
       cost_model: ``None`` when the recipe's cost model matches the compiled
         program at this scale, else what differs.
       skipped: why the strategy has no row on this mesh and model, or ``None``.
@@ -133,9 +188,22 @@ class PlanRow:
     collectives: Mapping[str, int] = dataclasses.field(default_factory=dict)
     sent: float = 0.0
     sent_by_axes: Mapping[str, float] = dataclasses.field(default_factory=dict)
-    seconds: float = 0.0
+    cpu_sent: float = 0.0
+    program: str | None = None
+    comm_s: float = 0.0
+    exposed_s: float = 0.0
+    flops: float | None = None
+    model_flops: float | None = None
+    compute_s: float | None = None
+    step_s: float = 0.0
+    mfu: float | None = None
+    tokens_per_device: float = 0.0
+    critical_tokens_per_device: float | None = None
     params: float = 0.0
-    optimizer: float = 0.0
+    states: float = 0.0
+    activations: float | None = None
+    activations_remat: float | None = None
+    memory_bytes: float = 0.0
     temp: float = 0.0
     cost_model: str | None = None
     skipped: str | None = None
@@ -146,7 +214,12 @@ class PlanRow:
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    """What :func:`plan` returns: the rows and what they were computed for."""
+    """What :func:`plan` returns: the rows and what they were computed for.
+
+    ``chip`` and ``peak_flops`` are the accelerator the compute time is
+    for (the last mesh axis's profile: the node's link names its chip), at
+    the model's dtype; ``precision`` the policy the states are counted in.
+    """
 
     model: Model
     mesh: Mapping[str, int]
@@ -156,6 +229,9 @@ class Plan:
     jax: str
     seconds: float
     compiler: str = "XLA:CPU, simulated devices"
+    precision: str = "mixed"
+    chip: str = ""
+    peak_flops: float | None = None
 
     def row(self, label: str) -> PlanRow:
         """The row of strategy ``label`` (e.g. ``"FSDP"``); KeyError if none."""
@@ -168,7 +244,8 @@ class Plan:
         """A JSON-ready dict; :meth:`Plan.from_json` reads it back."""
         return {"model": dataclasses.asdict(self.model), "mesh": dict(self.mesh),
                 "form": self.form, "jax": self.jax, "seconds": self.seconds,
-                "compiler": self.compiler,
+                "compiler": self.compiler, "precision": self.precision,
+                "chip": self.chip, "peak_flops": self.peak_flops,
                 "interconnect": {axis: profile_json(p)
                                  for axis, p in self.interconnect.items()},
                 "rows": [dataclasses.asdict(row) for row in self.rows]}
@@ -178,7 +255,8 @@ class Plan:
         """The plan :meth:`as_json` wrote (``plan --json`` holds a list)."""
         return cls(model=Model(**doc["model"]), mesh=dict(doc["mesh"]),
                    form=doc["form"], jax=doc["jax"], seconds=doc["seconds"],
-                   compiler=doc.get("compiler", "XLA:CPU, simulated devices"),
+                   compiler=doc["compiler"], precision=doc["precision"],
+                   chip=doc["chip"], peak_flops=doc["peak_flops"],
                    interconnect={axis: profile_from(p["name"], p, "plan JSON")
                                  for axis, p in doc["interconnect"].items()},
                    rows=tuple(PlanRow(**row) for row in doc["rows"]))
@@ -193,8 +271,64 @@ def link_for(axes: Sequence[str], interconnect: Mapping[str, Profile]) -> Profil
     return found
 
 
+def target_ops(unit: Mapping[str, Any], axes: Sequence[str]) -> list[dict[str, Any]]:
+    """The unit's collectives in the target's program: the compiled ones,
+    with each kind's count and bytes replaced by the cost model as written
+    (``unit["target"]``) where XLA:CPU compiled another. A kind's ops keep
+    the mesh axes XLA:CPU ran them over; a kind it did not compile runs
+    over the recipe's ``axes``. Each op: ``kind``, ``axes``, ``bytes``,
+    ``count``, ``dtype``."""
+    compiled = [dict(op, count=1) for op in unit["ops"]]
+    written = unit.get("target")
+    if not written:
+        return compiled
+    out = []
+    for kind in dict.fromkeys([*(op["kind"] for op in compiled),
+                               *written["counts"]]):
+        mine = [op for op in compiled if op["kind"] == kind]
+        count = written["counts"].get(kind, 0)
+        have = sum(op["bytes"] for op in mine)
+        want = written["bytes"].get(kind, have * count / len(mine) if mine else 0.0)
+        if count == 0:
+            continue
+        if len(mine) == count and math.isclose(have, want, rel_tol=1e-6):
+            out += mine
+        elif mine:  # spread over the axes XLA:CPU ran this kind over
+            for op in mine:
+                share = op["bytes"] / have if have else 1 / len(mine)
+                out.append(dict(op, bytes=want * share, count=count / len(mine)))
+        else:
+            # (compiled on XLA:CPU, in float32: the cost model's bytes are too)
+            out.append({"kind": kind, "axes": list(axes), "bytes": want,
+                        "count": count, "dtype": "f32"})
+    return out
+
+
+def _difference(unit: Mapping[str, Any], ops: Sequence[Mapping[str, Any]]) -> str | None:
+    """How XLA:CPU's compile differs from the target's program, in words."""
+    def counts(items):
+        found: dict[str, float] = {}
+        for op in items:
+            found[op["kind"]] = found.get(op["kind"], 0) + op.get("count", 1)
+        return {k: round(v) for k, v in found.items()}
+
+    cpu, target = counts(unit["ops"]), counts(ops)
+    cpu_bytes = sum(op["bytes"] for op in unit["ops"])
+    target_bytes = sum(op["bytes"] for op in ops)
+    if cpu == target and math.isclose(cpu_bytes, target_bytes, rel_tol=1e-6):
+        return None
+    return (f"XLA:CPU compiles {_count_text(cpu)} a unit "
+            f"({cpu_bytes / max(target_bytes, 1e-30):.3f} of the bytes) where "
+            f"the target keeps {_count_text(target)}")
+
+
+def _count_text(counts: Mapping[str, int]) -> str:
+    return ", ".join(f"{n} {kind}" for kind, n in counts.items()) or "none"
+
+
 def step_row(unit: Mapping[str, Any], model: Model, mesh: Mapping[str, int],
-             interconnect: Mapping[str, Profile]) -> PlanRow:
+             interconnect: Mapping[str, Profile], *, precision: str = "mixed",
+             peak: float | None = None) -> PlanRow:
     """A :class:`PlanRow` from one compiled unit (the worker's dict)."""
     recipe = RECIPES[unit["recipe"]]
     spec = recipe.plan
@@ -204,22 +338,48 @@ def step_row(unit: Mapping[str, Any], model: Model, mesh: Mapping[str, int],
     axes = _Axes(mesh, unit["axis"])
     repeats = float(spec.repeats(axes, model))
     stored = float((spec.stored or spec.repeats)(axes, model))
+    work = float((spec.work or spec.repeats)(axes, model))
     # compiled in float32 (XLA:CPU widens 16-bit float collectives to it):
     # float data counts at the model's dtype
     scale = model.itemsize / 4 if unit["dtype"] == "float32" else 1.0
-    counts: dict[str, int] = {}
+    names = list(mesh)
+    recipe_axes = names if unit["axis"] is None else [unit["axis"]]
+    counts: dict[str, float] = {}
     by_axes: dict[str, float] = {}
-    seconds = 0.0
-    for op in unit["ops"]:
+    serial = hidden = 0.0
+    ops = target_ops(unit, recipe_axes)
+    for op in ops:
         sent = op["bytes"] * (scale if op["dtype"] == "f32" else 1.0)
-        counts[op["kind"]] = counts.get(op["kind"], 0) + 1
+        counts[op["kind"]] = counts.get(op["kind"], 0) + op["count"]
         key = ",".join(op["axes"])
         by_axes[key] = by_axes.get(key, 0.0) + sent * repeats
-        seconds += repeats * link_for(op["axes"], interconnect).seconds(
-            op["kind"], sent)
+        link = link_for(op["axes"], interconnect).for_kind(op["kind"])
+        seconds = repeats * (op["count"] * link.alpha + sent / link.busbw)
+        if spec.serial == "all" or (spec.serial == "last"
+                                    and op["axes"] == names[-1:]):
+            serial += seconds
+        else:
+            hidden += seconds
+    cpu_sent = sum(op["bytes"] * (scale if op["dtype"] == "f32" else 1.0)
+                   for op in unit["ops"]) * repeats
+    # each unit after the model's first also runs what its input, an
+    # activation there, needs (the compiled unit takes it as data)
+    joined = max(0.0, repeats - 1)
+    boundary = (spec.boundary(axes, model, unit["form"]) if spec.boundary
+                else UnitBoundary())
+    for kind, sent, over in boundary.ops if joined else ():
+        over = list(over) if over is not None else recipe_axes
+        counts[kind] = counts.get(kind, 0) + joined / repeats
+        key = ",".join(over)
+        by_axes[key] = by_axes.get(key, 0.0) + sent * joined
+        seconds = joined * link_for(over, interconnect).seconds(kind, sent)
+        if spec.serial == "all" or (spec.serial == "last" and over == names[-1:]):
+            serial += seconds
+        else:
+            hidden += seconds
     params = unit["memory"]["params"] * stored * scale
-    axis = unit["axis"]
-    others = [name for name in mesh if axis is not None and name != axis]
+    others = [name for name in mesh if unit["axis"] is not None
+              and name != unit["axis"]]
     added = None
     if spec.replicas_sum_gradients and others and axes.others_size > 1:
         # the replicas' gradient sum the recipe leaves out: one all-reduce
@@ -229,36 +389,70 @@ def step_row(unit: Mapping[str, Any], model: Model, mesh: Mapping[str, int],
         counts["all-reduce"] = counts.get("all-reduce", 0) + 1 / repeats
         key = ",".join(others)
         by_axes[key] = by_axes.get(key, 0.0) + sent
-        seconds += link_for(others, interconnect).seconds("all-reduce", sent)
+        hidden += link_for(others, interconnect).seconds("all-reduce", sent)
         added = (f"one all-reduce of its {params / 1e9:.2f} GB of gradients over "
                  f"{key} (its replicas' sum, which the recipe leaves out; by the "
                  "cost model, not compiled)")
+    devices = math.prod(mesh.values())
+    tokens = model.tokens / devices
+    flops = (None if unit.get("flops") is None
+             else unit["flops"] * work + boundary.flops * joined)
+    model_flops = model_flops_per_device(model, devices) if spec.scope == "model" \
+        else None
+    compute = None if flops is None or peak is None else flops / peak
+    if compute is None:
+        exposed = serial + hidden
+        critical = None
+    else:
+        window = compute * (BACKWARD_SHARE if spec.overlap == "backward" else 1.0)
+        exposed = serial + max(0.0, hidden - window)
+        # the overlapped collectives (gradients, gathers) do not grow with
+        # the tokens, the computation does: equal at this many tokens; one
+        # kind of layer's collectives carry its activations and grow too
+        critical = (tokens * hidden / window
+                    if hidden and window and spec.scope == "model" else None)
+    step = (compute or 0.0) + exposed
+    mfu = (model_flops / (step * peak)
+           if model_flops and peak and compute is not None and step else None)
+    states = params / model.itemsize * state_bytes_per_parameter(
+        precision, model.itemsize)
+    temp = float(unit["memory"]["temp"] or 0) * scale
+    kept = kept_remat = None
+    if spec.activations is not None:
+        kept = spec.activations(axes, model, False) * model.itemsize
+        kept_remat = spec.activations(axes, model, True) * model.itemsize
     return PlanRow(
         label=spec.label, recipe=recipe.name,
-        axis=",".join(mesh) if axis is None else axis, unit=spec.unit,
+        axis=",".join(mesh) if unit["axis"] is None else unit["axis"], unit=spec.unit,
         repeats=repeats,
         collectives={kind: round(n * repeats) for kind, n in counts.items()},
-        sent=sum(by_axes.values()), sent_by_axes=by_axes, seconds=seconds,
-        params=params, optimizer=2 * params,
-        temp=float(unit["memory"]["temp"] or 0) * scale,
+        sent=sum(by_axes.values()), sent_by_axes=by_axes, cpu_sent=cpu_sent,
+        program=_difference(unit, ops), comm_s=serial + hidden, exposed_s=exposed,
+        flops=flops, model_flops=model_flops, compute_s=compute, step_s=step,
+        mfu=mfu, tokens_per_device=tokens, critical_tokens_per_device=critical,
+        params=params, states=states, activations=kept, activations_remat=kept_remat,
+        memory_bytes=states + (temp if kept is None else kept), temp=temp,
         cost_model=unit["cost_model"], compile_s=unit["compile_s"],
         scope=spec.scope, added=added)
 
 
 class _Axes:
-    """What a PlanSpec's ``repeats``/``stored`` read of the recipe's axes:
-    ``size`` (the devices along the axes it runs over) and ``others_size``."""
+    """What a PlanSpec's callables read of the recipe's axes: ``size`` (the
+    devices along the axes it runs over), ``others_size``, and the mesh's
+    ``shape`` (its axes' sizes, in order)."""
 
     def __init__(self, mesh: Mapping[str, int], axis: str | None):
         names = list(mesh) if axis is None else [axis]
         self.size = math.prod(mesh[n] for n in names)
         self.others_size = math.prod(mesh.values()) // self.size
+        self.shape = tuple(mesh.values())
+        self.names = tuple(mesh)
 
 
 def plan(model: Model, mesh: Mapping[str, int], *,
          interconnect: Profile | Mapping[str, Profile], form: str = "shard_map",
          recipes: Sequence[str] | None = None, topology: str | None = None,
-         timeout: float = 600) -> Plan:
+         precision: str = "mixed", timeout: float = 600) -> Plan:
     """Plan every strategy for ``model`` on ``mesh``, compile only.
 
     Args:
@@ -271,6 +465,7 @@ def plan(model: Model, mesh: Mapping[str, int], *,
       topology: compile with the TPU compiler for this TPU topology (e.g.
         ``"v5p:8x16x16"``, as many devices as the mesh) instead of for
         simulated CPU devices; needs ``pip install 'jax[tpu]'``, not a TPU.
+      precision: how the states are kept, a key of :data:`PRECISIONS`.
 
     Returns:
       A :class:`Plan`; its rows in registry order.
@@ -296,14 +491,19 @@ def plan(model: Model, mesh: Mapping[str, int], *,
                          f"{list(names)}. Fix: give one profile for every mesh axis.")
     if form not in ("shard_map", "jit"):
         raise ValueError(f"form: expected 'shard_map' or 'jit', got {form!r}.")
+    state_bytes_per_parameter(precision, model.itemsize)  # a bad name raises
     doc = compile_units(names, shape, recipes=recipes or planned_recipes(),
                         forms=(form,), model=model, timeout=timeout,
                         topology=topology,
                         # XLA:CPU widens 16-bit float collectives: compile in
                         # float32 there and count them at the model's dtype
                         dtype=model.dtype if topology else "float32")
-    rows = tuple(step_row(unit, model, dict(mesh), links) for unit in doc["units"])
+    chip = links[names[-1]]
+    peak = chip.peak(model.dtype)
+    rows = tuple(step_row(unit, model, dict(mesh), links, precision=precision,
+                          peak=peak) for unit in doc["units"])
     return Plan(model=model, mesh=dict(mesh), form=form, interconnect=links,
                 rows=rows, jax=doc["jax"], seconds=doc["seconds"],
                 compiler=f"TPU compiler, topology {topology}" if topology
-                else "XLA:CPU, simulated devices")
+                else "XLA:CPU, simulated devices", precision=precision,
+                chip=chip.chip, peak_flops=peak)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import platform
 import subprocess
@@ -29,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 
 from collectives.hlo import KINDS
 
@@ -64,6 +66,10 @@ class Profile:
       kinds: per-kind costs where they differ.
       description: what it is.
       source: where the figures come from.
+      chip: the accelerator at the ends of the link, e.g. ``"H100 SXM"``.
+      peak_flops: the chip's peak dense FLOP/s per dtype name
+        (``"bfloat16"``, ``"float32"``); a dtype not named has no figure.
+      peak_source: where the peak figures come from.
 
     Examples:
       >>> from collectives.plan import load_profiles
@@ -77,6 +83,14 @@ class Profile:
     kinds: Mapping[str, Link] = dataclasses.field(default_factory=dict)
     description: str = ""
     source: str = ""
+    chip: str = ""
+    peak_flops: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    peak_source: str = ""
+
+    def peak(self, dtype: str) -> float | None:
+        """The chip's peak FLOP/s in ``dtype``, or ``None`` where the profile
+        has no figure for it."""
+        return self.peak_flops.get(dtype)
 
     def for_kind(self, kind: str) -> Link:
         """The :class:`Link` a collective of ``kind`` pays."""
@@ -96,7 +110,9 @@ class Profile:
         kinds = {kind: _worse(self.for_kind(kind), other.for_kind(kind))
                  for kind in KINDS}
         return Profile(name=f"{self.name}+{other.name}",
-                       link=_worse(self.link, other.link), kinds=kinds)
+                       link=_worse(self.link, other.link), kinds=kinds,
+                       chip=self.chip, peak_flops=self.peak_flops,
+                       peak_source=self.peak_source)
 
 
 def profile_json(profile: Profile) -> dict[str, Any]:
@@ -106,7 +122,11 @@ def profile_json(profile: Profile) -> dict[str, Any]:
 
     return {"name": profile.name, **figures(profile.link),
             "kinds": {kind: figures(link) for kind, link in profile.kinds.items()},
-            "description": profile.description, "source": profile.source}
+            "description": profile.description, "source": profile.source,
+            "chip": profile.chip,
+            "peak_TFLOPs": {dtype: flops / 1e12
+                            for dtype, flops in profile.peak_flops.items()},
+            "peak_source": profile.peak_source}
 
 
 def _worse(a: Link, b: Link) -> Link:
@@ -140,9 +160,17 @@ def profile_from(name: str, entry: Mapping[str, Any], where: str) -> Profile:
             raise ValueError(f"{here}: kinds.{kind} is not a collective kind; "
                              f"expected one of {', '.join(KINDS)}.")
         kinds[kind] = _link(override, f"{here} kinds.{kind}", base=link)
+    peaks = {}
+    for dtype, tflops in dict(entry.get("peak_TFLOPs", {})).items():
+        if not isinstance(tflops, (int, float)) or tflops <= 0:
+            raise ValueError(f"{here}: peak_TFLOPs.{dtype}={tflops!r}; expected a "
+                             "positive number of TFLOP/s (1e12 per second).")
+        peaks[str(dtype)] = float(tflops) * 1e12
     return Profile(name=name, link=link, kinds=kinds,
                    description=str(entry.get("description", "")),
-                   source=str(entry.get("source", "")))
+                   source=str(entry.get("source", "")),
+                   chip=str(entry.get("chip", "")), peak_flops=peaks,
+                   peak_source=str(entry.get("peak_source", "")))
 
 
 def read_profiles(path: str | os.PathLike[str]) -> dict[str, Profile]:
@@ -199,7 +227,11 @@ def measured_profile(devices: int = 8, *, remeasure: bool = False,
         try:
             stored = json.loads(cache.read_text())
             if stored.get("key") == key:
-                return _from_fits(stored["fits"], stored["when"], key, cache)
+                if "peaks" not in stored:  # cached before peaks were measured
+                    stored["peaks"] = measured_peaks(devices)
+                    cache.write_text(json.dumps(stored, indent=1))
+                return _from_fits(stored["fits"], stored["peaks"], stored["when"],
+                                  key, cache)
         except (OSError, ValueError, KeyError):
             pass
     if log is not None:
@@ -218,19 +250,48 @@ def measured_profile(devices: int = 8, *, remeasure: bool = False,
             for fit in doc["fit"] if fit["form"] == "shard_map"
             and fit["collective"] == _BENCHED.get(fit["kind"])}
     when = time.strftime("%Y-%m-%d")
+    peaks = measured_peaks(devices)
     cache.parent.mkdir(parents=True, exist_ok=True)
-    cache.write_text(json.dumps({"key": key, "fits": fits, "when": when}, indent=1))
-    return _from_fits(fits, when, key, cache)
+    cache.write_text(json.dumps({"key": key, "fits": fits, "peaks": peaks,
+                                 "when": when}, indent=1))
+    return _from_fits(fits, peaks, when, key, cache)
 
 
-def _from_fits(fits: Mapping[str, Mapping[str, float]], when: str,
-               key: Mapping[str, Any], cache: Path) -> Profile:
+PEAK_SIDE = 1024
+"""The square matmul :func:`measured_peaks` times."""
+
+
+def measured_peaks(devices: int) -> dict[str, float]:
+    """TFLOP/s of one simulated CPU device of this machine, per dtype: the
+    best of five ``PEAK_SIDE``-square matmuls on one device, divided by
+    ``devices`` (simulated devices share the cores: one device's matmul
+    already runs on all of them)."""
+    cpu = jax.devices("cpu")[0]
+    out = {}
+    for dtype in ("float32", "bfloat16"):
+        a = jax.device_put(jnp.ones((PEAK_SIDE, PEAK_SIDE), dtype), cpu)
+        matmul = jax.jit(jnp.matmul)
+        matmul(a, a).block_until_ready()
+        best = math.inf
+        for _ in range(5):
+            start = time.perf_counter()
+            matmul(a, a).block_until_ready()
+            best = min(best, time.perf_counter() - start)
+        out[dtype] = 2 * PEAK_SIDE ** 3 / best / devices / 1e12
+    return out
+
+
+def _from_fits(fits: Mapping[str, Mapping[str, float]], peaks: Mapping[str, float],
+               when: str, key: Mapping[str, Any], cache: Path) -> Profile:
     reduce = fits["all-reduce"]
     entry = {"alpha_us": reduce["alpha_us"], "busbw_GBps": reduce["busbw_GBps"],
              "kinds": {kind: dict(fit) for kind, fit in fits.items()}}
     source = (f"bench's alpha-beta fit per kind on {key['devices']} simulated CPU "
               f"devices of {key['host']} ({key['cpus']} CPUs, JAX {key['jax']}), "
               f"{when}; cached in {cache}")
-    return profile_from(MEASURED, entry | {"source": source,
-                                           "description": "this machine, measured"},
-                        "measured")
+    return profile_from(MEASURED, entry | {
+        "source": source, "description": "this machine, measured",
+        "chip": f"a simulated CPU device of {key['host']}", "peak_TFLOPs": peaks,
+        "peak_source": f"a {PEAK_SIDE}-square matmul timed on one CPU device, "
+                       f"divided by the {key['devices']} simulated devices that "
+                       "share the cores"}, "measured")

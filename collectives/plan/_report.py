@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 from collectives._args import write_atomic
 from collectives._pyplot import pyplot
+from collectives.plan._plan import PRECISIONS
 from collectives.plan._plan import Plan
 from collectives.plan._plan import PlanRow
 
@@ -56,71 +57,111 @@ def header(plan: Plan) -> list[str]:
             figures = "alpha and busbw per kind"
         lines.append(f"# interconnect: {', '.join(axes)}: {name} ({figures}); "
                      f"{profile.source}")
+    lines.append(f"# chip        : {chip_text(plan)}")
     return lines
 
 
-_COLUMNS = ("strategy", "over", "collectives/step", "sent/device", "comm/step",
-            "params", "params+Adam", "temp/unit", "cost model")
+def chip_text(plan: Plan) -> str:
+    """The chip the compute time is for, its peak, and the states' policy."""
+    peak = ("no peak FLOP/s for it in the profile: no compute time"
+            if plan.peak_flops is None else
+            f"{plan.peak_flops / 1e12:g} TFLOP/s peak in {plan.model.dtype}")
+    return (f"{plan.chip or 'unnamed'}, {peak}; states {plan.precision}: "
+            f"{PRECISIONS[plan.precision]}")
+
+
+COLUMNS = ("strategy", "over", "collectives/step", "sent/device", "comm",
+           "compute", "step", "MFU", "comm-bound below", "memory/device",
+           "cost model")
+"""The plan table's columns (text and docs)."""
+
+
+def row_cells(plan: Plan, row: PlanRow) -> tuple[str, ...]:
+    """One planned row's cells, as :data:`COLUMNS` names them."""
+    def maybe(value, text):
+        return "-" if value is None else text(value)
+
+    return (row.label, row.axis, collectives_text(row.collectives), size(row.sent),
+            duration(row.comm_s), maybe(row.compute_s, duration),
+            duration(row.step_s), maybe(row.mfu, lambda v: f"{v:.0%}"),
+            maybe(row.critical_tokens_per_device, lambda v: f"{v:,.0f} tok"),
+            size(row.memory_bytes),
+            "holds" if row.cost_model is None else
+            "differs" if plan.compiler.startswith("TPU") else "DIFFERS")
+
+
+def notes(plan: Plan) -> list[str]:
+    """What the table's columns mean, and what each row adds to them."""
+    out = ["per device and training step; " + ", ".join(
+        f"{short} {kind}" for kind, short in SHORT.items()) + "; counts and "
+        "bytes are the target's program (the recipe's cost model as written).",
+        "comm: the collectives one after another; compute: the compiled FLOPs "
+        "at the chip's peak; step: compute plus the communication it does not "
+        "hide; MFU: 6NT FLOPs over step x peak (an upper bound: compute at "
+        "peak); comm-bound below: the tokens per device under which the "
+        "overlapped collectives outlast the computation that hides them; "
+        "memory: weights, gradients and optimizer states plus the activations "
+        "a step keeps for its backward pass."]
+    layers = [row.label for row in plan.rows if row.scope == "layer"]
+    if layers:
+        out.append(f"{', '.join(layers)}: one kind of layer each (its "
+                   "collectives for every layer of the model, its forward "
+                   "computation); they add to a whole-model strategy above rather "
+                   "than replace it.")
+    for row in plan.rows:
+        if row.skipped:
+            continue
+        tokens = f"{row.tokens_per_device:,.0f} tokens per device"
+        flops = ("" if row.flops is None or not row.model_flops else
+                 f"; compiled FLOPs {row.flops / row.model_flops:.3f} x 6NT")
+        out.append(f"{row.label}: {row.recipe}, {row.repeats:g} x ({row.unit}); "
+                   f"{tokens}{flops}")
+        if row.program:
+            out.append(f"{row.label}: {row.program}; XLA:CPU's units send "
+                       f"{size(row.cpu_sent)} a step")
+        if row.added:
+            out.append(f"{row.label}: + {row.added}")
+        if row.cost_model is not None:
+            out.append(f"{row.label}: the cost model differs: {row.cost_model}")
+    return out
 
 
 def table_lines(plan: Plan) -> list[str]:
-    """The plan as a text table, with its header and legend."""
+    """The plan as a text table, with its header and notes."""
     rows: list[tuple[str, ...]] = []
     skipped: list[PlanRow] = []
     for row in plan.rows:
         if row.skipped:
             skipped.append(row)
             continue
-        rows.append((row.label, row.axis, collectives_text(row.collectives),
-                     size(row.sent), duration(row.seconds), size(row.params),
-                     size(row.params + row.optimizer), size(row.temp),
-                     "holds" if row.cost_model is None else
-                     "differs" if plan.compiler.startswith("TPU") else "DIFFERS"))
+        rows.append(row_cells(plan, row))
     widths = [max(len(c), *(len(r[i]) for r in rows)) if rows else len(c)
-              for i, c in enumerate(_COLUMNS)]
-    left = {0, 1, 2, 8}
+              for i, c in enumerate(COLUMNS)]
+    left = {0, 1, 2, 10}
 
     def line(cells: Sequence[str]) -> str:
         return "  ".join(c.ljust(w) if i in left else c.rjust(w)
                          for i, (c, w) in enumerate(zip(cells, widths, strict=True))
                          ).rstrip()
 
-    out = header(plan) + [line(_COLUMNS)] + [line(r) for r in rows]
+    out = header(plan) + [line(COLUMNS)] + [line(r) for r in rows]
     for row in skipped:
         out.append(f"{row.label}: not planned: {row.skipped}")
-    out.append("# per device and training step; " + ", ".join(
-        f"{short} {kind}" for kind, short in SHORT.items()) + ".")
-    out.append("# comm/step: the step's collectives one after another on the "
-               "interconnect (no overlap); params, params+Adam: stored for the whole "
-               "model; temp/unit: XLA's temporaries for one compiled unit.")
-    layers = [row.label for row in plan.rows if row.scope == "layer"]
-    if layers:
-        out.append(f"# {', '.join(layers)}: one kind of layer each (its "
-                   "collectives for every layer of the model); they add to a "
-                   "whole-model strategy above rather than replace it.")
-    for row in plan.rows:
-        if not row.skipped:
-            out.append(f"# {row.label}: {row.recipe}, {row.repeats:g} x ({row.unit})")
-    for row in plan.rows:
-        if row.added:
-            out.append(f"# {row.label}: + {row.added}")
-    for row in plan.rows:
-        if row.cost_model is not None and not row.skipped:
-            out.append(f"# {row.label}: the cost model differs: {row.cost_model}")
-    return out
+    return out + [f"# {note}" for note in notes(plan)]
 
 
 def fits(row: PlanRow, memory: float | None) -> bool:
-    return memory is None or row.params + row.optimizer + row.temp <= memory
+    return memory is None or row.memory_bytes <= memory
 
 
 def crossovers(plans: Sequence[Plan], memory: float | None = None) -> list[str]:
     """Where the sweep's answer changes, in words: for each model, the
-    strategy that trains the whole model (scope ``"model"``) with the least
-    communication time among those that fit in ``memory`` bytes per device
-    (``None``: any), at each device count, and the device counts where it
-    changes; and where each such strategy starts to fit. Strategies of one
-    layer (attention, experts) add to these and are not ranked with them."""
+    strategy that trains the whole model (scope ``"model"``) in the least
+    predicted step time among those whose step fits in ``memory`` bytes per
+    device (``None``: any), at each device count, and the device counts
+    where it changes; and where each such strategy starts to fit.
+    Strategies of one layer (attention, experts) add to these and are not
+    ranked with them."""
     lines = []
     models = list(dict.fromkeys(p.model.name for p in plans))
     for name in models:
@@ -131,13 +172,13 @@ def crossovers(plans: Sequence[Plan], memory: float | None = None) -> list[str]:
             devices = math.prod(p.mesh.values())
             ok = [r for r in p.rows
                   if not r.skipped and r.scope == "model" and fits(r, memory)]
-            best = min(ok, key=lambda r: r.seconds).label if ok else None
+            best = min(ok, key=lambda r: r.step_s).label if ok else None
             if best != best_before:
                 if best is None:
                     lines.append(f"{name}: at {devices} devices no strategy fits")
                 elif best_before is None:
-                    lines.append(f"{name}: from {devices} devices the least "
-                                 f"communication that fits: {best}")
+                    lines.append(f"{name}: from {devices} devices the fastest step "
+                                 f"that fits: {best}")
                 else:
                     lines.append(f"{name}: crossover at {devices} devices: {best} "
                                  f"takes over from {best_before}")
@@ -156,8 +197,8 @@ def crossovers(plans: Sequence[Plan], memory: float | None = None) -> list[str]:
 
 
 def plot(plans: Sequence[Plan], path: str, memory: float | None = None) -> None:
-    """Predicted communication per step and memory per device against the
-    device count: one row of two panels per model, a line per strategy.
+    """Predicted step time and memory per device against the device count:
+    one row of two panels per model, a line per strategy.
 
     Raises:
       RuntimeError: matplotlib is not installed.
@@ -179,13 +220,13 @@ def plot(plans: Sequence[Plan], path: str, memory: float | None = None) -> None:
             # one layer's strategies (attention, experts) dashed: they add
             # to a whole-model strategy rather than compete with it
             style = "--" if pts[0][1].scope == "layer" else "-"
-            (line,) = ax_time.plot(xs, [r.seconds for _, r in pts], marker="o",
+            (line,) = ax_time.plot(xs, [r.step_s for _, r in pts], marker="o",
                                    linestyle=style, label=label)
-            ax_mem.plot(xs, [r.params + r.optimizer + r.temp for _, r in pts],
+            ax_mem.plot(xs, [r.memory_bytes for _, r in pts],
                         marker="o", linestyle=style, color=line.get_color(),
                         label=label)
-        for ax, what in ((ax_time, "communication per step (s)"),
-                         (ax_mem, "params + Adam + temp per device (bytes)")):
+        for ax, what in ((ax_time, "step time (s)"),
+                         (ax_mem, "memory per device (bytes)")):
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
             ax.set_xlabel("devices")

@@ -69,21 +69,27 @@ class PlanProfiles(SphinxDirective):
     def run(self) -> list[nodes.Node]:
         from collectives.plan import load_profiles
 
+        def peaks(p):
+            return ", ".join(f"{dtype} {flops / 1e12:g}"
+                             for dtype, flops in p.peak_flops.items()) or "none"
+
         rows = [[name, p.description, f"{p.link.alpha * 1e6:g} us",
-                 f"{p.link.busbw / 1e9:g} GB/s", p.source]
+                 f"{p.link.busbw / 1e9:g} GB/s", f"{p.chip}: {peaks(p)}",
+                 f"{p.source} Peak: {p.peak_source}"]
                 for name, p in load_profiles().items()]
-        return [_table(["profile", "what", "alpha", "busbw", "source"], rows,
-                       code_columns=(0,))]
+        return [_table(["profile", "what", "alpha", "busbw", "chip, peak TFLOP/s",
+                        "source"], rows, code_columns=(0,))]
 
 
 class PlanTable(_FromFile):
     option_spec: ClassVar[dict] = {"devices": int, "model": directives.unchanged}
 
     def run(self) -> list[nodes.Node]:
-        from collectives.plan._report import collectives_text
-        from collectives.plan._report import duration
+        from collectives.plan._report import COLUMNS
+        from collectives.plan._report import chip_text
         from collectives.plan._report import mesh_text
-        from collectives.plan._report import size
+        from collectives.plan._report import notes
+        from collectives.plan._report import row_cells
 
         plans = self.plans()
         want_devices = self.options.get("devices")
@@ -103,21 +109,19 @@ class PlanTable(_FromFile):
                 logger.warning(f"plan-table: {row.label}: the cost model differs: "
                                f"{row.cost_model}",
                                location=(self.env.docname, self.lineno))
-            rows.append([row.label, row.axis, collectives_text(row.collectives),
-                         size(row.sent), duration(row.seconds), size(row.params),
-                         size(row.params + row.optimizer), size(row.temp),
-                         "holds" if row.cost_model is None else "differs"])
+            rows.append(list(row_cells(p, row)))
         links = "; ".join(f"{axis}: {profile.name}"
                           for axis, profile in p.interconnect.items())
         caption = nodes.paragraph(text=(
             f"{p.model.describe()}. Mesh {mesh_text(p.mesh)}, {p.form} form, "
             f"compiled by JAX {p.jax} ({p.compiler}) in {p.seconds:.1f} s; "
-            f"interconnect {links}."))
-        return [caption, _table(
-            ["strategy", "over", "collectives per step", "sent per device",
-             "communication per step", "params", "params + Adam", "temp per unit",
-             "cost model"],
-            rows, code_columns=())]
+            f"interconnect {links}; chip {chip_text(p)}."))
+        legend = nodes.bullet_list()
+        for note in notes(p):
+            item = nodes.list_item()
+            item += nodes.paragraph(text=note)
+            legend += item
+        return [caption, _table(list(COLUMNS), rows, code_columns=()), legend]
 
 
 class PlanCrossovers(_FromFile):
