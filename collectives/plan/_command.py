@@ -33,7 +33,6 @@ from collectives.plan._report import table_lines
 from collectives.plan._versus import table_lines as versus_lines
 from collectives.plan._versus import versus_bench
 
-
 DATACENTER = "dgx-h100"
 """The default interconnect: a cluster of DGX H100 nodes."""
 DATACENTER_TEXT = ("nvlink-h100 on the last axis where it has 8 devices or fewer "

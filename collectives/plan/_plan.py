@@ -304,7 +304,8 @@ def target_ops(unit: Mapping[str, Any], axes: Sequence[str]) -> list[dict[str, A
     return out
 
 
-def _difference(unit: Mapping[str, Any], ops: Sequence[Mapping[str, Any]]) -> str | None:
+def _difference(unit: Mapping[str, Any],
+                ops: Sequence[Mapping[str, Any]]) -> str | None:
     """How XLA:CPU's compile differs from the target's program, in words."""
     def counts(items):
         found: dict[str, float] = {}
