@@ -27,7 +27,7 @@ from collectives.hlo import collective_stats
 
 STRATEGIES: tuple[tuple[str, str, tuple[int, ...], object, str], ...] = (
     ("DP", "dp_mlp", (8,), None, "the batch"),
-    ("DP x TP", "dp_tp_mlp", (4, 2), None, "the batch; W2/b2/W3 over model"),
+    ("DP x TP", "dp_tp_mlp", (4, 2), None, "the batch; W1-W4, b1, b3 over model"),
     ("FSDP", "fsdp_mlp", (8,), None, "the batch and every parameter"),
     ("FSDP x TP", "fsdp_tp_mlp", (4, 2), None,
      "the batch, every parameter; W2/b2/W3 also over model"),

@@ -10,22 +10,27 @@ runs on CPU in seconds. Two layouts:
   * 8-way data parallel: the batch split over all devices, every parameter
     replicated; the gradients are summed over devices (one all-reduce).
   * 4-way data x 2-way model (tensor) parallel: the batch split 4 ways over
-    "data"; W2 and b2 split on their output dimension and W3 on its input
-    dimension over "model" (a Megatron pair), the rest replicated. Each device
-    computes its slice of the second hidden layer and multiplies it by its
-    rows of W3; one all-reduce over "model" completes the third layer's input,
-    and its transpose in the backward pass completes the gradient flowing into
-    the first layer. The gradients are then summed over "data".
+    "data"; Megatron tensor parallelism over "model" on both layer pairs,
+    (W1, W2) and (W3, W4). W1 and W3 (with b1 and b3) are split on their
+    output dimension (column parallel), W2 and W4 on their input dimension
+    (row parallel), b2 and b4 replicated. Each device computes its columns
+    of a pair's hidden layer and multiplies them by its rows of the pair's
+    second weight; one all-reduce over "model" completes the pair's output
+    (Megatron's g). Backward, its transpose (Megatron's f) completes the
+    gradient flowing out of W3 into the second hidden layer; before W1 none
+    is needed, as no gradient flows into x. The gradients are then summed
+    over "data".
 
 Which form when:
   * jit: write the global model, place the parameters and the batch with
     NamedSharding (pin intermediates with ``with_sharding_constraint`` if you
-    like); XLA inserts the same three all-reduces as the hand-written version.
+    like); XLA inserts the same four all-reduces as the hand-written version.
   * shard_map: write the per-device program with every psum in view (here the
     backward pass too, by hand).
   * explicit: the global model on Explicit axes, shardings in the types:
-    no constraints; the one ambiguous product (W3's input dimension split
-    over "model") names its output sharding with ``out_sharding=``.
+    no constraints; the two ambiguous products (W2's and W4's input
+    dimension split over "model") name their output sharding with
+    ``out_sharding=``.
   * pmap: the legacy data-parallel form (grads then ``psum``). It has no
     second device axis: the model axis can only be ``vmap``ped on each device,
     which computes the same numbers but does not spread the model.
@@ -77,11 +82,13 @@ def init_params(sizes, seed=0, dtype=np.float32):
 
 
 def param_specs(model_axis=None):
-    # model_axis None: everything replicated (data parallel); else the
-    # Megatron pair: W2, b2 split by columns, W3 by rows over model_axis
+    # model_axis None: everything replicated (data parallel); else Megatron
+    # on both layer pairs: W1, b1 and W3, b3 split by columns, W2 and W4 by
+    # rows over model_axis, b2 and b4 replicated
     specs = {name: P() for name in PARAM_NAMES}
     if model_axis is not None:
-        specs.update(w2=P(None, model_axis), b2=P(model_axis), w3=P(model_axis))
+        specs.update(w1=P(None, model_axis), b1=P(model_axis), w2=P(model_axis),
+                     w3=P(None, model_axis), b3=P(model_axis), w4=P(model_axis))
     return specs
 
 
@@ -91,27 +98,29 @@ def sgd(params, grads, lr):
 
 # [start:body]
 def value_and_grad_per_device(p, x, y, data_axis=DATA, model_axis=None):
-    # x: [b, d_in], y: [b, d_out] on each device; w2 [h1, h2/t], b2 [h2/t] and
-    # w3 [h2/t, h3] are this device's blocks over model_axis (t devices; None:
-    # no model axis, every parameter whole). data_axis: a name or a tuple.
+    # x: [b, d_in], y: [b, d_out] on each device. With model_axis (t
+    # devices) these are this device's blocks: w1 [d_in, h1/t], b1 [h1/t],
+    # w2 [h1/t, h2], w3 [h2, h3/t], b3 [h3/t], w4 [h3/t, d_out]; b2 and b4
+    # are whole (None: no model axis, every parameter whole).
+    # data_axis: a name or a tuple.
     batch = x.shape[0] * lax.axis_size(data_axis)  # rows on all devices
 
     def over_model(a):
         return a if model_axis is None else lax.psum(a, model_axis)
 
-    z1 = x @ p["w1"] + p["b1"][None]
-    a1 = jax.nn.relu(z1)                      # [b, h1]
-    z2 = a1 @ p["w2"] + p["b2"][None]         # [b, h2/t]: my columns
+    z1 = x @ p["w1"] + p["b1"][None]          # [b, h1/t]: my columns
+    a1 = jax.nn.relu(z1)
+    z2 = over_model(a1 @ p["w2"]) + p["b2"][None]  # partial sums -> [b, h2]
     a2 = jax.nn.relu(z2)
-    z3 = over_model(a2 @ p["w3"]) + p["b3"][None]  # partial sums -> [b, h3]
+    z3 = a2 @ p["w3"] + p["b3"][None]         # [b, h3/t]: my columns
     a3 = jax.nn.relu(z3)
-    err = a3 @ p["w4"] + p["b4"][None] - y     # [b, d_out]
+    err = over_model(a3 @ p["w4"]) + p["b4"][None] - y  # partial sums -> [b, d_out]
     loss = lax.psum(jnp.sum(err ** 2), data_axis) / batch
     # backward, by hand: d loss / d output = 2 err / batch
-    d_out = 2 * err / batch
-    d_z3 = (d_out @ p["w4"].T) * (z3 > 0)
-    d_z2 = (d_z3 @ p["w3"].T) * (z2 > 0)      # [b, h2/t]
-    d_z1 = over_model(d_z2 @ p["w2"].T) * (z1 > 0)  # partial sums -> [b, h1]
+    d_out = 2 * err / batch                   # [b, d_out], whole
+    d_z3 = (d_out @ p["w4"].T) * (z3 > 0)     # [b, h3/t]
+    d_z2 = over_model(d_z3 @ p["w3"].T) * (z2 > 0)  # partial sums -> [b, h2]
+    d_z1 = (d_z2 @ p["w2"].T) * (z1 > 0)      # [b, h1/t]; x needs no gradient
     grads = {"w1": x.T @ d_z1, "b1": d_z1.sum(0), "w2": a1.T @ d_z2,
              "b2": d_z2.sum(0), "w3": a2.T @ d_z3, "b3": d_z3.sum(0),
              "w4": a3.T @ d_out, "b4": d_out.sum(0)}
@@ -133,12 +142,13 @@ def value_and_grad_shard_map(mesh, model_axis):
 
 # [start:jit]
 def forward(p, x, constrain=lambda a, kind: a):
-    # the global model; constrain(a, kind) may pin a layout on the hidden
-    # activations: "rows" (batch split) or "columns" (also W2's columns)
-    a1 = constrain(jax.nn.relu(x @ p["w1"] + p["b1"][None]), "rows")
-    z2 = constrain(a1 @ p["w2"] + p["b2"][None], "columns")
-    z3 = constrain(jax.nn.relu(z2) @ p["w3"] + p["b3"][None], "rows")
-    return jax.nn.relu(z3) @ p["w4"] + p["b4"][None]
+    # the global model; constrain(a, kind) may pin a layout on the
+    # activations: "rows" (batch split) or "columns" (also split like the
+    # columns of W1 or W3)
+    z1 = constrain(x @ p["w1"] + p["b1"][None], "columns")
+    z2 = constrain(jax.nn.relu(z1) @ p["w2"] + p["b2"][None], "rows")
+    z3 = constrain(jax.nn.relu(z2) @ p["w3"] + p["b3"][None], "columns")
+    return constrain(jax.nn.relu(z3) @ p["w4"] + p["b4"][None], "rows")
 
 
 def mlp_loss(p, x, y, constrain=lambda a, kind: a):
@@ -148,8 +158,8 @@ def mlp_loss(p, x, y, constrain=lambda a, kind: a):
 
 def value_and_grad_program(params, x, y, mesh, data_axis=DATA, model_axis=None):
     # jax.value_and_grad of the global loss; the constraints pin the Megatron
-    # layout of the hidden activations (XLA would find it from the
-    # parameters anyway) and XLA inserts the same three all-reduces
+    # layout of the activations (XLA would find it from the parameters
+    # anyway) and XLA inserts the same four all-reduces
     layouts = {"rows": P(data_axis), "columns": P(data_axis, model_axis)}
 
     def constrain(a, kind):
@@ -174,19 +184,21 @@ def value_and_grad_jit(mesh, model_axis):
 # [start:explicit]
 def value_and_grad_explicit_program(params, x, y, data_axis=DATA, model_axis=None):
     # Explicit axes: each array's type carries its sharding (x: f32[b@data, d],
-    # w2: f32[h1, h2@model]), so nothing needs pinning. One product is
-    # ambiguous: a2 @ w3 contracts h2, split over model_axis; out_sharding
-    # says the result is whole over model (the sum, an all-reduce). Its
-    # transpose sums the gradient flowing into layer 1 over model_axis.
+    # w1: f32[d, h1@model]), so nothing needs pinning. Two products are
+    # ambiguous: a1 @ w2 and a3 @ w4 contract a dimension split over
+    # model_axis; out_sharding says the result is whole over model (the sum,
+    # an all-reduce). The transpose of a2 @ w3 sums the gradient flowing
+    # into the second hidden layer over model_axis.
     def loss(p):
-        a1 = jax.nn.relu(x @ p["w1"] + p["b1"][None])  # f32[b@data, h1]
-        a2 = jax.nn.relu(a1 @ p["w2"] + p["b2"][None])  # f32[b@data, h2@model]
-        z3 = jnp.matmul(a2, p["w3"], out_sharding=P(data_axis)) + p["b3"][None]
-        out = jax.nn.relu(z3) @ p["w4"] + p["b4"][None]  # f32[b@data, d_out]
-        return jnp.sum((out - y) ** 2) / x.shape[0]
+        a1 = jax.nn.relu(x @ p["w1"] + p["b1"][None])  # f32[b@data, h1@model]
+        a2 = jax.nn.relu(jnp.matmul(a1, p["w2"], out_sharding=P(data_axis))
+                         + p["b2"][None])  # f32[b@data, h2]
+        a3 = jax.nn.relu(a2 @ p["w3"] + p["b3"][None])  # f32[b@data, h3@model]
+        out = jnp.matmul(a3, p["w4"], out_sharding=P(data_axis)) + p["b4"][None]
+        return jnp.sum((out - y) ** 2) / x.shape[0]  # out: f32[b@data, d_out]
 
-    # grads: typed like params (w1: f32[d_in, h1], replicated: JAX sums the
-    # batch's contributions over data_axis; w2: f32[h1, h2@model])
+    # grads: typed like params (b2: f32[h2], replicated: JAX sums the
+    # batch's contributions over data_axis; w2: f32[h1@model, h2])
     return jax.value_and_grad(loss)(params)
 
 
@@ -224,17 +236,19 @@ def value_and_grad_pmap(params, x, y, n_data, model=1):
         loss, grads = jax.pmap(body, axis_name=DATA, in_axes=(None, 0, 0))(
             params, xs, ys)
         return first_copy(loss), jax.tree_util.tree_map(first_copy, grads)
-    # The model blocks of w2, b2 and w3 stacked on a leading axis, vmapped.
-    blocks = {"w2": np.stack(np.split(params["w2"], model, axis=1)),
-              "b2": np.stack(np.split(params["b2"], model)),
-              "w3": np.stack(np.split(params["w3"], model))}
+    # The model blocks of every split parameter stacked on a leading axis,
+    # vmapped; dims: the dimension each one splits over the model axis.
+    dims = {name: spec.index(MODEL) for name, spec in param_specs(MODEL).items()
+            if MODEL in spec}
+    blocks = {name: np.stack(np.split(params[name], model, axis=dim))
+              for name, dim in dims.items()}
     in_axes = {name: 0 if name in blocks else None for name in params}
     inner = jax.vmap(body, in_axes=(in_axes, None, None), axis_name=MODEL)
     loss, grads = jax.pmap(inner, axis_name=DATA, in_axes=(None, 0, 0))(
         {**params, **blocks}, xs, ys)  # every leaf: [n_data, model, ...]
     grads = jax.tree_util.tree_map(first_copy, grads)  # -> [model, ...]
-    joined = {"w2": np.concatenate(grads["w2"], axis=1),
-              "b2": np.concatenate(grads["b2"]), "w3": np.concatenate(grads["w3"])}
+    joined = {name: np.concatenate(grads[name], axis=dim)
+              for name, dim in dims.items()}
     rest = {k: first_copy(v) for k, v in grads.items() if k not in joined}
     return first_copy(first_copy(loss)), {**rest, **joined}
 # [end:pmap]
@@ -325,7 +339,8 @@ def main():
             loss, p = step(p, x, y)
             losses.append(float(loss))
         np.testing.assert_allclose(losses, numpy_losses, rtol=1e-5, err_msg=what)
-        assert p["w2"].sharding.spec == P(None, MODEL), p["w2"].sharding
+        assert p["w1"].sharding.spec == P(None, MODEL), p["w1"].sharding
+        assert p["w2"].sharding.spec == P(MODEL), p["w2"].sharding
     print(f"MLP {list(SIZES)} (tutorial: {list(TUTORIAL_SIZES)}), batch {BATCH}, "
           f"{N_DEVICES} devices")
     loss, grads = forms["dp+tp shard_map"](params, x, y)

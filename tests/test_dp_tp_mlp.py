@@ -73,14 +73,19 @@ def test_the_recipe_needs_a_data_and_a_model_axis():
         recipe.jit(*args, mesh=mesh)
 
 
-def test_hidden_size_must_split_over_the_model_axis():
+def test_hidden_sizes_must_split_over_the_model_axis():
     mesh = cx.make_mesh((2, 4), ("i", "j"))
-    params = cx.init_mlp((3, 6, 6, 6, 2))
     x, y = np.ones((4, 3), np.float32), np.ones((4, 2), np.float32)
-    # b2 (checked first) and w2 alike: 6 hidden units do not split 4 ways
+    # h1 and h3 are split (the columns of W1 and W3, the rows of W2 and W4),
+    # h2 is not: 6 units in h2 pass, 6 in h3 do not split 4 ways (b3, checked
+    # first, and w3, w4 alike)
+    params = cx.init_mlp((3, 8, 6, 6, 2))
     with pytest.raises(ValueError,
-                       match=r"params\['b2'\]: dimension 0 has size 6.*by 4"):
+                       match=r"params\['b3'\]: dimension 0 has size 6.*by 4"):
         cx.RECIPES["dp_tp_mlp"].shard_map(params, x, y, mesh=mesh)
+    params = cx.init_mlp((3, 8, 6, 8, 2))
+    loss, _ = cx.RECIPES["dp_tp_mlp"].shard_map(params, x, y, mesh=mesh)
+    assert np.isfinite(loss)
 
 
 def test_init_mlp_rejects_bad_sizes():
@@ -90,9 +95,10 @@ def test_init_mlp_rejects_bad_sizes():
 
 def test_grad_of_a_shard_map_loss_gives_the_same_gradients():
     # The other correct way: write only the forward pass per device (psum the
-    # TP pair over the model axis, psum the loss over the data axis) and let
-    # jax.grad differentiate through shard_map; with check_vma the implicit
-    # casts of replicated parameters transpose to the right psums.
+    # row-parallel layers' outputs over the model axis, psum the loss over
+    # the data axis) and let jax.grad differentiate through shard_map; with
+    # check_vma the implicit casts of replicated values (a2 before the
+    # column-split W3, the parameters over data) transpose to the right psums.
     mesh = cx.make_mesh((4, 2), ("data", "model"))
     specs = cx.mlp_specs("model")
     params = cx.init_mlp((3, 4, 4, 4, 2), seed=2)
@@ -102,9 +108,9 @@ def test_grad_of_a_shard_map_loss_gives_the_same_gradients():
 
     def local_loss(p, xb, yb):
         a1 = jax.nn.relu(xb @ p["w1"] + p["b1"][None])
-        a2 = jax.nn.relu(a1 @ p["w2"] + p["b2"][None])
-        a3 = jax.nn.relu(lax.psum(a2 @ p["w3"], "model") + p["b3"][None])
-        err = a3 @ p["w4"] + p["b4"][None] - yb
+        a2 = jax.nn.relu(lax.psum(a1 @ p["w2"], "model") + p["b2"][None])
+        a3 = jax.nn.relu(a2 @ p["w3"] + p["b3"][None])
+        err = lax.psum(a3 @ p["w4"], "model") + p["b4"][None] - yb
         return lax.psum(jnp.sum(err ** 2), "data") / x.shape[0]
 
     loss_fn = jax.shard_map(local_loss, mesh=mesh,
@@ -163,7 +169,7 @@ def test_sgd_training_lowers_the_loss_in_every_form():
 
 @pytest.mark.parametrize("form", ["shard_map", "jit"])
 @pytest.mark.parametrize("axis", [("i", "j"), ("j", "i")])
-def test_dp_tp_compiles_to_three_all_reduces(form, axis):
+def test_dp_tp_compiles_to_four_all_reduces(form, axis):
     recipe = cx.RECIPES["dp_tp_mlp"]
     mesh = cx.make_mesh((4, 2), ("i", "j"))
     axes = recipe.axes(mesh, axis)
@@ -171,16 +177,18 @@ def test_dp_tp_compiles_to_three_all_reduces(form, axis):
     stats = collective_stats(recipe.compiled(form, axes),
                              *recipe.place(params, x, y, axes=axes))
     data, model = (mesh.shape[name] for name in axis)
-    assert stats.nonzero() == {"all-reduce": 3}
+    assert stats.nonzero() == {"all-reduce": 4}
     over_model = [op for op in stats.ops if op.group_size == model]
     over_data = [op for op in stats.ops if op.group_size == data]
-    # Two over the model axis: the forward sum after W3 ([b, h3]) and its
-    # transpose, the gradient into the first hidden layer ([b, h1]).
-    rows, hidden = x.shape[0] // data, params["w2"].shape[0]
-    assert [op.operand_bytes for op in over_model] == [rows * hidden * 4] * 2
+    # Three over the model axis: the forward sums after W2 ([b, h2]) and W4
+    # ([b, d_out]), then the transpose of the first, the gradient out of W3
+    # ([b, h2]); none out of W1, as no gradient flows into x.
+    rows, hidden, d_out = x.shape[0] // data, params["w2"].shape[1], y.shape[1]
+    assert [op.operand_bytes for op in over_model] == [
+        rows * hidden * 4, rows * d_out * 4, rows * hidden * 4]
     # One over the data axis: the loss and all eight gradients, combined by
-    # XLA into a single all-reduce (W2/b2/W3 as this device's blocks).
-    split = params["w2"].size + params["b2"].size + params["w3"].size
+    # XLA into a single all-reduce (all but b2 and b4 as this device's blocks).
+    split = sum(v.size for k, v in params.items() if k not in ("b2", "b4"))
     blocks = sum(v.size for v in params.values()) - split + split // model
     (op,) = over_data
     assert op.operand_bytes == (1 + blocks) * 4

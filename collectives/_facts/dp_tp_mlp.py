@@ -11,12 +11,16 @@ Layouts, on a mesh with a *data* axis and a *model* axis:
 
 * data parallel: the batch is split over the data axis, every parameter is
   replicated; the gradients are summed over the data axis (``psum``).
-* data x tensor parallel (Megatron pair): additionally ``W2`` and ``b2``
-  are split on their output dimension and ``W3`` on its input dimension over
-  the model axis. Each device computes its slice of the second hidden layer,
-  multiplies it by its rows of ``W3`` and one ``psum`` over the model axis
-  completes the third layer's input. Backward, the gradient flowing into the
-  first hidden layer needs the matching ``psum`` over the model axis.
+* data x tensor parallel (Megatron on both layer pairs, ``(W1, W2)`` and
+  ``(W3, W4)``): additionally ``W1`` and ``W3`` (with ``b1``, ``b3``) are
+  split on their output dimension (column parallel) and ``W2``, ``W4`` on
+  their input dimension (row parallel) over the model axis; ``b2`` and
+  ``b4`` are replicated. Each device computes its columns of a pair's hidden
+  layer, multiplies them by its rows of the pair's second weight and one
+  ``psum`` over the model axis completes the pair's output (Megatron's
+  ``g``). Backward, the gradient flowing out of ``W3`` into the second hidden
+  layer needs the matching ``psum`` (Megatron's ``f``); none is needed before
+  ``W1``, as no gradient flows into ``x``.
 
 The bodies, global programs and NumPy oracle are ``recipes/dp_tp_mlp.py``'s;
 this module adds the facts the library needs about them, and the public
@@ -63,8 +67,9 @@ def mlp_specs(model_axis: str | None = None) -> dict[str, P]:
     """The ``PartitionSpec`` of every MLP parameter for tensor parallelism.
 
     Args:
-      model_axis: the mesh axis that splits ``w2``/``b2`` by columns and
-        ``w3`` by rows; ``None`` replicates every parameter (data parallel).
+      model_axis: the mesh axis that splits ``w1``/``b1`` and ``w3``/``b3``
+        by columns and ``w2``, ``w4`` by rows (``b2``, ``b4`` replicated);
+        ``None`` replicates every parameter (data parallel).
 
     Returns:
       A dict from parameter name to spec; the batch itself is ``P(data_axis)``.
@@ -73,9 +78,9 @@ def mlp_specs(model_axis: str | None = None) -> dict[str, P]:
       >>> import jax
       >>> import collectives as cx
       >>> specs = cx.mlp_specs("model")
-      >>> specs["w2"] == jax.P(None, "model"), specs["w3"] == jax.P("model")
+      >>> specs["w1"] == jax.P(None, "model"), specs["w2"] == jax.P("model")
       (True, True)
-      >>> specs["w1"] == jax.P()
+      >>> specs["b2"] == jax.P()
       True
     """
     return file.param_specs(model_axis)
@@ -88,7 +93,7 @@ def init_mlp(sizes: Sequence[int], *, seed: int = 0, dtype: Any = "float32"
     Args:
       sizes: the five layer widths ``(d_in, h1, h2, h3, d_out)``, e.g. the
         tutorial's ``(784, 8192, 8192, 8192, 10)``; for tensor parallelism
-        ``h2`` must divide by the model axis size.
+        ``h1`` and ``h3`` must divide by the model axis size.
       seed: seed of the NumPy generator.
       dtype: the parameters' dtype.
 
@@ -142,19 +147,20 @@ def dp_tp_mlp_value_and_grad(params: Params, x, y, *, data_axis,
     """Loss and gradients of the MLP with explicit collectives; call inside a body.
 
     Forward and backward are written out by hand, so every collective is in
-    view: ``psum`` over the model axis after ``W3`` (forward) and before
-    ``W1`` (backward), and ``psum`` of the loss and the gradients over the
-    data axis.
+    view: ``psum`` over the model axis after ``W2`` and after ``W4``
+    (forward) and out of ``W3`` (backward), and ``psum`` of the loss and the
+    gradients over the data axis.
 
     Args:
-      params: this device's parameters: ``w2 [h1, h2/t]``, ``b2 [h2/t]`` and
-        ``w3 [h2/t, h3]`` are blocks over ``model_axis`` (``t`` devices), the
-        rest whole (see :func:`mlp_specs`).
+      params: this device's parameters: ``w1 [d_in, h1/t]``, ``b1 [h1/t]``,
+        ``w2 [h1/t, h2]``, ``w3 [h2, h3/t]``, ``b3 [h3/t]`` and
+        ``w4 [h3/t, d_out]`` are blocks over ``model_axis`` (``t`` devices),
+        ``b2`` and ``b4`` whole (see :func:`mlp_specs`).
       x: this device's rows of the batch, ``[b, d_in]``.
       y: the matching targets, ``[b, d_out]``.
       data_axis: the mesh axis (or tuple) that splits the batch.
-      model_axis: the mesh axis that splits ``w2``/``b2``/``w3``, or ``None``
-        for pure data parallelism.
+      model_axis: the mesh axis that splits ``w1``, ``b1``, ``w2``, ``w3``,
+        ``b3`` and ``w4``, or ``None`` for pure data parallelism.
 
     Returns:
       ``(loss, grads)``: the full-batch loss and gradients shaped like
@@ -305,7 +311,8 @@ def needs_data_and_model_axes(layout: str):
 
 
 _needs_two_axes = needs_data_and_model_axes(
-    "the batch is split over the first, W2/b2/W3 over the second")
+    "the batch is split over the first, W1/b1 and W3/b3 by columns and W2, W4 "
+    "by rows over the second")
 
 
 def loss_and_grads_specs(param_specs, model: bool):
@@ -385,10 +392,12 @@ _FLOAT = frozenset({"float"})
 
 
 def _mlp_fact(model: bool):
-    """Both forms: one all-reduce over the data axis of the loss and every
-    gradient block (XLA combines them); with TP, two more over the model
-    axis, of ``[rows, h]`` activations (the forward sum after W3 and its
-    transpose into the first hidden layer)."""
+    """Every form: one all-reduce over the data axis of the loss and every
+    gradient block (XLA combines them); with TP, three more over the model
+    axis, of activations: the forward sums after W2 (``[rows, h2]``) and
+    after W4 (``[rows, d_out]``), and the transpose of the first, the
+    gradient out of W3 (``[rows, h2]``). No gradient flows into ``x``, so
+    none comes out of W1."""
 
     def fact(axes: Axes, args: tuple[Any, ...], form: str) -> Expectation:
         del form
@@ -400,13 +409,16 @@ def _mlp_fact(model: bool):
                                {"all-reduce": per_device_bytes("all-reduce", size,
                                                                axes.size)})
         data, width = (axes.mesh.shape[name] for name in axes.names)
-        pair = sum(np.size(params[k]) for k in ("w2", "b2", "w3"))
-        blocks = sum(np.size(v) for v in params.values()) - pair + pair // width
+        specs = file.param_specs(file.MODEL)
+        blocks = sum(np.size(v) // (1 if specs[k] == P() else width)
+                     for k, v in params.items())
         rows = np.shape(x)[0] // data
+        h2, d_out = np.shape(params["w2"])[1], np.shape(params["w4"])[1]
+        over_model = [rows * h2, rows * d_out, rows * h2]  # the sums' elements
         sent = (per_device_bytes("all-reduce", (1 + blocks) * item, data)
-                + 2 * per_device_bytes(
-                    "all-reduce", rows * np.shape(params["w2"])[0] * item, width))
-        return Expectation({"all-reduce": 3}, {"all-reduce": sent})
+                + sum(per_device_bytes("all-reduce", n * item, width)
+                      for n in over_model))
+        return Expectation({"all-reduce": 1 + len(over_model)}, {"all-reduce": sent})
 
     return fact
 
@@ -497,7 +509,7 @@ dp_tp_mlp = register(Recipe(
     # float16 overflows on small integers
     bitwise=False, exact_dtypes=WIDE_FLOATS, magnitudes=mlp_magnitudes,
     summary="MLP loss+grads over axes (data, model): batch split over data, "
-            "W2/b2/W3 over model",
+            "Megatron TP on both layer pairs over model",
     body=body_of(file.value_and_grad_per_device, model=True),
     program=program_of(file.value_and_grad_program, model=True), oracle=mlp_oracle,
     explicit_program=program_of(file.value_and_grad_explicit_program, model=True,
