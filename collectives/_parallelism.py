@@ -30,7 +30,7 @@ STRATEGIES: tuple[tuple[str, str, tuple[int, ...], object, str], ...] = (
     ("DP x TP", "dp_tp_mlp", (4, 2), None, "the batch; W1-W4, b1, b3 over model"),
     ("FSDP", "fsdp_mlp", (8,), None, "the batch and every parameter"),
     ("FSDP x TP", "fsdp_tp_mlp", (4, 2), None,
-     "the batch, every parameter; W2/b2/W3 also over model"),
+     "the batch, every parameter; W1-W4, b1, b3 also over model"),
     ("PP", "pipeline_mlp", (8,), None, "the layers (one per stage)"),
 )
 """``(label, recipe, mesh shape, axis, what is sharded)`` per strategy."""

@@ -12,24 +12,29 @@ all-gather is a reduce-scatter (``psum_scatter``): each device receives the
 summed gradient of its own block and updates only that block (Adam is
 elementwise, so a block's update needs nothing else).
 
-FSDP x TP: on a mesh with a "model" axis too, the Megatron pair of
-``dp_tp_mlp.py`` (W2 split by columns, W3 by rows over "model") with each
-block also split over "data" on its other dimension (``w2: P(data, model)``,
-``b2: P((model, data))``, ``w3: P(model, data)``). Its two sums over "model"
-are Megatron's f and g, ``custom_vjp`` functions that fix the backward sum
-by hand, so the same body is right under shard_map with ``check_vma=False``
-and under pmap, where the model axis is ``vmap``ped.
+FSDP x TP: on a mesh with a "model" axis too, the Megatron layout of
+``dp_tp_mlp.py`` on both layer pairs (W1 and W3 split by columns, W2 and W4
+by rows over "model"; b1 and b3 split like their weights' columns, b2 and
+b4 not) with each block also split over "data" on its other dimension
+(``w1: P(data, model)``, ``b1: P((model, data))``, ``w2: P(model, data)``,
+``b2: P(data)``, and the same for layers 3 and 4). The sums over "model" are
+Megatron's f (before W3: identity forward, a sum of the gradient backward;
+before W1 it has nothing to sum, as no gradient flows into x) and g (after
+W2 and W4: a sum forward, identity backward), ``custom_vjp`` functions that
+fix the backward sum by hand, so the same body is right under shard_map
+with ``check_vma=False`` and under pmap, where the model axis is
+``vmap``ped.
 
 Which form when:
   * shard_map: the per-device program: gathers, remat and scatters in view.
   * jit: the global model with the parameters (and so the Adam state) placed
     ``P("data")``; a ``with_sharding_constraint`` on each weight to its
-    layout as used (replicated, or the Megatron pair's model blocks) asks
+    layout as used (replicated, or its Megatron blocks over "model") asks
     XLA to gather it where it is used.
   * explicit: the same global model on Explicit axes, the parameters typed
     ``P("data")``: ``reshard`` to each weight's layout as used is the
     gather, its transpose the gradient's way back; ``out_sharding=`` on each
-    product (the Megatron pair's contraction over "model" needs one).
+    product (W2's and W4's contractions over "model" need one).
   * pmap (legacy): the per-device body over stacked blocks; the blocks stay
     stacked between steps.
 
@@ -97,19 +102,24 @@ def names(axis):
 
 def fsdp_specs(data_axis=DATA, model_axis=None):
     # every parameter split on dim 0 over data_axis; with model_axis, the
-    # Megatron pair's blocks split over data_axis on their other dimension
+    # Megatron blocks of used_specs split over data_axis on their other
+    # dimension (b1, b3: each model block over data_axis)
     specs = {name: P(data_axis) for name in PARAM_NAMES}
     if model_axis is not None:
-        specs.update(w2=P(data_axis, model_axis), b2=P((model_axis, *names(data_axis))),
-                     w3=P(model_axis, data_axis))
+        columns, bias = P(data_axis, model_axis), P((model_axis, *names(data_axis)))
+        rows = P(model_axis, data_axis)
+        specs.update(w1=columns, b1=bias, w2=rows, w3=columns, b3=bias, w4=rows)
     return specs
 
 
 def used_specs(model_axis=None):
-    # each parameter as a layer uses it: whole, or the Megatron pair's blocks
+    # each parameter as a layer uses it: whole, or with model_axis Megatron's
+    # blocks on both layer pairs: W1, b1 and W3, b3 split by columns, W2 and
+    # W4 by rows, b2 and b4 whole
     specs = {name: P() for name in PARAM_NAMES}
     if model_axis is not None:
-        specs.update(w2=P(None, model_axis), b2=P(model_axis), w3=P(model_axis))
+        specs.update(w1=P(None, model_axis), b1=P(model_axis), w2=P(model_axis),
+                     w3=P(None, model_axis), b3=P(model_axis), w4=P(model_axis))
     return specs
 
 
@@ -161,19 +171,21 @@ def value_and_grad_per_device(blocks, x, y, data_axis=DATA, model_axis=None,
     batch = x.shape[0] * lax.axis_size(data_axis)  # rows on all devices
 
     def dense(w_block, b_block, a, layer):
-        # w3's data blocks split its dim 1 when its dim 0 is over model_axis
-        w_dim = 1 if layer == 3 and model_axis is not None else 0
-        w, b = gather_layer(w_block, b_block, data_axis, w_dim, one_axis_at_a_time)
-        if model_axis is not None and layer == 2:  # a1 meets model columns
-            a = model_identity_psum_grad(a, model_axis)
+        # with model_axis, Megatron's pairs (W1, W2) and (W3, W4): W1 and W3
+        # split by columns, W2 and W4 by rows (their data blocks on dim 1)
+        by_rows = model_axis is not None and layer % 2 == 0
+        w, b = gather_layer(w_block, b_block, data_axis, int(by_rows),
+                            one_axis_at_a_time)
+        if model_axis is not None and not by_rows:  # f: whole a meets model
+            a = model_identity_psum_grad(a, model_axis)  # columns (x: no grad)
         z = a @ w
-        if model_axis is not None and layer == 3:  # partial sums over h2
+        if by_rows:  # g: partial sums over the split input dimension
             z = model_psum_identity_grad(z, model_axis)
         z = checkpoint_name(z + b[None], SAVED)  # saved for relu's mask
         return z if layer == N_LAYERS else jax.nn.relu(z)
 
     def local_loss(p):
-        a = x  # [b, d_in]; then [b, h1], [b, h2 (/t)], [b, h3], [b, d_out]
+        a = x  # [b, d_in]; then [b, h1 (/t)], [b, h2], [b, h3 (/t)], [b, d_out]
         for layer in range(1, N_LAYERS + 1):
             step = jax.checkpoint(functools.partial(dense, layer=layer),
                                   policy=POLICY)  # backward: gather w again
@@ -235,7 +247,8 @@ def value_and_grad_program(params, x, y, mesh, data_axis=DATA, model_axis=None):
     def dense(w, b, a, layer):
         w = constrain(w, used[f"w{layer}"])  # gather here, drop after
         b = constrain(b, used[f"b{layer}"])
-        z = constrain(a @ w + b[None], P(data_axis, model_axis if layer == 2 else None))
+        columns = model_axis if layer % 2 == 1 else None  # W1's, W3's columns
+        z = constrain(a @ w + b[None], P(data_axis, columns))
         z = checkpoint_name(z, SAVED)
         return z if layer == N_LAYERS else jax.nn.relu(z)
 
@@ -289,16 +302,16 @@ def value_and_grad_explicit_program(params, x, y, data_axis=DATA, model_axis=Non
     # f32[h0@data, h1]); reshard to the layout as used is the gather (under
     # the remat policy, again in the backward pass), and its transpose
     # brings each gradient back to the stored layout, summed over data_axis.
-    # out_sharding names each product's layout: the Megatron pair's w3
-    # contracts h2 over model_axis (the sum over it).
+    # out_sharding names each product's layout: w2 and w4 contract a
+    # dimension split over model_axis (the sum over it).
     used = used_specs(model_axis)
 
     def dense(w, b, a, layer):
         w = jax.sharding.reshard(w, used[f"w{layer}"])  # gather here, drop after
         b = jax.sharding.reshard(b, used[f"b{layer}"])
-        z = jnp.matmul(a, w, out_sharding=P(data_axis, model_axis if layer == 2
-                                            else None)) + b[None]
-        z = checkpoint_name(z, SAVED)  # f32[b@data, h] (h2@model in layer 2)
+        columns = model_axis if layer % 2 == 1 else None  # W1's, W3's columns
+        z = jnp.matmul(a, w, out_sharding=P(data_axis, columns)) + b[None]
+        z = checkpoint_name(z, SAVED)  # f32[b@data, h] (h1, h3 @model)
         return z if layer == N_LAYERS else jax.nn.relu(z)
 
     def loss(p):

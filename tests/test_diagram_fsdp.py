@@ -149,8 +149,18 @@ def test_fsdp_x_tp_gathers_over_the_data_axis():
     assert layers_of(tp.of(diagram.FORWARD)) == [1, 2, 3, 4]
     assert layers_of(tp.of(diagram.GRADIENT)) == [4, 3, 2, 1]
     assert all(s.group == N // 2 for s in tp.steps if s.layer)
-    # the Megatron pair's blocks are also split over model: 1/(n t) of w2
-    assert tp.held[1] * N == 4 * (16 * 24 + 24)
+    # Megatron's blocks are also split over model: 1/(n t) of every weight
+    # and of b1, b3; b2 and b4 are split over data alone (1/n)
+    n, t = N // 2, 2
+    sizes = diagram.SIZES
+    for k in range(1, LAYERS + 1):
+        weight = sizes[k - 1] * sizes[k] // (n * t)
+        bias = sizes[k] // (n * t if k % 2 else n)
+        assert tp.held[k - 1] == 4 * (weight + bias), k
+    # and each device's gathered layer is its model block: whole over data
+    assert list(tp.gathered * t) == [
+        4 * (sizes[k - 1] * sizes[k] + sizes[k] * (t if k % 2 == 0 else 1))
+        for k in range(1, LAYERS + 1)]
     assert tp.loss == pytest.approx(tp.loss_oracle, rel=1e-5)
 
 

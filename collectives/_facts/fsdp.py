@@ -16,14 +16,18 @@ of their gradients and of the optimiser state. Per layer:
   (``psum_scatter``), so each device receives the summed gradient of its own
   block only, already laid out like the sharded parameters.
 
-FSDP x TP (``fsdp_tp_mlp``) adds the Megatron pair of ``dp_tp_mlp`` over a
-model axis: ``w2`` split by columns and ``w3`` by rows over the model axis,
-and each block also split over the data axis on its other dimension
-(``w2: P(data, model)``, ``b2: P((model, data))``, ``w3: P(model, data)``).
-The two model-axis sums are Megatron's ``f`` and ``g`` operators
-(``model_identity_psum_grad``, ``model_psum_identity_grad``), which
-fix the backward sum by hand, so the same body runs under pmap, where the
-model axis is ``vmap``\\ ped.
+FSDP x TP (``fsdp_tp_mlp``) adds the Megatron layout of ``dp_tp_mlp`` over a
+model axis, on both layer pairs: ``w1`` and ``w3`` (with ``b1``, ``b3``)
+split by columns and ``w2``, ``w4`` by rows over the model axis, ``b2`` and
+``b4`` whole, and each block also split over the data axis on its other
+dimension (``w1: P(data, model)``, ``b1: P((model, data))``,
+``w2: P(model, data)``, ``b2: P(data)``; layers 3 and 4 alike). The
+model-axis sums are Megatron's ``f`` and ``g`` operators
+(``model_identity_psum_grad`` before ``w1`` and ``w3``, whose backward sum
+only ``w3``'s runs, as no gradient flows into ``x``;
+``model_psum_identity_grad`` after ``w2`` and ``w4``), which fix the
+backward sum by hand, so the same body runs under pmap, where the model
+axis is ``vmap``\\ ped.
 
 The bodies, global programs and NumPy oracle are ``recipes/fsdp.py``'s (which
 shares nothing with ``recipes/dp_tp_mlp.py``: each file stands alone); this
@@ -68,19 +72,22 @@ def fsdp_specs(data_axis, model_axis: str | None = None) -> dict[str, P]:
 
     Args:
       data_axis: the mesh axis (or tuple) that shards every parameter.
-      model_axis: the tensor-parallel axis of the Megatron pair, or ``None``.
+      model_axis: the tensor-parallel axis of Megatron's layer pairs, or
+        ``None``.
 
     Returns:
       A dict from parameter name to spec: dim 0 over the data axis; with a
-      model axis ``w2: P(data, model)``, ``b2: P((model, data))``,
-      ``w3: P(model, data)``.
+      model axis ``w1, w3: P(data, model)``, ``b1, b3: P((model, data))``,
+      ``w2, w4: P(model, data)``, ``b2, b4: P(data)``.
 
     Examples:
       >>> import jax
       >>> import collectives as cx
       >>> cx.fsdp_specs("data")["w3"] == jax.P("data")
       True
-      >>> cx.fsdp_specs("data", "model")["w3"] == jax.P("model", "data")
+      >>> cx.fsdp_specs("data", "model")["w3"] == jax.P("data", "model")
+      True
+      >>> cx.fsdp_specs("data", "model")["w4"] == jax.P("model", "data")
       True
     """
     return file.fsdp_specs(data_axis, model_axis)
@@ -170,8 +177,8 @@ def fsdp_term_norms(params: Params, x, y, *, power: int):
 # -- recipes ---------------------------------------------------------------
 
 _needs_two_axes = needs_data_and_model_axes(
-    "parameters and batch split over the first, the Megatron pair W2/W3 over "
-    "the second")
+    "parameters and batch split over the first, Megatron's W1, W3 by columns "
+    "and W2, W4 by rows over the second")
 
 
 def _specs(model: bool):
@@ -195,13 +202,12 @@ def _shapes(model: bool):
 
 
 def _block_bytes(params, n: int, t: int) -> dict[str, int]:
-    """Bytes of each parameter's block on one device (FSDP over ``n``, and the
-    Megatron pair's parameters also over ``t``)."""
-    return {name: value.size * value.itemsize // (n * (t if name in _PAIR else 1))
+    """Bytes of each parameter's block on one device (FSDP over ``n``, and
+    the parameters Megatron splits, all but ``b2`` and ``b4``, also over
+    ``t``)."""
+    used = file.used_specs(file.MODEL)
+    return {name: value.size * value.itemsize // (n * (1 if used[name] == P() else t))
             for name, value in params.items()}
-
-
-_PAIR = frozenset({"w2", "b2", "w3"})
 
 
 def _cost_model(model: bool):
@@ -210,7 +216,8 @@ def _cost_model(model: bool):
     As written (the StableHLO, and what other backends may keep): per layer
     one all-gather forward, one backward (layers 2.. only: no gradient flows
     into ``x``), one reduce-scatter of the gradient; one all-reduce of the
-    loss; with a model axis the Megatron pair's two all-reduces. The shard_map
+    loss; with a model axis Megatron's three all-reduces over it (after ``w2``
+    and ``w4`` forward, out of ``w3`` backward). The shard_map
     form gathers a layer's weight and bias as one buffer; the jit form's
     partitioner gathers each parameter on its own. XLA's CPU pipeline (pinned
     here) of JAX 0.10 (XLA of 2025) drops the remat's optimization barriers
@@ -227,9 +234,12 @@ def _cost_model(model: bool):
         t = axes.mesh.shape[model_axis] if model else 1
         blocks = _block_bytes(params, n, t)
         rows = x.shape[0] // n
-        # The Megatron pair's two sums over the model axis, [rows, h] each.
-        pair = 2 * per_device_bytes("all-reduce", rows * params["w2"].shape[0]
-                                    * x.itemsize, t) if model else 0.0
+        # Megatron's sums over the model axis: forward after w2 ([rows, h2])
+        # and w4 ([rows, d_out]), backward out of w3 ([rows, h2]).
+        h2, d_out = params["w2"].shape[1], params["w4"].shape[1]
+        over_model = [rows * h2, rows * d_out, rows * h2] if model else []
+        tp = sum(per_device_bytes("all-reduce", size * x.itemsize, t)
+                 for size in over_model)
         layer = [blocks[f"w{k}"] + blocks[f"b{k}"] for k in range(1, N_LAYERS + 1)]
         gathered = (layer, layer[1:]) if form == "shard_map" else (
             list(blocks.values()), [blocks[f"w{k}"] for k in range(2, N_LAYERS + 1)])
@@ -240,24 +250,24 @@ def _cost_model(model: bool):
         loss = per_device_bytes("all-reduce", x.itemsize, n)
         as_written = Expectation(
             {"all-gather": len(gathered[0]) + len(gathered[1]),
-             "reduce-scatter": len(gathered[0]), "all-reduce": 1 + 2 * model},
+             "reduce-scatter": len(gathered[0]), "all-reduce": 1 + len(over_model)},
             {"all-gather": forward + backward, "reduce-scatter": scatter,
-             "all-reduce": loss + pair})
+             "all-reduce": loss + tp})
         if compiled_for() != "cpu":
             return (as_written,)  # not pinned on GPU/TPU here: the program's
         if form == "shard_map":  # older CPU pipelines merge the re-gathers away
             return (as_written, Expectation(
                 {"all-gather": N_LAYERS, "reduce-scatter": N_LAYERS,
-                 "all-reduce": 1 + 2 * model},
+                 "all-reduce": 1 + len(over_model)},
                 {"all-gather": forward, "reduce-scatter": scatter,
-                 "all-reduce": loss + pair}))
+                 "all-reduce": loss + tp}))
         # jit on CPU: the gradients' reduce-scatters are one all-reduce of
         # every gradient block (with the loss) and a dynamic-slice each.
         grads = per_device_bytes("all-reduce", x.itemsize + n * sum(blocks.values()), n)
         return Expectation(
             {"all-gather": len(gathered[0]) + len(gathered[1]),
-             "all-reduce": 1 + 2 * model},
-            {"all-gather": forward + backward, "all-reduce": grads + pair})
+             "all-reduce": 1 + len(over_model)},
+            {"all-gather": forward + backward, "all-reduce": grads + tp})
 
     return fact
 
@@ -292,5 +302,5 @@ fsdp_mlp = register(_recipe(
     label="FSDP"))
 
 fsdp_tp_mlp = register(_recipe(
-    "fsdp_tp_mlp", "MLP loss+grads over axes (data, model): FSDP over data x the "
-    "Megatron pair W2/W3 over model", model=True, label="FSDP x TP"))
+    "fsdp_tp_mlp", "MLP loss+grads over axes (data, model): FSDP over data x "
+    "Megatron TP on both layer pairs over model", model=True, label="FSDP x TP"))

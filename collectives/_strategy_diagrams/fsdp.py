@@ -45,7 +45,7 @@ DATA, MODEL = "data", "model"
 FORWARD, BACKWARD, GRADIENT, OTHER = "forward", "backward", "gradient", "other"
 """Phases: a layer's first all-gather (before its forward use), a later one
 (the backward re-gather), the reduce-scatter of its gradient, anything else
-(the loss's all-reduce; with a model axis the Megatron pair's sums)."""
+(the loss's all-reduce; with a model axis Megatron's sums over it)."""
 
 
 CAPTION = (
@@ -145,13 +145,13 @@ def _marker_blocks(mesh, specs, params):
     return placed
 
 
-def _holdings(mesh, specs, markers, model_axis):
+def _holdings(mesh, specs, markers):
     """Run the file's ``gather_layer`` on marker blocks: per layer, bytes
     gathered, and whose block each gathered slice is."""
     every = tuple(mesh.axis_names)
     gathered, owners = [], []
     for k in range(1, len(markers) // 2 + 1):
-        w_dim = 1 if k == 3 and model_axis is not None else 0
+        w_dim = specs[f"w{k}"].index(DATA)  # the weight's dim split over data
 
         def gather(w, b, w_dim=w_dim):
             w, b = fsdp_file.gather_layer(w, b, DATA, w_dim)
@@ -227,7 +227,7 @@ def trace(devices: int = 8, model: int = 1, sizes=SIZES, seed: int = 0) -> FsdpT
         raise ValueError(f"sizes {sizes}: layers hold blocks of equal size "
                          f"({held.tolist()} bytes), so a collective's operand "
                          "cannot name its layer; pick distinct widths")
-    gathered, owners = _holdings(mesh, specs, markers, model_axis)
+    gathered, owners = _holdings(mesh, specs, markers)
 
     step = fsdp_file.value_and_grad_shard_map(mesh, model_axis)
     lowered = step.lower(params, x, y)
@@ -366,7 +366,7 @@ def draw(record: FsdpTrace, path) -> None:
     handles += [Patch(facecolor=colour[GRADIENT], edgecolor="#333333",
                       label="reduce-scatter (gradient)"),
                 Patch(facecolor=colour[OTHER], edgecolor="#333333",
-                      label="all-reduce (loss" + (", TP pair)" if record.model > 1
+                      label="all-reduce (loss" + (", TP sums)" if record.model > 1
                                                   else ")"))]
     fig.legend(handles=handles, loc="upper center", ncol=2, fontsize=10.5,
                frameon=False, bbox_to_anchor=(0.53, 0.465))
