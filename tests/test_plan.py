@@ -148,15 +148,15 @@ def test_measured_profile_is_read_back_from_its_cache(tmp_path, monkeypatch):
 
 
 def test_model_sizes_and_overrides():
-    assert MODELS["1b"].parameters == 64 * (4096 ** 2 + 4096)
+    assert MODELS["1b"].parameters == 32 * (2 * 2048 * 8192 + 8192 + 2048)
     m = model_from("8b", width=1024, heads=8, dtype="float32")
-    assert (m.width, m.layers, m.itemsize, m.name) == (1024, 128, 4, "8b*")
-    with pytest.raises(ValueError, match=r"width=1000 does not divide by heads=64"):
+    assert (m.width, m.layers, m.itemsize, m.name) == (1024, 64, 4, "8b*")
+    with pytest.raises(ValueError, match=r"width=1000 does not divide by heads=32"):
         model_from("8b", width=1000)
     with pytest.raises(ValueError, match=r"layers=0; expected a positive integer"):
         model_from("8b", layers=0)
-    with pytest.raises(ValueError, match=r"expected one of laptop, 1b, 8b, 70b, got "
-                                         r"'7b'"):
+    with pytest.raises(ValueError, match=r"expected one of laptop, 1b, 8b, 70b, "
+                                         r"llama2-13b, got '7b'"):
         model_from("7b")
 
 
@@ -192,15 +192,19 @@ def test_a_step_counts_each_collective_per_unit_on_its_axis_link():
                      "group": 4, "dtype": "s32"}],
             "memory": {"params": 1000, "temp": 400}, "cost_model": None,
             "compile_s": 0.1}
-    model = model_from("1b", layers=8)  # bfloat16: f32 collectives count half
+    # bfloat16: f32 collectives count half; 8 tokens a step, 2 a data shard
+    model = model_from("1b", layers=4, batch=2, seq=4)
     row = step_row(unit, model, {"data": 4, "model": 2},
                    {"data": slow, "model": fast})
-    assert row.repeats == 2  # 8 layers, 4 per unit
-    assert row.collectives == {"all-reduce": 6}
+    assert row.repeats == 2  # 4 blocks, 2 per unit
+    # the second unit also sums its input's gradient over model (Megatron's
+    # f): [2 tokens, 2048] in bfloat16, an all-reduce over 2 devices
+    joined = 2 * (2 - 1) / 2 * 2 * 2048 * 2
+    assert row.collectives == {"all-reduce": 7}
     assert row.sent_by_axes == {"data": pytest.approx(2 * (2e6 + 4)),
-                                "model": pytest.approx(2 * 4e6)}
+                                "model": pytest.approx(2 * 4e6 + joined)}
     want = 2 * ((10e-6 + 2e6 / 10e9) + (1e-6 + 4e6 / 100e9) + (10e-6 + 4 / 10e9))
-    assert row.comm_s == pytest.approx(want)
+    assert row.comm_s == pytest.approx(want + 1e-6 + joined / 100e9)
     # bfloat16 weights and gradients, float32 master weights and moments
     assert (row.params, row.states, row.temp) == (1000.0, 1000 / 2 * 16, 200.0)
     assert row.compute_s is None and row.mfu is None  # no peak given
@@ -211,7 +215,7 @@ def test_step_time_hides_what_overlaps_and_waits_for_what_does_not():
     axis's gradient sum hides behind the backward pass (2/3 of the FLOPs)
     until it outlasts it; the critical tokens are where the two are equal."""
     link = Profile("l", Link(alpha=0.0, busbw=1e9))
-    model = model_from("1b", layers=4)  # one unit, no unit boundary
+    model = model_from("1b", layers=2)  # one unit, no unit boundary
     unit = {"recipe": "dp_tp_mlp", "form": "shard_map", "axis": None,
             "dtype": "bfloat16", "flops": 3e9, "target": None,
             "ops": [{"kind": "all-reduce", "axes": ["data"], "bytes": 1e9,
@@ -240,16 +244,16 @@ def test_fsdp_units_inside_the_model_gather_their_first_layer_again():
     needs no re-gather; every unit after the model's first does (and its
     input gradient's FLOPs): the plan adds them."""
     link = Profile("l", Link(alpha=0.0, busbw=1e9))
-    model = model_from("1b", layers=8, width=64, heads=8)  # two units
+    model = model_from("1b", layers=4, width=64, ffn=128, heads=8)  # two units
     unit = {"recipe": "fsdp_mlp", "form": "shard_map", "axis": None,
             "dtype": "bfloat16", "flops": 1e6, "target": None, "ops": [],
             "memory": {"params": 0, "temp": 0}, "cost_model": None,
             "compile_s": 0.1}
     row = step_row(unit, model, {"data": 8}, {"data": link}, peak=1e12)
-    layer = (64 * 64 + 64) * 2 / 8  # one layer's block, bfloat16
+    layer = (64 * 128 + 128) * 2 / 8  # the first layer's block, bfloat16
     assert row.collectives == {"all-gather": 1}
     assert row.sent == pytest.approx(7 * layer)
-    assert row.flops == pytest.approx(2 * 1e6 + 2 * model.tokens / 8 * 64 * 64)
+    assert row.flops == pytest.approx(2 * 1e6 + 2 * model.tokens / 8 * 64 * 128)
 
 
 # -- the command, end to end -----------------------------------------------------
@@ -259,7 +263,7 @@ def test_plan_on_64_devices_matches_formulas_written_here(tmp_path):
     out = tmp_path / "plan.json"
     done = run_python(
         "-m", "collectives", "plan", "--devices", "64", "--model", "1b",
-        "--width", "1024", "--heads", "8", "--interconnect",
+        "--width", "1024", "--ffn", "4096", "--heads", "8", "--interconnect",
         "model=nvlink-h100,data=ib-ndr", "--json", str(out), timeout=600)
     text = done.stdout
     for label in ("DP ", "FSDP ", "FSDP x TP", "PP ", "SP ring", "EP (MoE)"):
@@ -270,55 +274,66 @@ def test_plan_on_64_devices_matches_formulas_written_here(tmp_path):
     rows = {row["label"]: row for row in plan["rows"]}
     profiles = load_profiles()
     ib, nvlink = profiles["ib-ndr"], profiles["nvlink-h100"]
-    n, w, layers, item = 64, 1024, 64, 2  # bfloat16
-    unit_params = 4 * (w * w + w) * item
+    n, w, f, layers, item = 64, 1024, 4096, 32, 2  # bfloat16
+    block = 2 * w * f + f + w  # an MLP's weights and biases
+    unit_params = 2 * block * item  # two blocks a unit
+    units = layers / 2
     # DP: one all-reduce of a unit's gradients and loss over all 64 devices
     # (both axes, so the InfiniBand link), 16 units per step
     dp = rows["DP"]
     grads = 2 * (n - 1) / n * unit_params
-    assert dp["params"] == pytest.approx(layers / 4 * unit_params)
-    assert dp["sent"] == pytest.approx(16 * grads, rel=1e-4)
+    assert dp["params"] == pytest.approx(units * unit_params)
+    assert dp["sent"] == pytest.approx(units * grads, rel=1e-4)
     count = dp["collectives"]["all-reduce"]
     assert dp["comm_s"] == pytest.approx(
-        count * ib.link.alpha + 16 * grads / ib.link.busbw, rel=1e-3)
+        count * ib.link.alpha + units * grads / ib.link.busbw, rel=1e-3)
     # its FLOPs: XLA's count of the compiled units is the model's 6NT (less
     # the first layer's input gradient) per device
     tokens = 2048 * 4096 / n
-    assert dp["model_flops"] == pytest.approx(
-        (6 * layers * (w * w + w) - 2 * w * w) * tokens)
+    assert dp["model_flops"] == pytest.approx((6 * layers * block - 2 * w * f) * tokens)
     assert dp["flops"] == pytest.approx(dp["model_flops"], rel=0.01)
     peak = nvlink.peak("bfloat16")
     assert dp["compute_s"] == pytest.approx(dp["flops"] / peak)
     # DP's gradient sum hides behind the backward pass (4N FLOPs a token)
     # until the tokens per device fall below comm x peak / 4N: peak / busbw
     # (2 x 2N bytes) and the latency's share
-    comm = count * ib.link.alpha + 16 * grads / ib.link.busbw
+    comm = count * ib.link.alpha + units * grads / ib.link.busbw
     assert dp["critical_tokens_per_device"] == pytest.approx(
-        comm * peak / (4 * layers * (w * w + w)), rel=0.01)
+        comm * peak / (4 * layers * block), rel=0.01)
     assert peak / ib.link.busbw < dp["critical_tokens_per_device"]
-    # memory: 16 bytes a parameter (mixed precision) and two activations a
-    # layer and token
+    # memory: 16 bytes a parameter (mixed precision), and each layer's
+    # pre-activation and output: t (4F + 4D) a unit
     assert dp["memory_bytes"] == pytest.approx(
-        dp["params"] / item * 16 + 2 * layers * tokens * w * item)
+        dp["params"] / item * 16 + units * tokens * (4 * f + 4 * w) * item)
     # FSDP: each device stores 1/64 of the parameters, and sends the
     # textbook's 3 (n-1)/n of them a step (gather, re-gather, reduce-scatter),
     # less the model's first layer's re-gather, which no program needs
     fsdp = rows["FSDP"]
     assert fsdp["params"] == pytest.approx(dp["params"] / n)
-    whole = layers * unit_params / 4
+    whole = layers * block * item
     assert fsdp["sent"] == pytest.approx(
-        3 * (n - 1) / n * whole * (1 - 1 / (3 * layers)), rel=1e-6)
+        (n - 1) / n * (3 * whole - (w * f + f) * item), rel=1e-5)
     assert "where the target keeps" in fsdp["program"]
     for key in ("compute_s", "comm_s", "step_s", "mfu",
                 "critical_tokens_per_device", "memory_bytes"):
         assert all(key in row for row in rows.values()), key
-    # DP x TP: the Megatron pair's sums run over model, on NVLink
-    tp = rows["DP x TP"]["sent_by_axes"]
-    assert set(tp) == {"data", "model"}
-    # pipeline: 8 stages on model, 64/8 layers each; its 8 replicas on data
-    # sum their stage's gradients: the one all-reduce the plan adds
+    # DP x TP, Megatron on every block (W_in by columns, W_out by rows over
+    # model, m = 8): one all-reduce of [t, D] after each block's W_out and
+    # one of its input's gradient, the model's first block's excepted,
+    # 2 L - 1 over model; the gradients' sum over data, one a unit
+    tp = rows["DP x TP"]
+    m, d = 8, 8
+    t = 2048 * 4096 / d
+    assert tp["collectives"]["all-reduce"] == (2 * layers - 1) + units
+    assert tp["sent_by_axes"]["model"] == pytest.approx(
+        (2 * layers - 1) * 2 * (m - 1) / m * t * w * item)
+    assert tp["params"] == pytest.approx(layers * ((2 * w * f + f) / m + w) * item)
+    assert tp["flops"] == pytest.approx(tp["model_flops"], rel=0.01)
+    # pipeline: 8 stages on model, 32/8 blocks each (2F/D = 8 of its
+    # [D, D] layers a block); its 8 replicas on data sum their stage's
+    # gradients: the one all-reduce the plan adds
     pp = rows["PP"]
-    stage = (layers / 8) * (w * w + w) * item
+    stage = (layers / 8) * (2 * f / w) * (w * w + w) * item
     assert pp["axis"] == "model" and set(pp["sent_by_axes"]) == {"model", "data"}
     assert pp["params"] == pytest.approx(stage)
     assert pp["sent_by_axes"]["data"] == pytest.approx(2 * 7 / 8 * stage)
@@ -449,3 +464,47 @@ def test_crossovers_rank_whole_model_strategies_that_fit():
     # without a memory limit DP is the fastest everywhere
     assert crossovers(plans) == [
         "1b: from 8 devices the fastest step that fits: DP"]
+
+
+def test_search_ranks_every_split_by_step_time_and_names_the_best(tmp_path):
+    out = tmp_path / "search.json"
+    done = run_python(
+        "-m", "collectives", "plan", "--devices", "16", "--search", "--model",
+        "laptop", "--interconnect", "ib-ndr", "--memory-per-device", "1",
+        "--json", str(out), timeout=600)
+    lines = done.stdout.splitlines()
+    ranked = [line.split() for line in lines if line[:4].strip().isdigit()]
+    meshes = {" ".join(row[2:5]) for row in ranked if row[1] == "PP"}
+    assert meshes == {"data=8 x model=2", "data=4 x model=4", "data=2 x model=8"}
+    plans = json.loads(out.read_text())["plans"]
+    steps = {(row["label"], tuple(p["mesh"].values())): row["step_s"]
+             for p in plans for row in p["rows"] if not row["skipped"]}
+    # every whole-model strategy on each split (DP and FSDP, over every
+    # axis, plan alike on each: listed once), fastest first
+    assert {label for label, _ in steps} == {"DP", "DP x TP", "FSDP", "FSDP x TP",
+                                             "PP"}
+    assert len(ranked) == len(steps) - 2 * 2
+    best = min(steps, key=steps.get)
+    assert ranked[0][1] == best[0].split()[0]
+    assert lines[-1].startswith(f"laptop: best: {best[0]} on ")
+
+
+def test_search_needs_one_device_count(capsys):
+    assert _cli.main(["plan", "--devices", "16", "64", "--search"]) == 2
+    assert "--search: give one --devices N" in capsys.readouterr().err
+
+
+def test_the_books_threshold_counts_every_collective_as_overlapped():
+    """FSDP x TP: the gathers do not grow with the tokens, the activation
+    sums and the computation do; where the two meet."""
+    from collectives.plan import PlanRow
+    from collectives.plan._book import _all_overlapped
+    from collectives.plan._book import book_profile
+
+    row = PlanRow("FSDP x TP", "fsdp_tp_mlp", comm_s=3.0, serial_s=1.0,
+                  compute_s=5.0, tokens_per_device=1000.0)
+    # at t tokens: gathers 2, sums t / 1000, computation 5 t / 1000
+    assert _all_overlapped(row) == pytest.approx(500.0)
+    three = book_profile(3)
+    assert three.link.busbw == pytest.approx(3 * 1.8e11)
+    assert three.peak("bfloat16") == pytest.approx(4.59e14)

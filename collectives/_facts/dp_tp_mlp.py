@@ -423,38 +423,38 @@ def _mlp_fact(model: bool):
     return fact
 
 def plan_mlp_shapes(axes: Axes, model) -> tuple[Any, ...]:
-    """One unit of ``model`` for the MLP strategies: four dense layers of its
-    width, on every token of a step (``[batch * seq, width]`` inputs and
-    targets)."""
+    """One unit of ``model`` for the MLP strategies: two blocks' MLPs (four
+    layers, ``width -> ffn -> width`` twice), on every token of a step
+    (``[batch * seq, width]`` inputs and targets)."""
     del axes
-    w = model.width
+    w, f = model.width, model.ffn
     params = {}
-    for layer in range(1, 5):
-        params[f"w{layer}"], params[f"b{layer}"] = (w, w), (w,)
+    for layer, (fan_in, fan_out) in enumerate(((w, f), (f, w), (w, f), (f, w)), 1):
+        params[f"w{layer}"], params[f"b{layer}"] = (fan_in, fan_out), (fan_out,)
     return (params, (model.tokens, w), (model.tokens, w))
 
 
 def mlp_activations(model: bool, remat: bool):
-    """``PlanSpec.activations`` of a four-layer MLP strategy: what one device
-    keeps for the backward pass, per unit of four layers, in units of
-    ``t * width`` (``t`` its tokens: the step's over every device, or over
-    the data axis with a model axis of ``m``):
+    """``PlanSpec.activations`` of a two-block MLP strategy: what one device
+    keeps for the backward pass, per unit, for ``t`` tokens (the step's over
+    every device, or over the data axis with a model axis of ``m``; the
+    hidden width ``F`` split over it, Megatron's way):
 
     * as written, no rematerialization (DP, DP x TP): each layer's
-      pre-activation and output, 2 a layer; with the Megatron pair, W2's
-      output and W3's input are ``1/m`` of a layer each: ``6 + 2/m``;
-    * each layer rematerialized from a kept tensor (``jax.checkpoint``:
-      FSDP's recipe keeps the pre-activations, one a layer, ``3 + 1/m``
-      with the pair), plus one layer's working set (2) while it is
-      recomputed.
+      pre-activation and output, ``t (4 F/m + 4 D)`` a unit;
+    * each layer rematerialized from one kept tensor a layer (FSDP's recipe
+      keeps the pre-activations, ``jax.checkpoint``), ``t (2 F/m + 2 D)`` a
+      unit, plus one layer's working set while it is recomputed.
     """
     def kept(axes, model_: Any, remat_now: bool) -> float:
         m = axes.shape[-1] if model else 1
         tokens = _batch_tokens(axes, model_, model)
-        units = model_.layers / 4
+        units = model_.layers / 2
+        hidden, width = model_.ffn / m, model_.width
         if remat or remat_now:
-            return tokens * model_.width * (units * (4 - (1 - 1 / m) * model) + 2)
-        return tokens * model_.width * units * (8 - (2 - 2 / m) * model)
+            return tokens * (units * (2 * hidden + 2 * width)
+                             + 2 * max(hidden, width))
+        return tokens * units * (4 * hidden + 4 * width)
 
     return kept
 
@@ -466,36 +466,42 @@ def _batch_tokens(axes, model_, model: bool) -> float:
 
 
 def mlp_boundary(model: bool, gathers: bool):
-    """``PlanSpec.boundary`` of a four-layer MLP strategy: a unit inside the
-    model also computes its first layer's input gradient (``2 t w^2``
-    FLOPs: that layer is whole on the model axis), and, with ``gathers``
-    (FSDP), gathers that layer's weights again for it: the shard_map form
-    gathers weight and bias as one buffer, the jit form the weight alone,
-    over the data axis (with a model axis) or every axis."""
+    """``PlanSpec.boundary`` of a two-block MLP strategy: a unit inside the
+    model also computes its first layer's input gradient (``2 t D F/m``
+    FLOPs), which Megatron sums over the model axis (one all-reduce of
+    ``[t, D]``); with ``gathers`` (FSDP) it gathers that layer's weights
+    again for it: the shard_map form gathers weight and bias as one buffer,
+    the jit form the weight alone, over the data axis (with a model axis) or
+    every axis."""
     def extra(axes, model_: Any, form: str) -> UnitBoundary:
-        w, itemsize = model_.width, model_.itemsize
-        flops = 2 * _batch_tokens(axes, model_, model) * w * w
-        if not gathers:
-            return UnitBoundary(flops=flops)
-        n = axes.shape[0] if model else axes.size
-        block = (w * w + (w if form == "shard_map" else 0)) / n * itemsize
-        over = (axes.names[0],) if model else None
-        return UnitBoundary(flops=flops, ops=(
-            ("all-gather", per_device_bytes("all-gather", block, n), over),))
+        w, f, itemsize = model_.width, model_.ffn, model_.itemsize
+        m = axes.shape[-1] if model else 1
+        tokens = _batch_tokens(axes, model_, model)
+        ops = []
+        if model:
+            ops.append(("all-reduce", per_device_bytes(
+                "all-reduce", tokens * w * itemsize, m), (axes.names[-1],)))
+        if gathers:
+            n = axes.shape[0] if model else axes.size
+            block = (w * f + (f if form == "shard_map" else 0)) / (n * m) * itemsize
+            ops.append(("all-gather", per_device_bytes("all-gather", block, n),
+                        (axes.names[0],) if model else None))
+        return UnitBoundary(flops=2 * tokens * w * f / m, ops=tuple(ops))
 
     return extra
 
 
 def mlp_plan(label: str, mesh_axes: int | None = None, *,
              remat: bool = False) -> PlanSpec:
-    """The :class:`PlanSpec` of a four-layer MLP strategy: ``layers / 4``
-    units per step, each stored. With two mesh axes the last is the model
+    """The :class:`PlanSpec` of an MLP strategy: ``layers / 2`` units of two
+    blocks per step, each stored. With two mesh axes the last is the model
     axis, whose activation sums the layers wait for; ``remat``: the recipe
     rematerializes each layer (FSDP), whose gathers then overlap every
     layer's computation, not only the backward pass."""
-    per_step = lambda axes, model: model.layers / 4
+    per_step = lambda axes, model: model.layers / 2
     return PlanSpec(label=label, shapes=plan_mlp_shapes,
-                    unit="4 dense layers, loss and gradients", repeats=per_step,
+                    unit="2 blocks' MLPs (4 layers), loss and gradients",
+                    repeats=per_step,
                     stored=per_step, mesh_axes=mesh_axes,
                     serial="last" if mesh_axes == 2 else "none",
                     overlap="compute" if remat else "backward",

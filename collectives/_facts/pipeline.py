@@ -257,26 +257,33 @@ _PLAN = PlanSpec(
     replicas_sum_gradients=True,
     unit=f"one layer per stage, {MICROBATCHES} microbatches, loss and gradients",
     repeats=lambda axes, model: 1,
-    # a stage holds layers / stages layers; the activations it passes on
+    # a stage holds layers / stages blocks, each an MLP of 2 D F weights:
+    # 2 F / D of the compiled [D, D] layers; the activations it passes on
     # do not depend on how many
-    stored=lambda axes, model: model.layers / axes.size,
-    work=lambda axes, model: model.layers / axes.size,
+    stored=lambda axes, model: _stage_layers(axes, model),
+    work=lambda axes, model: _stage_layers(axes, model),
     # the sends between stages are on the critical path; the replicas'
     # gradient sum overlaps the backward pass
     serial="last", overlap="backward",
     activations=lambda axes, model, remat: _kept(axes, model, remat))
 
 
+def _stage_layers(axes, model) -> float:
+    """A stage's share of ``model`` in compiled ``[D, D]`` layers: its
+    ``layers / S`` blocks of ``2 D F`` weights each."""
+    return model.layers / axes.size * 2 * model.ffn / model.width
+
+
 def _kept(axes, model, remat: bool) -> float:
     """What a stage keeps for the backward pass: the scan keeps every tick's
     activations (``M + S - 1`` ticks, the bubble's included) of each of its
-    ``layers / S`` layers, input and output of one microbatch each (one
-    with ``remat``, plus one layer's working set)."""
+    layers, input and output of one microbatch each (one with ``remat``,
+    plus one layer's working set)."""
     stages = axes.size
     rows = model.tokens / axes.others_size / MICROBATCHES
     ticks = MICROBATCHES + stages - 1
     per_layer = ticks * rows * model.width
-    layers = model.layers / stages
+    layers = _stage_layers(axes, model)
     if remat:
         return layers * per_layer + 2 * rows * model.width
     return 2 * layers * per_layer

@@ -12,6 +12,7 @@ from typing import Any
 
 from collectives import _args
 from collectives._registry import RECIPES
+from collectives.plan import _book as book
 from collectives.plan._model import DEFAULT_MODEL
 from collectives.plan._model import MODELS
 from collectives.plan._model import model_from
@@ -26,6 +27,8 @@ from collectives.plan._profiles import Profile
 from collectives.plan._profiles import load_profiles
 from collectives.plan._profiles import measured_profile
 from collectives.plan._report import crossovers
+from collectives.plan._report import duration
+from collectives.plan._report import fits
 from collectives.plan._report import mesh_text
 from collectives.plan._report import plot
 from collectives.plan._report import size
@@ -33,6 +36,12 @@ from collectives.plan._report import table_lines
 from collectives.plan._versus import table_lines as versus_lines
 from collectives.plan._versus import versus_bench
 
+SEARCH_MODEL_AXES = (2, 4, 8, 16, 32, 64)
+"""The model-axis sizes ``plan --search`` tries (a pipeline or ring compiles
+one step per device along that axis: longer ones take minutes)."""
+BOOK_TOLERANCE = 0.10
+"""How far ``plan --scaling-book`` lets a threshold stray from the book's
+before it exits 1 (each difference is named beside the table)."""
 DATACENTER = "dgx-h100"
 """The default interconnect: a cluster of DGX H100 nodes."""
 DATACENTER_TEXT = ("nvlink-h100 on the last axis where it has 8 devices or fewer "
@@ -98,6 +107,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="also time each strategy's collectives with bench on this machine "
         "and compare with the prediction (a 1-D --mesh, the measured profile; "
         "e.g. --mesh data=8 --model laptop)")
+    parser.add_argument(
+        "--search", action="store_true",
+        help="plan every data x model split of one --devices count (model axes "
+        f"of {', '.join(map(str, SEARCH_MODEL_AXES))} devices) and rank the "
+        "whole-model strategies that fit --memory-per-device by predicted step "
+        "time")
+    parser.add_argument(
+        "--scaling-book", action="store_true",
+        help="reproduce the scaling book's critical batch sizes (part 5, TPU "
+        "v5p) from compiled programs and print them beside the book's; exits 1 "
+        f"where one differs by more than {BOOK_TOLERANCE:.0%} from the book's "
+        "formula counted the plan's way")
     parser.add_argument("--json", metavar="FILE", type=_args.output_file,
                         help="write the plans as JSON")
     parser.add_argument("--plot", metavar="FILE", type=_args.plot_file,
@@ -228,6 +249,8 @@ def _main(args: argparse.Namespace) -> int:
     if args.list_profiles:
         list_profiles(profiles)
         return 0
+    if args.scaling_book:
+        return _scaling_book(args)
     for n in args.devices if not args.mesh and not args.topology else ():
         if n > MAX_DEVICES:
             raise ValueError(f"--devices: {n}; at most {MAX_DEVICES} (XLA's CPU "
@@ -245,6 +268,8 @@ def _main(args: argparse.Namespace) -> int:
                  ("width", "layers", "seq", "batch", "heads", "ffn", "dtype")}
     models = [model_from(name, **overrides) for name in args.model]
     recipes = _strategies(args.strategies)
+    if args.search:
+        return _search(args, models, recipes, interconnect, profiles)
     links = interconnect_for(interconnect, meshes[0], profiles, args.remeasure)
     plans: list[Plan] = []
     # --mesh gives one mesh; --devices gives data x model meshes: one set of
@@ -284,6 +309,79 @@ def _main(args: argparse.Namespace) -> int:
     bad = [row for p in plans for row in p.rows if row.cost_model and not row.skipped
            and not p.compiler.startswith("TPU")]
     return 1 if bad else 0
+
+
+def _search(args: argparse.Namespace, models: Sequence[Any], recipes: list[str],
+            interconnect: str, profiles: dict[str, Profile]) -> int:
+    """``plan --search``: every data x model split, ranked by step time."""
+    if args.mesh or len(args.devices) != 1:
+        raise ValueError("--search: give one --devices N (it tries every data x "
+                         "model split of them), not --mesh or several counts.")
+    devices = args.devices[0]
+    splits = [m for m in SEARCH_MODEL_AXES if devices % m == 0 and m < devices]
+    if not splits:
+        raise ValueError(f"--search: {devices} devices have no model axis of "
+                         f"{', '.join(map(str, SEARCH_MODEL_AXES))} with data "
+                         "beside it. Fix: pick a device count divisible by 4 or "
+                         "more.")
+    whole = [name for name in recipes if RECIPES[name].plan.scope == "model"]
+    plans: list[Plan] = []
+    for model in models:
+        for m in splits:
+            mesh = {"data": devices // m, "model": m}
+            links = interconnect_for(interconnect, mesh, profiles, args.remeasure)
+            plans.append(plan(model, mesh, interconnect=links, form=args.form,
+                              recipes=whole, topology=args.topology,
+                              precision=args.precision, timeout=args.timeout))
+    memory = args.memory_per_device
+    for line in search_lines(plans, memory):
+        print(line)
+    if args.json:
+        _args.write_text_atomic(args.json, json.dumps(_doc(plans), indent=1))
+    return 0
+
+
+def search_lines(plans: Sequence[Plan], memory: float | None) -> list[str]:
+    """The ranking of ``plan --search``, per model: every planned (strategy,
+    mesh) by predicted step time, those that do not fit ``memory`` last."""
+    out = []
+    for name in dict.fromkeys(p.model.name for p in plans):
+        rows, seen = [], set()
+        for p in (p for p in plans if p.model.name == name):
+            for row in p.rows:
+                # a strategy over every axis plans alike on each split
+                same = (row.label, row.step_s, row.memory_bytes)
+                if not row.skipped and same not in seen:
+                    seen.add(same)
+                    rows.append((row, p))
+        ranked = sorted(rows, key=lambda rp: (not fits(rp[0], memory), rp[0].step_s))
+        limit = f" in {size(memory)} per device" if memory else ""
+        out.append(f"# {rows[0][1].model.describe() if rows else name}")
+        out.append(f"{'rank':>4s}  {'strategy':10s}  {'mesh':22s}  {'step':>9s}  "
+                   f"{'MFU':>4s}  {'memory':>9s}  fits{limit}")
+        for i, (row, p) in enumerate(ranked, 1):
+            mfu = "-" if row.mfu is None else f"{row.mfu:.0%}"
+            out.append(f"{i:4d}  {row.label:10s}  {mesh_text(p.mesh):22s}  "
+                       f"{duration(row.step_s):>9s}  {mfu:>4s}  "
+                       f"{size(row.memory_bytes):>9s}  "
+                       f"{'yes' if fits(row, memory) else 'no'}")
+        best = next((rp for rp in ranked if fits(rp[0], memory)), None)
+        out.append(f"{name}: best: {best[0].label} on {mesh_text(best[1].mesh)}, "
+                   f"{duration(best[0].step_s)} a step" if best else
+                   f"{name}: nothing fits{limit}")
+    return out
+
+
+def _scaling_book(args: argparse.Namespace) -> int:
+    found = book.cases(timeout=args.timeout)
+    print("\n".join(book.table_lines(found)))
+    if args.json:
+        _args.write_text_atomic(args.json, json.dumps(book.as_json(found), indent=1))
+    off = [c.name for c in found if abs(c.ratio - 1) > BOOK_TOLERANCE]
+    if off:
+        print(f"# more than {BOOK_TOLERANCE:.0%} from the book's formula: "
+              f"{', '.join(off)}")
+    return 1 if off else 0
 
 
 def _doc(plans: Sequence[Plan]) -> dict[str, Any]:

@@ -13,28 +13,30 @@ import numpy as np
 class Model:
     """A model to plan for, in the terms the strategy recipes take.
 
-    The strategies' recipes each compile one *unit* of it: four dense layers
-    of ``width`` (DP, TP, FSDP), one stage's layer (pipeline), one attention
-    of ``seq`` tokens over ``batch * heads`` independent heads (sequence
-    parallel), one mixture-of-experts layer with experts of hidden size
-    ``ffn`` (expert parallel). A training step runs ``layers`` dense layers
-    and ``layers`` of the others.
+    ``layers`` transformer blocks, each an MLP from ``width`` to ``ffn`` and
+    back (two matmuls; a gated MLP's third is left out, as the scaling book
+    does), one attention of ``seq`` tokens over ``heads`` heads, or a
+    mixture-of-experts layer of experts that size. The strategies' recipes
+    each compile one *unit* of it: two blocks' MLPs (four matmuls, DP, TP,
+    FSDP), one stage's layer (pipeline), one attention over ``batch *
+    heads`` independent heads (sequence parallel), one MoE layer (expert
+    parallel).
 
     Attributes:
       name: how the plan's table names it.
-      width: the model (hidden) width.
-      layers: the number of layers.
+      width: the model (hidden) width, ``D``.
+      layers: the number of blocks.
       seq: tokens per sequence.
       batch: sequences per training step, over all devices.
       heads: attention heads (``width`` divides by it).
-      ffn: an expert's hidden width.
+      ffn: the MLP's hidden width, ``F`` (an expert's, in MoE).
       dtype: the parameters' and activations' dtype.
 
     Examples:
       >>> from collectives.plan import MODELS
       >>> m = MODELS["8b"]
-      >>> m.width, m.layers, f"{m.parameters / 1e9:.1f}B"
-      (8192, 128, '8.6B')
+      >>> m.width, m.ffn, m.layers, f"{m.parameters / 1e9:.1f}B"
+      (4096, 16384, 64, '8.6B')
     """
 
     name: str
@@ -61,9 +63,9 @@ class Model:
 
     @property
     def parameters(self) -> int:
-        """How many parameters the dense stack has (``layers`` weights and
-        biases)."""
-        return self.layers * (self.width * self.width + self.width)
+        """How many parameters the blocks' MLPs have (two weights and two
+        biases a block)."""
+        return self.layers * (2 * self.width * self.ffn + self.ffn + self.width)
 
     @property
     def tokens(self) -> int:
@@ -78,29 +80,36 @@ class Model:
     def describe(self) -> str:
         """One line: name, parameters, depth and width, tokens, heads, dtype."""
         return (f"{self.name}: {self.parameters / 1e9:.2f}B parameters ({self.layers} "
-                f"layers of width {self.width}), {self.batch} x {self.seq} tokens per "
-                f"step, {self.heads} heads, experts of width {self.ffn}, {self.dtype}")
+                f"blocks, MLP {self.width} -> {self.ffn} -> {self.width}), "
+                f"{self.batch} x {self.seq} tokens per step, {self.heads} heads, "
+                f"{self.dtype}")
 
 
-def _model(name: str, width: int, layers: int, heads: int, seq: int = 4096,
+def _model(name: str, width: int, layers: int, seq: int = 4096,
            batch: int = 2048) -> Model:
     return Model(name=name, width=width, layers=layers, seq=seq, batch=batch,
-                 heads=heads, ffn=4 * width)
+                 heads=width // 128, ffn=4 * width)
 
 
 MODELS: Mapping[str, Model] = {
     m.name: m for m in (
         # sized for this machine: each collective between 4 KB and a few MB,
         # the sizes bench's fit covers (plan --versus-bench)
-        Model(name="laptop", width=256, layers=4, seq=512, batch=32, heads=4,
+        Model(name="laptop", width=256, layers=2, seq=512, batch=32, heads=4,
               ffn=256, dtype="float32"),
-        _model("1b", width=4096, layers=64, heads=32),
-        _model("8b", width=8192, layers=128, heads=64),
-        _model("70b", width=16384, layers=256, heads=128),
+        _model("1b", width=2048, layers=32),
+        _model("8b", width=4096, layers=64),
+        _model("70b", width=8192, layers=128),
+        # the scaling book's example (its MLP: D 5120, F 13824, 40 blocks)
+        Model(name="llama2-13b", width=5120, layers=40, seq=4096, batch=4096,
+              heads=40, ffn=13824),
     )}
-"""Named model sizes (by parameters): ``1b``, ``8b`` (the default), ``70b``,
-each trained on 2048 sequences of 4096 tokens per step in bfloat16; and
-``laptop``, small enough to run here (``plan --versus-bench``)."""
+"""Named model sizes (by the parameters of their MLPs): ``1b``, ``8b`` (the
+default), ``70b``, each an MLP of ``F = 4 D`` in every block, trained on 2048
+sequences of 4096 tokens per step in bfloat16; ``llama2-13b``, the MLP shape
+of LLaMA-2 13B (whose attention, gate and embeddings make up the rest of its
+13B), on 16M tokens a step; and ``laptop``, small enough to run here
+(``plan --versus-bench``)."""
 
 DEFAULT_MODEL = "8b"
 """The model `plan` uses without --model."""

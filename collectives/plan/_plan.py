@@ -115,11 +115,12 @@ def state_bytes_per_parameter(precision: str, itemsize: int) -> float:
 
 
 def model_flops_per_device(model: Model, devices: int) -> float:
-    """The FLOPs a training step of ``model`` needs per device: ``6 N T``
-    (forward 2, backward 4 per parameter and token) over the devices, less
-    the first layer's input gradient (``2 w^2`` per token), which no
-    program computes (no gradient flows into the data)."""
-    return (6 * model.parameters - 2 * model.width ** 2) * model.tokens / devices
+    """The FLOPs a training step of ``model``'s MLPs needs per device:
+    ``6 N T`` (forward 2, backward 4 per parameter and token) over the
+    devices, less the first layer's input gradient (``2 D F`` per token),
+    which no program computes (no gradient flows into the data)."""
+    return ((6 * model.parameters - 2 * model.width * model.ffn) * model.tokens
+            / devices)
 
 
 BACKWARD_SHARE = 2 / 3
@@ -143,8 +144,10 @@ class PlanRow:
       cpu_sent: what XLA:CPU's compile of the same units sends; ``program``
         says how the two differ, ``None`` where they do not.
       comm_s: the predicted time of the step's collectives, one after
-        another; ``exposed_s`` the part computation does not hide (see
-        :class:`collectives.PlanSpec`'s ``serial`` and ``overlap``).
+        another; ``serial_s`` the part the computation waits for, and
+        ``exposed_s`` that with what overlapped but outlasted the
+        computation hiding it (see :class:`collectives.PlanSpec`'s ``serial``
+        and ``overlap``).
       flops: FLOPs one device computes per step (XLA's cost analysis of the
         units, times the units a step computes); ``model_flops``: the
         model's own, ``6 N T / devices`` for a whole-model strategy (none
@@ -191,6 +194,7 @@ class PlanRow:
     cpu_sent: float = 0.0
     program: str | None = None
     comm_s: float = 0.0
+    serial_s: float = 0.0
     exposed_s: float = 0.0
     flops: float | None = None
     model_flops: float | None = None
@@ -428,7 +432,8 @@ def step_row(unit: Mapping[str, Any], model: Model, mesh: Mapping[str, int],
         repeats=repeats,
         collectives={kind: round(n * repeats) for kind, n in counts.items()},
         sent=sum(by_axes.values()), sent_by_axes=by_axes, cpu_sent=cpu_sent,
-        program=_difference(unit, ops), comm_s=serial + hidden, exposed_s=exposed,
+        program=_difference(unit, ops), comm_s=serial + hidden, serial_s=serial,
+        exposed_s=exposed,
         flops=flops, model_flops=model_flops, compute_s=compute, step_s=step,
         mfu=mfu, tokens_per_device=tokens, critical_tokens_per_device=critical,
         params=params, states=states, activations=kept, activations_remat=kept_remat,

@@ -9,7 +9,9 @@ plans committed beside the page.
 * ``{plan-crossovers} FILE``: where the sweep's answer changes (option
   ``:memory:``, GB per device);
 * ``{plan-versus-bench} FILE``: predicted against measured (``plan
-  --versus-bench --json``).
+  --versus-bench --json``);
+* ``{plan-scaling-book} FILE``: the scaling book's thresholds beside the
+  plan's (``plan --scaling-book --json``).
 
 The files are written by the commands on the page; a row whose cost model
 differed at that scale is a build warning (an error under ``-W``), except
@@ -157,10 +159,23 @@ class PlanVersusBench(_FromFile):
                        rows, code_columns=())]
 
 
+class PlanScalingBook(_FromFile):
+    def run(self) -> list[nodes.Node]:
+        doc = self.document()
+        rows = [[c["name"], f"{c['book']:,.0f} ({c['book_formula']})",
+                 f"{c['counted'] or c['book']:,.0f}", f"{c['plan']:,.0f}",
+                 f"{c['ratio']:.3f}", c["plan_how"], c["why"]]
+                for c in doc["cases"]]
+        return [_table(["layout", "book", "book, counted as the plan counts", "plan",
+                        "plan / that", "the plan's figure", "why they differ"],
+                       rows, code_columns=())]
+
+
 def setup(app: Sphinx) -> dict:
     app.add_directive("plan-units", PlanUnits)
     app.add_directive("plan-profiles", PlanProfiles)
     app.add_directive("plan-table", PlanTable)
     app.add_directive("plan-crossovers", PlanCrossovers)
     app.add_directive("plan-versus-bench", PlanVersusBench)
+    app.add_directive("plan-scaling-book", PlanScalingBook)
     return {"version": "1", "parallel_read_safe": True}

@@ -1,0 +1,163 @@
+"""``plan --scaling-book``: the scaling book's critical batch sizes, from
+compiled programs.
+
+"How to Scale Your Model" (the JAX scaling book), part 5 "Training", finds
+on TPU v5p (``C`` = 4.59e14 bf16 FLOP/s a chip, ``W`` = 1.8e11 bytes/s of
+bidirectional ICI along one axis, latency left out) the tokens per chip
+below which a strategy is communication-bound: ``C / W`` = 2550 for data
+parallelism and FSDP over one axis, 850 over all three axes of the torus
+(three times the links), and ``2 (C / W)^2 / F`` for FSDP with tensor
+parallelism at the best split of the chips between the two, 940 for the MLP
+of LLaMA-2 13B (``F`` = 13824). The plan computes the same thresholds from
+its own compiled programs and cost models with the book's figures; this
+module runs those plans and sets the two side by side, with the book's
+formula recounted the plan's way where the two count differently.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from collectives.plan._model import MODELS
+from collectives.plan._plan import Plan
+from collectives.plan._plan import plan
+from collectives.plan._profiles import Link
+from collectives.plan._profiles import Profile
+
+PEAK = 4.59e14
+"""The book's TPU v5p: bf16 FLOP/s a chip."""
+ICI = 1.8e11
+"""The book's TPU v5p: bidirectional ICI bandwidth along one axis, bytes/s."""
+DEVICES = 512
+"""The chips each case is planned on (the thresholds are per chip; 512
+keeps LLaMA-2 13B's F = 13824 divisible by every split tried)."""
+SPLITS = (2, 4, 8, 16)
+"""The tensor-parallel degrees tried for FSDP x TP (the book's optimum,
+``sqrt(2 F / (C/W)^2 ...)``, lies between them)."""
+
+
+def book_profile(axes: int) -> Profile:
+    """The book's v5p link over ``axes`` axes of the torus (``axes`` times
+    the bandwidth), with its chip's peak."""
+    return Profile(
+        name=f"scaling-book-v5p-x{axes}", link=Link(alpha=0.0, busbw=axes * ICI),
+        description=f"TPU v5p ICI over {axes} torus "
+                    f"ax{'is' if axes == 1 else 'es'}, as the scaling book counts it",
+        source="the scaling book, part 5: W_ici = 2 x 9e10 bytes/s per axis, "
+               "latency left out",
+        chip="TPU v5p", peak_flops={"bfloat16": PEAK},
+        peak_source="the scaling book: C = 4.59e14 bf16 FLOP/s")
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One threshold of the book's, and the plan's for the same layout."""
+
+    name: str
+    book: float
+    book_formula: str
+    plan: float
+    plan_how: str
+    why: str
+    counted: float = 0.0
+    """The book's formula with the plan's accounting where the two differ
+    (named in ``why``), at the plan's layout: what ``plan`` must equal."""
+
+    @property
+    def ratio(self) -> float:
+        return self.plan / (self.counted or self.book)
+
+
+def _row(p: Plan, label: str):
+    return next(r for r in p.rows if r.label == label)
+
+
+def _all_overlapped(row) -> float:
+    """Tokens per device below which the step's collectives, every one
+    overlapped as the book assumes, outlast its computation: the FSDP part
+    does not grow with the tokens, the tensor-parallel part and the
+    computation do (infinite where the latter outgrows the computation)."""
+    hidden = row.comm_s - row.serial_s
+    if row.compute_s <= row.serial_s:  # the sums alone outlast it: at any size
+        return math.inf
+    return row.tokens_per_device * hidden / (row.compute_s - row.serial_s)
+
+
+def cases(timeout: float = 600) -> list[Case]:
+    """Plan each of the book's layouts with its figures; the cases."""
+    model = MODELS["llama2-13b"]
+    one, three = book_profile(1), book_profile(3)
+    mesh = {"data": DEVICES}
+    by_one = plan(model, mesh, interconnect=one, recipes=["dp_mlp", "fsdp_mlp"],
+                  timeout=timeout)
+    by_three = plan(model, mesh, interconnect=three, recipes=["fsdp_mlp"],
+                    timeout=timeout)
+    alpha = PEAK / ICI
+    ring = f"the ring's (n - 1)/n at n = {DEVICES}"
+    out = [
+        Case("DP, one axis", alpha, "C / W",
+             _row(by_one, "DP").critical_tokens_per_device,
+             "gradient all-reduce against the backward pass",
+             f"{ring}; the first layer's input gradient, which no program "
+             "computes, is left out of the backward pass hiding the sum"),
+        Case("FSDP, one axis", alpha, "C / W",
+             _row(by_one, "FSDP").critical_tokens_per_device,
+             "gathers, re-gathers and reduce-scatters against the step",
+             f"{ring}; the model's first layer needs no re-gather"),
+        Case("FSDP, three axes", alpha / 3, "C / 3W",
+             _row(by_three, "FSDP").critical_tokens_per_device,
+             "as above, with three axes' links",
+             f"{ring}; the model's first layer needs no re-gather"),
+    ]
+    best, chosen = math.inf, SPLITS[0]
+    for split in SPLITS:
+        links = {"data": book_profile(2), "model": one}
+        p = plan(model, {"data": DEVICES // split, "model": split},
+                 interconnect=links, recipes=["fsdp_tp_mlp"], timeout=timeout)
+        row = _row(p, "FSDP x TP")
+        if not row.skipped and _all_overlapped(row) < best:
+            best, chosen = _all_overlapped(row), split
+    # the book: alpha / (M_X b Y) + alpha Y / (M_Y F) < 1 (M_X = 2: data over
+    # two torus axes, M_Y = 1); the plan sums [t, D] twice a block (forward
+    # and backward) against the step's 6 FLOPs a parameter and token, where
+    # the book sets one gather and one scatter against the forward's 2, and
+    # keeps the ring's (Y - 1)/Y: 2 (Y - 1) / 3Y of the book's second term
+    sums = alpha * chosen / model.ffn * 2 * (chosen - 1) / (3 * chosen)
+    out.append(Case(
+        "FSDP x TP, LLaMA-2 13B", 2 * alpha ** 2 / model.ffn, "2 (C/W)^2 / F",
+        best, f"the fewest of data x model with {', '.join(map(str, SPLITS))}-way "
+        f"tensor parallelism (here {chosen}-way), every collective overlapped as "
+        "the book assumes; data over two torus axes, model over one",
+        "the book's tensor-parallel term, alpha Y / (M_Y F), compares the forward "
+        "pass's gather and scatter with its FLOPs and drops the ring's (Y - 1)/Y; "
+        "the plan counts a whole step (two sums of [t, D] a block against 6 "
+        "FLOPs a parameter and token) with it: 2 (Y - 1) / 3Y of the book's term. "
+        "With that, the book's inequality gives alpha / (2 Y (1 - term)) at the "
+        "plan's Y; the book's figure is its optimum over a continuous Y",
+        counted=alpha / (2 * chosen * (1 - sums))))
+    return out
+
+
+def table_lines(found: Sequence[Case]) -> list[str]:
+    """The comparison as text."""
+    lines = [f"# the scaling book (part 5, TPU v5p: C = {PEAK:.3g} FLOP/s, W = "
+             f"{ICI:.2g} B/s) and this plan: tokens per chip below which each "
+             "layout is communication-bound",
+             f"{'layout':24s}  {'book':>8s}  {'book, as the plan counts':>24s}  "
+             f"{'plan':>8s}  plan/that"]
+    for case in found:
+        lines.append(f"{case.name:24s}  {case.book:8,.0f}  "
+                     f"{case.counted or case.book:24,.0f}  {case.plan:8,.0f}  "
+                     f"{case.ratio:9.3f}")
+    for case in found:
+        lines.append(f"# {case.name}: book {case.book_formula}; plan: "
+                     f"{case.plan_how}; differs by {case.why}")
+    return lines
+
+
+def as_json(found: Sequence[Case]) -> dict[str, Any]:
+    return {"peak": PEAK, "ici": ICI, "devices": DEVICES,
+            "cases": [dataclasses.asdict(c) | {"ratio": c.ratio} for c in found]}
