@@ -60,6 +60,7 @@ from collectives._parallelism import strategy_table
 from collectives._presentation import BenchSpec
 from collectives._presentation import DiagramSpec
 from collectives._presentation import PlanSpec
+from collectives._presentation import UnitBoundary
 from collectives._recipe import FAMILIES
 from collectives._recipe import FORMS
 from collectives._recipe import Recipe
@@ -84,6 +85,7 @@ __all__ = [
     "Recipe",
     "ReplicationError",
     "StrategyRow",
+    "UnitBoundary",
     "UnsupportedDtypeError",
     "all_to_all_attention",
     "allgather_matmul",

@@ -113,7 +113,7 @@ class PlanSpec:
         model's first runs that the compiled unit does not, because the
         compiled unit takes its input as data and a unit inside the model
         takes it as an activation (its input gradient, and what that
-        needs): a :class:`UnitBoundary`; ``None``: nothing.
+        needs): a :class:`collectives.UnitBoundary`; ``None``: nothing.
       activations: ``activations(axes, model, remat)``: the activation
         elements one device keeps for the backward pass over a whole step,
         as the recipe's program keeps them (``remat=False``) and with each

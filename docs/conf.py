@@ -99,7 +99,7 @@ nitpick_ignore_regex = [
     ("py:class", r"(st|strategies)\..*|SpecArg|ShapeArg|DtypeArg"),
     # Private helpers and types that public docstrings mention by name.
     ("py:func", r"standard_configs|expert_capacity"),
-    ("py:class", r"DiagramSpec|BenchSpec"),
+    ("py:class", r"DiagramSpec|BenchSpec|UnitBoundary"),
     ("py:data", r"DEFAULT_RANGE|EXACT_RANGE"),
 ]
 

@@ -11,6 +11,7 @@ from collectives.plan._model import MODELS
 from collectives.plan._model import Model
 from collectives.plan._model import model_from
 from collectives.plan._plan import MAX_DEVICES
+from collectives.plan._plan import PRECISIONS
 from collectives.plan._plan import Plan
 from collectives.plan._plan import PlanRow
 from collectives.plan._plan import compile_units
@@ -27,6 +28,7 @@ __all__ = [
     "DEFAULT_MODEL",
     "MAX_DEVICES",
     "MODELS",
+    "PRECISIONS",
     "Link",
     "Model",
     "Plan",

@@ -471,7 +471,8 @@ def plan(model: Model, mesh: Mapping[str, int], *,
       topology: compile with the TPU compiler for this TPU topology (e.g.
         ``"v5p:8x16x16"``, as many devices as the mesh) instead of for
         simulated CPU devices; needs ``pip install 'jax[tpu]'``, not a TPU.
-      precision: how the states are kept, a key of :data:`PRECISIONS`.
+      precision: how the states are kept, a key of
+        :data:`collectives.plan.PRECISIONS`.
 
     Returns:
       A :class:`Plan`; its rows in registry order.
