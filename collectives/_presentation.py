@@ -114,11 +114,16 @@ class PlanSpec:
         compiled unit takes its input as data and a unit inside the model
         takes it as an activation (its input gradient, and what that
         needs): a :class:`collectives.UnitBoundary`; ``None``: nothing.
-      activations: ``activations(axes, model, remat)``: the activation
-        elements one device keeps for the backward pass over a whole step,
-        as the recipe's program keeps them (``remat=False``) and with each
-        layer rematerialized from its input (``remat=True``); ``None``: not
-        modelled (one kind of layer, forward only).
+      activations: ``activations(axes, model, remat, schedule)``: the
+        activation elements one device keeps for the backward pass over a
+        whole step, as the recipe's program keeps them (``remat=False``) and
+        with each layer rematerialized from its input (``remat=True``), under
+        a pipeline ``schedule`` (``"gpipe"`` or ``"1f1b"``; others ignore
+        it); ``None``: not modelled (one kind of layer, forward only).
+      note: ``note(axes, model, schedule)``: a line the plan prints under
+        its table about this strategy at this scale (a pipeline's bubble).
+      variant: ``variant(microbatches)``: the recipe with another microbatch
+        count (a pipeline; ``plan --microbatches``).
     """
 
     label: str
@@ -136,6 +141,8 @@ class PlanSpec:
     overlap: str = "backward"
     activations: Callable[..., float] | None = None
     boundary: Callable[..., UnitBoundary] | None = None
+    note: Callable[..., str] | None = None
+    variant: Callable[[int], Any] | None = None
 
     def __post_init__(self) -> None:
         if self.serial not in ("none", "last", "all"):

@@ -446,7 +446,8 @@ def mlp_activations(model: bool, remat: bool):
       keeps the pre-activations, ``jax.checkpoint``), ``t (2 F/m + 2 D)`` a
       unit, plus one layer's working set while it is recomputed.
     """
-    def kept(axes, model_: Any, remat_now: bool) -> float:
+    def kept(axes, model_: Any, remat_now: bool, schedule: str = "gpipe") -> float:
+        del schedule  # one program, no pipeline
         m = axes.shape[-1] if model else 1
         tokens = _batch_tokens(axes, model_, model)
         units = model_.layers / 2

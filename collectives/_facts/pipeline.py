@@ -17,8 +17,9 @@ program: the transpose of each ``ppermute`` sends the cotangents back
 
 Every stage is busy on ``M`` of the ``M + S - 1`` ticks: the **bubble**, the
 fraction of idle stage-ticks, is ``(S - 1) / (M + S - 1)``
-(:func:`bubble_fraction`); it shrinks as ``M`` grows. Activation memory is
-``M`` microbatches per stage (GPipe); 1F1B would bound it by ``S``.
+(:func:`bubble_fraction`); it shrinks as ``M`` grows. The scan keeps every
+tick's activations (GPipe); 1F1B would bound them by ``S`` microbatches (the
+plan counts both: ``plan --schedule``).
 
 The per-stage body, the global program and the NumPy oracle are
 ``recipes/pipeline.py``'s; this module adds the facts the library needs
@@ -147,9 +148,9 @@ def _out_specs(axes: Axes):
     return (P(), _in_specs(axes)[0])
 
 
-def _shapes(axes: Axes, dims):
+def _shapes(axes: Axes, dims, *, microbatches: int = MICROBATCHES):
     width = dims[1] if len(dims) > 1 else 2
-    batch = MICROBATCHES * dims[0]
+    batch = microbatches * dims[0]
     return ({"w": (axes.size, width, width), "b": (axes.size, width)},
             (batch, width), (batch, width))
 
@@ -185,13 +186,13 @@ def _magnitudes(stage_params, x, y, *, axes: Axes):
     return loss, {k: np.sqrt(v) for k, v in grads_sq.items()}
 
 
-def _validate(axes: Axes, args) -> None:
+def _validate(axes: Axes, args, *, microbatches: int = MICROBATCHES) -> None:
     stage_params, x, y = args
-    if np.shape(x)[0] % MICROBATCHES:
+    if np.shape(x)[0] % microbatches:
         raise ValueError(
             f"pipeline_mlp: x has {np.shape(x)[0]} rows, which do not split into "
-            f"{MICROBATCHES} microbatches. Fix: use a batch that divides by "
-            f"{MICROBATCHES}.")
+            f"{microbatches} microbatches. Fix: use a batch that divides by "
+            f"{microbatches}.")
     d = np.shape(x)[1]
     want = {"w": (axes.size, d, d), "b": (axes.size, d)}
     got = {k: tuple(np.shape(v)) for k, v in stage_params.items()}
@@ -228,19 +229,22 @@ def permute_count(stages: int, microbatches: int, form: str = "shard_map") -> in
     return 2 * ticks - 1 if form == "shard_map" else 3 * ticks - 1
 
 
-def _cost_model(axes: Axes, args, form: str) -> Expectation:
+def _cost_model(microbatches: int):
     """Collective-permutes of one ``[mb, d]`` microbatch each
     (:func:`permute_count`), and one all-reduce: the loss, a scalar, from
     the last stage to every stage."""
-    _, x, _ = args
-    stages = axes.size
-    block = x.nbytes // MICROBATCHES
-    count = permute_count(stages, MICROBATCHES, form)
-    return Expectation(
-        {"collective-permute": count, "all-reduce": 1},
-        {"collective-permute": count * per_device_bytes("collective-permute",
-                                                        block, stages),
-         "all-reduce": per_device_bytes("all-reduce", x.itemsize, stages)})
+    def fact(axes: Axes, args, form: str) -> Expectation:
+        _, x, _ = args
+        stages = axes.size
+        block = x.nbytes // microbatches
+        count = permute_count(stages, microbatches, form)
+        return Expectation(
+            {"collective-permute": count, "all-reduce": 1},
+            {"collective-permute": count * per_device_bytes("collective-permute",
+                                                            block, stages),
+             "all-reduce": per_device_bytes("all-reduce", x.itemsize, stages)})
+
+    return fact
 
 
 def _plan_shapes(axes: Axes, model):
@@ -252,20 +256,32 @@ def _plan_shapes(axes: Axes, model):
     return ({"w": (stages, w, w), "b": (stages, w)}, (rows, w), (rows, w))
 
 
-_PLAN = PlanSpec(
-    label="PP", shapes=_plan_shapes, axis="last", params=(0,),
-    replicas_sum_gradients=True,
-    unit=f"one layer per stage, {MICROBATCHES} microbatches, loss and gradients",
-    repeats=lambda axes, model: 1,
-    # a stage holds layers / stages blocks, each an MLP of 2 D F weights:
-    # 2 F / D of the compiled [D, D] layers; the activations it passes on
-    # do not depend on how many
-    stored=lambda axes, model: _stage_layers(axes, model),
-    work=lambda axes, model: _stage_layers(axes, model),
-    # the sends between stages are on the critical path; the replicas'
-    # gradient sum overlaps the backward pass
-    serial="last", overlap="backward",
-    activations=lambda axes, model, remat: _kept(axes, model, remat))
+SCHEDULES = {
+    "gpipe": "GPipe, the recipe's: every microbatch forward, then every one "
+             "backward; the scan keeps every tick's activations",
+    "1f1b": "1F1B: a stage starts a microbatch's backward as soon as it can, "
+            "keeping at most S microbatches' activations (counted by formula "
+            "from the GPipe unit: the same bubble and sends)",
+}
+"""The pipeline schedules ``plan --schedule`` takes."""
+
+
+def _plan(microbatches: int) -> PlanSpec:
+    return PlanSpec(
+        label="PP", shapes=_plan_shapes, axis="last", params=(0,),
+        replicas_sum_gradients=True,
+        unit=f"one layer per stage, {microbatches} microbatches, loss and gradients",
+        repeats=lambda axes, model: 1,
+        # a stage holds layers / stages blocks, each an MLP of 2 D F weights:
+        # 2 F / D of the compiled [D, D] layers; the activations it passes
+        # on do not depend on how many
+        stored=_stage_layers, work=_stage_layers,
+        # the sends between stages are on the critical path; the replicas'
+        # gradient sum overlaps the backward pass
+        serial="last", overlap="backward",
+        activations=functools.partial(_kept, microbatches=microbatches),
+        note=functools.partial(_bubble_note, microbatches=microbatches),
+        variant=pipeline_recipe)
 
 
 def _stage_layers(axes, model) -> float:
@@ -274,30 +290,59 @@ def _stage_layers(axes, model) -> float:
     return model.layers / axes.size * 2 * model.ffn / model.width
 
 
-def _kept(axes, model, remat: bool) -> float:
-    """What a stage keeps for the backward pass: the scan keeps every tick's
-    activations (``M + S - 1`` ticks, the bubble's included) of each of its
-    layers, input and output of one microbatch each (one with ``remat``,
-    plus one layer's working set)."""
+def _kept(axes, model, remat: bool, schedule: str = "gpipe", *,
+          microbatches: int) -> float:
+    """What a stage keeps for the backward pass, per layer: GPipe's scan
+    keeps every tick's activations (``M + S - 1`` ticks, the bubble's
+    included), 1F1B at most ``min(M, S)`` microbatches'; input and output of
+    each (one with ``remat``, plus one layer's working set)."""
     stages = axes.size
-    rows = model.tokens / axes.others_size / MICROBATCHES
-    ticks = MICROBATCHES + stages - 1
-    per_layer = ticks * rows * model.width
+    rows = model.tokens / axes.others_size / microbatches
+    held = (microbatches + stages - 1 if schedule == "gpipe"
+            else min(microbatches, stages))
+    per_layer = held * rows * model.width
     layers = _stage_layers(axes, model)
     if remat:
         return layers * per_layer + 2 * rows * model.width
     return 2 * layers * per_layer
 
 
-pipeline_mlp = register(Recipe(
-    name="pipeline_mlp",
-    summary="GPipe: one layer per stage over the axis, M microbatches passed on "
-            "with ppermute in a scan; loss+grads",
-    body=file.pipeline_value_and_grad, program=on_mesh(file.pipeline_program),
-    explicit_program=on_mesh(file.pipeline_explicit_program),
-    oracle=_in_dtype_of_x(file.pipeline_numpy), in_specs=_in_specs,
-    out_specs=_out_specs, example_shapes=_shapes,
-    arg_names=("stage_params", "x", "y"), n_terms=_n_terms, magnitudes=_magnitudes,
-    dtype_kinds=frozenset({"float"}), validate=_validate, unsupported_reason=_one_axis,
-    family="strategy", cost_model=_cost_model, recipe_file="pipeline.py",
-    plan=_PLAN, bitwise=False))  # tanh layers round on any input
+def _bubble_note(axes, model, schedule: str, *, microbatches: int) -> str:
+    del model
+    return (f"{SCHEDULES[schedule].split(':')[0]}, {microbatches} microbatches over "
+            f"{axes.size} stages: bubble {bubble_fraction(axes.size, microbatches):.0%}"
+            " of each stage's ticks (the scan computes and sends on them too)")
+
+
+def pipeline_recipe(microbatches: int = MICROBATCHES) -> Recipe:
+    """The ``pipeline_mlp`` recipe with ``M`` microbatches (the registered
+    one has :data:`MICROBATCHES`; ``plan --microbatches`` compiles others).
+
+    Raises:
+      ValueError: ``microbatches`` is not a positive int.
+    """
+    if not isinstance(microbatches, int) or microbatches < 1:
+        raise ValueError(f"microbatches={microbatches!r}; expected a positive int.")
+    m = microbatches
+
+    def with_m(fn):  # the file's own function where M is its default
+        return fn if m == MICROBATCHES else functools.partial(fn, microbatches=m)
+
+    return Recipe(
+        name="pipeline_mlp",
+        summary="GPipe: one layer per stage over the axis, M microbatches passed "
+                "on with ppermute in a scan; loss+grads",
+        body=with_m(file.pipeline_value_and_grad),
+        program=on_mesh(with_m(file.pipeline_program)),
+        explicit_program=on_mesh(with_m(file.pipeline_explicit_program)),
+        oracle=_in_dtype_of_x(file.pipeline_numpy), in_specs=_in_specs,
+        out_specs=_out_specs, example_shapes=functools.partial(_shapes, microbatches=m),
+        arg_names=("stage_params", "x", "y"), n_terms=_n_terms,
+        magnitudes=_magnitudes, dtype_kinds=frozenset({"float"}),
+        validate=functools.partial(_validate, microbatches=m),
+        unsupported_reason=_one_axis, family="strategy", cost_model=_cost_model(m),
+        recipe_file="pipeline.py", plan=_plan(m),
+        bitwise=False)  # tanh layers round on any input
+
+
+pipeline_mlp = register(pipeline_recipe())

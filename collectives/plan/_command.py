@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from collectives import _args
+from collectives._facts.pipeline import SCHEDULES
 from collectives._registry import RECIPES
 from collectives.plan import _book as book
 from collectives.plan._model import DEFAULT_MODEL
@@ -94,6 +95,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--topology", metavar="NAME",
         help="compile with the TPU compiler for a TPU topology, e.g. v5p:8x16x16 "
         "(as many devices as the mesh; needs pip install 'jax[tpu]', no TPU)")
+    parser.add_argument(
+        "--microbatches", metavar="M", type=_args.whole("a whole number of 1 or more",
+                                                        low=1),
+        help="the pipeline's microbatches (default: the recipe's, 4): its bubble "
+        "is (S - 1) / (M + S - 1) of a stage's ticks")
+    parser.add_argument(
+        "--schedule", choices=tuple(SCHEDULES), default="gpipe",
+        help="the pipeline's schedule: " + "; ".join(
+            f"{name}: {what}" for name, what in SCHEDULES.items())
+        + " (default: %(default)s)")
     parser.add_argument("--form", choices=("shard_map", "jit"), default="shard_map",
                         help="the form compiled (default: %(default)s)")
     parser.add_argument("-s", "--strategies", nargs="+", metavar="NAME",
@@ -278,7 +289,8 @@ def _main(args: argparse.Namespace) -> int:
         for mesh in meshes:
             result = plan(model, mesh, interconnect=links, form=args.form,
                           recipes=recipes, topology=args.topology,
-                          precision=args.precision, timeout=args.timeout)
+                          precision=args.precision, schedule=args.schedule,
+                          microbatches=args.microbatches, timeout=args.timeout)
             plans.append(result)
             if len(plans) > 1:
                 print()
@@ -332,7 +344,8 @@ def _search(args: argparse.Namespace, models: Sequence[Any], recipes: list[str],
             links = interconnect_for(interconnect, mesh, profiles, args.remeasure)
             plans.append(plan(model, mesh, interconnect=links, form=args.form,
                               recipes=whole, topology=args.topology,
-                              precision=args.precision, timeout=args.timeout))
+                              precision=args.precision, schedule=args.schedule,
+                          microbatches=args.microbatches, timeout=args.timeout))
     memory = args.memory_per_device
     for line in search_lines(plans, memory):
         print(line)

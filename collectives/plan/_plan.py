@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from collectives._args import MAX_CPU_DEVICES
+from collectives._facts.pipeline import SCHEDULES
 from collectives._presentation import UnitBoundary
 from collectives._registry import RECIPES
 from collectives.hlo import bytes_moved
@@ -72,6 +73,7 @@ def compile_units(names: Sequence[str], shape: Sequence[int], *,
                   recipes: Sequence[str], forms: Sequence[str] = ("shard_map",),
                   model: Model | None = None, dims: Sequence[int] = (2, 3),
                   dtype: str = "float32", topology: str | None = None,
+                  microbatches: int | None = None,
                   timeout: float = 600) -> dict[str, Any]:
     """Compile one unit of each recipe for the mesh, in a child process with
     ``prod(shape)`` simulated CPU devices; the worker's JSON document.
@@ -87,7 +89,7 @@ def compile_units(names: Sequence[str], shape: Sequence[int], *,
     check_mesh(names, shape, limit=None if topology else MAX_DEVICES)
     request = {"mesh_names": list(names), "mesh_shape": list(shape),
                "recipes": list(recipes), "forms": list(forms), "dims": list(dims),
-               "dtype": dtype, "topology": topology,
+               "dtype": dtype, "topology": topology, "microbatches": microbatches,
                "model": None if model is None else dataclasses.asdict(model)}
     return run_child("collectives.plan._worker", request,
                      devices=None if topology else math.prod(shape), timeout=timeout,
@@ -181,6 +183,8 @@ class PlanRow:
         a pipeline's replicas need their gradients summed over the other
         axes, which the recipe does not run, so the plan adds that
         all-reduce by the cost model (and says so).
+      note: what the strategy's facts say of it at this scale (a
+        pipeline's schedule and bubble), or ``None``.
     """
 
     label: str
@@ -214,6 +218,7 @@ class PlanRow:
     compile_s: float = 0.0
     scope: str = "model"
     added: str | None = None
+    note: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -222,7 +227,8 @@ class Plan:
 
     ``chip`` and ``peak_flops`` are the accelerator the compute time is
     for (the last mesh axis's profile: the node's link names its chip), at
-    the model's dtype; ``precision`` the policy the states are counted in.
+    the model's dtype; ``precision`` the policy the states are counted in;
+    ``schedule`` and ``microbatches`` a pipeline's (``None``: the recipe's).
     """
 
     model: Model
@@ -236,6 +242,8 @@ class Plan:
     precision: str = "mixed"
     chip: str = ""
     peak_flops: float | None = None
+    schedule: str = "gpipe"
+    microbatches: int | None = None
 
     def row(self, label: str) -> PlanRow:
         """The row of strategy ``label`` (e.g. ``"FSDP"``); KeyError if none."""
@@ -250,6 +258,7 @@ class Plan:
                 "form": self.form, "jax": self.jax, "seconds": self.seconds,
                 "compiler": self.compiler, "precision": self.precision,
                 "chip": self.chip, "peak_flops": self.peak_flops,
+                "schedule": self.schedule, "microbatches": self.microbatches,
                 "interconnect": {axis: profile_json(p)
                                  for axis, p in self.interconnect.items()},
                 "rows": [dataclasses.asdict(row) for row in self.rows]}
@@ -261,6 +270,7 @@ class Plan:
                    form=doc["form"], jax=doc["jax"], seconds=doc["seconds"],
                    compiler=doc["compiler"], precision=doc["precision"],
                    chip=doc["chip"], peak_flops=doc["peak_flops"],
+                   schedule=doc["schedule"], microbatches=doc["microbatches"],
                    interconnect={axis: profile_from(p["name"], p, "plan JSON")
                                  for axis, p in doc["interconnect"].items()},
                    rows=tuple(PlanRow(**row) for row in doc["rows"]))
@@ -333,9 +343,12 @@ def _count_text(counts: Mapping[str, int]) -> str:
 
 def step_row(unit: Mapping[str, Any], model: Model, mesh: Mapping[str, int],
              interconnect: Mapping[str, Profile], *, precision: str = "mixed",
-             peak: float | None = None) -> PlanRow:
+             peak: float | None = None, schedule: str = "gpipe",
+             microbatches: int | None = None) -> PlanRow:
     """A :class:`PlanRow` from one compiled unit (the worker's dict)."""
     recipe = RECIPES[unit["recipe"]]
+    if microbatches and recipe.plan.variant:
+        recipe = recipe.plan.variant(microbatches)
     spec = recipe.plan
     if "skipped" in unit:
         return PlanRow(label=spec.label, recipe=recipe.name, unit=spec.unit,
@@ -424,8 +437,8 @@ def step_row(unit: Mapping[str, Any], model: Model, mesh: Mapping[str, int],
     temp = float(unit["memory"]["temp"] or 0) * scale
     kept = kept_remat = None
     if spec.activations is not None:
-        kept = spec.activations(axes, model, False) * model.itemsize
-        kept_remat = spec.activations(axes, model, True) * model.itemsize
+        kept = spec.activations(axes, model, False, schedule) * model.itemsize
+        kept_remat = spec.activations(axes, model, True, schedule) * model.itemsize
     return PlanRow(
         label=spec.label, recipe=recipe.name,
         axis=",".join(mesh) if unit["axis"] is None else unit["axis"], unit=spec.unit,
@@ -439,7 +452,8 @@ def step_row(unit: Mapping[str, Any], model: Model, mesh: Mapping[str, int],
         params=params, states=states, activations=kept, activations_remat=kept_remat,
         memory_bytes=states + (temp if kept is None else kept), temp=temp,
         cost_model=unit["cost_model"], compile_s=unit["compile_s"],
-        scope=spec.scope, added=added)
+        scope=spec.scope, added=added,
+        note=spec.note(axes, model, schedule) if spec.note else None)
 
 
 class _Axes:
@@ -458,7 +472,8 @@ class _Axes:
 def plan(model: Model, mesh: Mapping[str, int], *,
          interconnect: Profile | Mapping[str, Profile], form: str = "shard_map",
          recipes: Sequence[str] | None = None, topology: str | None = None,
-         precision: str = "mixed", timeout: float = 600) -> Plan:
+         precision: str = "mixed", schedule: str = "gpipe",
+         microbatches: int | None = None, timeout: float = 600) -> Plan:
     """Plan every strategy for ``model`` on ``mesh``, compile only.
 
     Args:
@@ -473,6 +488,9 @@ def plan(model: Model, mesh: Mapping[str, int], *,
         simulated CPU devices; needs ``pip install 'jax[tpu]'``, not a TPU.
       precision: how the states are kept, a key of
         :data:`collectives.plan.PRECISIONS`.
+      schedule: a pipeline's, ``"gpipe"`` (the recipe's) or ``"1f1b"``
+        (counted by formula: fewer activations kept, the same bubble).
+      microbatches: a pipeline's microbatch count (``None``: the recipe's).
 
     Returns:
       A :class:`Plan`; its rows in registry order.
@@ -499,18 +517,27 @@ def plan(model: Model, mesh: Mapping[str, int], *,
     if form not in ("shard_map", "jit"):
         raise ValueError(f"form: expected 'shard_map' or 'jit', got {form!r}.")
     state_bytes_per_parameter(precision, model.itemsize)  # a bad name raises
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule: expected one of {', '.join(SCHEDULES)}, got "
+                         f"{schedule!r}.")
+    if microbatches is not None and (not isinstance(microbatches, int)
+                                     or microbatches < 1):
+        raise ValueError(f"microbatches: {microbatches!r}; expected a whole number "
+                         "of 1 or more.")
     doc = compile_units(names, shape, recipes=recipes or planned_recipes(),
                         forms=(form,), model=model, timeout=timeout,
-                        topology=topology,
+                        topology=topology, microbatches=microbatches,
                         # XLA:CPU widens 16-bit float collectives: compile in
                         # float32 there and count them at the model's dtype
                         dtype=model.dtype if topology else "float32")
     chip = links[names[-1]]
     peak = chip.peak(model.dtype)
     rows = tuple(step_row(unit, model, dict(mesh), links, precision=precision,
-                          peak=peak) for unit in doc["units"])
+                          peak=peak, schedule=schedule, microbatches=microbatches)
+                 for unit in doc["units"])
     return Plan(model=model, mesh=dict(mesh), form=form, interconnect=links,
                 rows=rows, jax=doc["jax"], seconds=doc["seconds"],
                 compiler=f"TPU compiler, topology {topology}" if topology
                 else "XLA:CPU, simulated devices", precision=precision,
-                chip=chip.chip, peak_flops=peak)
+                chip=chip.chip, peak_flops=peak, schedule=schedule,
+                microbatches=microbatches)

@@ -116,6 +116,8 @@ def notes(plan: Plan) -> list[str]:
                  f"; compiled FLOPs {row.flops / row.model_flops:.3f} x 6NT")
         out.append(f"{row.label}: {row.recipe}, {row.repeats:g} x ({row.unit}); "
                    f"{tokens}{flops}")
+        if row.note:
+            out.append(f"{row.label}: {row.note}")
         if row.program:
             out.append(f"{row.label}: {row.program}; XLA:CPU's units send "
                        f"{size(row.cpu_sent)} a step")

@@ -57,8 +57,11 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
         target = contextlib.nullcontext
     model = Model(**request["model"]) if request.get("model") else None
     units = []
+    microbatches = request.get("microbatches")
     for name in request["recipes"]:
         recipe = RECIPES[name]
+        if microbatches and recipe.plan is not None and recipe.plan.variant:
+            recipe = recipe.plan.variant(microbatches)
         reason = unsupported(recipe, mesh)
         for form in request["forms"]:
             row: dict[str, Any] = {"recipe": name, "form": form}
