@@ -341,6 +341,35 @@ def _count_text(counts: Mapping[str, int]) -> str:
     return ", ".join(f"{n} {kind}" for kind, n in counts.items()) or "none"
 
 
+class _Comm:
+    """A step's collectives as they add up: counts per kind, bytes per mesh
+    axes, and seconds the computation waits for (``serial``) or may hide
+    (``hidden``), by the strategy's :class:`collectives.PlanSpec`."""
+
+    def __init__(self, spec: Any, names: Sequence[str],
+                 interconnect: Mapping[str, Profile]):
+        self.spec, self.names, self.interconnect = spec, list(names), interconnect
+        self.counts: dict[str, float] = {}
+        self.by_axes: dict[str, float] = {}
+        self.serial = self.hidden = 0.0
+
+    def add(self, kind: str, axes: Sequence[str], sent: float, count: float,
+            times: float) -> None:
+        """``times`` ops of ``count`` collectives of ``kind`` over ``axes``,
+        sending ``sent`` bytes a device in all ``count`` together."""
+        self.counts[kind] = self.counts.get(kind, 0.0) + count * times
+        key = ",".join(axes)
+        self.by_axes[key] = self.by_axes.get(key, 0.0) + sent * times
+        link = link_for(axes, self.interconnect).for_kind(kind)
+        seconds = times * (count * link.alpha + sent / link.busbw)
+        waited = self.spec.serial == "all" or (self.spec.serial == "last"
+                                               and list(axes) == self.names[-1:])
+        if waited:
+            self.serial += seconds
+        else:
+            self.hidden += seconds
+
+
 def step_row(unit: Mapping[str, Any], model: Model, mesh: Mapping[str, int],
              interconnect: Mapping[str, Profile], *, precision: str = "mixed",
              peak: float | None = None, schedule: str = "gpipe",
@@ -356,82 +385,29 @@ def step_row(unit: Mapping[str, Any], model: Model, mesh: Mapping[str, int],
     axes = _Axes(mesh, unit["axis"])
     repeats = float(spec.repeats(axes, model))
     stored = float((spec.stored or spec.repeats)(axes, model))
-    work = float((spec.work or spec.repeats)(axes, model))
     # compiled in float32 (XLA:CPU widens 16-bit float collectives to it):
     # float data counts at the model's dtype
     scale = model.itemsize / 4 if unit["dtype"] == "float32" else 1.0
-    names = list(mesh)
-    recipe_axes = names if unit["axis"] is None else [unit["axis"]]
-    counts: dict[str, float] = {}
-    by_axes: dict[str, float] = {}
-    serial = hidden = 0.0
+    recipe_axes = list(mesh) if unit["axis"] is None else [unit["axis"]]
+    comm = _Comm(spec, list(mesh), interconnect)
     ops = target_ops(unit, recipe_axes)
     for op in ops:
-        sent = op["bytes"] * (scale if op["dtype"] == "f32" else 1.0)
-        counts[op["kind"]] = counts.get(op["kind"], 0) + op["count"]
-        key = ",".join(op["axes"])
-        by_axes[key] = by_axes.get(key, 0.0) + sent * repeats
-        link = link_for(op["axes"], interconnect).for_kind(op["kind"])
-        seconds = repeats * (op["count"] * link.alpha + sent / link.busbw)
-        if spec.serial == "all" or (spec.serial == "last"
-                                    and op["axes"] == names[-1:]):
-            serial += seconds
-        else:
-            hidden += seconds
-    cpu_sent = sum(op["bytes"] * (scale if op["dtype"] == "f32" else 1.0)
-                   for op in unit["ops"]) * repeats
+        comm.add(op["kind"], op["axes"],
+                 op["bytes"] * (scale if op["dtype"] == "f32" else 1.0),
+                 op["count"], repeats)
     # each unit after the model's first also runs what its input, an
     # activation there, needs (the compiled unit takes it as data)
     joined = max(0.0, repeats - 1)
     boundary = (spec.boundary(axes, model, unit["form"]) if spec.boundary
                 else UnitBoundary())
     for kind, sent, over in boundary.ops if joined else ():
-        over = list(over) if over is not None else recipe_axes
-        counts[kind] = counts.get(kind, 0) + joined / repeats
-        key = ",".join(over)
-        by_axes[key] = by_axes.get(key, 0.0) + sent * joined
-        seconds = joined * link_for(over, interconnect).seconds(kind, sent)
-        if spec.serial == "all" or (spec.serial == "last" and over == names[-1:]):
-            serial += seconds
-        else:
-            hidden += seconds
+        comm.add(kind, recipe_axes if over is None else over, sent, 1, joined)
     params = unit["memory"]["params"] * stored * scale
-    others = [name for name in mesh if unit["axis"] is not None
-              and name != unit["axis"]]
-    added = None
-    if spec.replicas_sum_gradients and others and axes.others_size > 1:
-        # the replicas' gradient sum the recipe leaves out: one all-reduce
-        # of the stored parameters' gradients over the other axes, by the
-        # cost model
-        sent = bytes_moved("all-reduce", params, axes.others_size)
-        counts["all-reduce"] = counts.get("all-reduce", 0) + 1 / repeats
-        key = ",".join(others)
-        by_axes[key] = by_axes.get(key, 0.0) + sent
-        hidden += link_for(others, interconnect).seconds("all-reduce", sent)
-        added = (f"one all-reduce of its {params / 1e9:.2f} GB of gradients over "
-                 f"{key} (its replicas' sum, which the recipe leaves out; by the "
-                 "cost model, not compiled)")
-    devices = math.prod(mesh.values())
-    tokens = model.tokens / devices
-    flops = (None if unit.get("flops") is None
-             else unit["flops"] * work + boundary.flops * joined)
-    model_flops = model_flops_per_device(model, devices) if spec.scope == "model" \
-        else None
-    compute = None if flops is None or peak is None else flops / peak
-    if compute is None:
-        exposed = serial + hidden
-        critical = None
-    else:
-        window = compute * (BACKWARD_SHARE if spec.overlap == "backward" else 1.0)
-        exposed = serial + max(0.0, hidden - window)
-        # the overlapped collectives (gradients, gathers) do not grow with
-        # the tokens, the computation does: equal at this many tokens; one
-        # kind of layer's collectives carry its activations and grow too
-        critical = (tokens * hidden / window
-                    if hidden and window and spec.scope == "model" else None)
-    step = (compute or 0.0) + exposed
-    mfu = (model_flops / (step * peak)
-           if model_flops and peak and compute is not None and step else None)
+    added = _replicas_sum(spec, unit, mesh, axes, params, comm)
+    flops = (None if unit.get("flops") is None else
+             unit["flops"] * float((spec.work or spec.repeats)(axes, model))
+             + boundary.flops * joined)
+    time = _step_time(spec, model, mesh, comm, flops, peak)
     states = params / model.itemsize * state_bytes_per_parameter(
         precision, model.itemsize)
     temp = float(unit["memory"]["temp"] or 0) * scale
@@ -440,20 +416,60 @@ def step_row(unit: Mapping[str, Any], model: Model, mesh: Mapping[str, int],
         kept = spec.activations(axes, model, False, schedule) * model.itemsize
         kept_remat = spec.activations(axes, model, True, schedule) * model.itemsize
     return PlanRow(
-        label=spec.label, recipe=recipe.name,
-        axis=",".join(mesh) if unit["axis"] is None else unit["axis"], unit=spec.unit,
-        repeats=repeats,
-        collectives={kind: round(n * repeats) for kind, n in counts.items()},
-        sent=sum(by_axes.values()), sent_by_axes=by_axes, cpu_sent=cpu_sent,
-        program=_difference(unit, ops), comm_s=serial + hidden, serial_s=serial,
-        exposed_s=exposed,
-        flops=flops, model_flops=model_flops, compute_s=compute, step_s=step,
-        mfu=mfu, tokens_per_device=tokens, critical_tokens_per_device=critical,
+        label=spec.label, recipe=recipe.name, axis=",".join(recipe_axes),
+        unit=spec.unit, repeats=repeats,
+        collectives={kind: round(n) for kind, n in comm.counts.items()},
+        sent=sum(comm.by_axes.values()), sent_by_axes=comm.by_axes,
+        cpu_sent=sum(op["bytes"] * (scale if op["dtype"] == "f32" else 1.0)
+                     for op in unit["ops"]) * repeats,
+        program=_difference(unit, ops), **time, flops=flops,
         params=params, states=states, activations=kept, activations_remat=kept_remat,
         memory_bytes=states + (temp if kept is None else kept), temp=temp,
         cost_model=unit["cost_model"], compile_s=unit["compile_s"],
         scope=spec.scope, added=added,
         note=spec.note(axes, model, schedule) if spec.note else None)
+
+
+def _replicas_sum(spec: Any, unit: Mapping[str, Any], mesh: Mapping[str, int],
+                  axes: _Axes, params: float, comm: _Comm) -> str | None:
+    """The replicas' gradient sum a recipe leaves out (a pipeline's): one
+    all-reduce of the stored parameters' gradients over the other axes, by
+    the cost model, added to ``comm``; what was added, in words."""
+    others = [name for name in mesh if unit["axis"] is not None
+              and name != unit["axis"]]
+    if not (spec.replicas_sum_gradients and others and axes.others_size > 1):
+        return None
+    comm.add("all-reduce", others, bytes_moved("all-reduce", params, axes.others_size),
+             1, 1)
+    return (f"one all-reduce of its {params / 1e9:.2f} GB of gradients over "
+            f"{','.join(others)} (its replicas' sum, which the recipe leaves out; "
+            "by the cost model, not compiled)")
+
+
+def _step_time(spec: Any, model: Model, mesh: Mapping[str, int], comm: _Comm,
+               flops: float | None, peak: float | None) -> dict[str, Any]:
+    """The step's times, MFU and critical tokens (:class:`PlanRow`'s fields)."""
+    devices = math.prod(mesh.values())
+    tokens = model.tokens / devices
+    model_flops = (model_flops_per_device(model, devices) if spec.scope == "model"
+                   else None)
+    compute = None if flops is None or peak is None else flops / peak
+    exposed, critical = comm.serial + comm.hidden, None
+    if compute is not None:
+        window = compute * (BACKWARD_SHARE if spec.overlap == "backward" else 1.0)
+        exposed = comm.serial + max(0.0, comm.hidden - window)
+        # the overlapped collectives (gradients, gathers) do not grow with
+        # the tokens, the computation does: equal at this many tokens; one
+        # kind of layer's collectives carry its activations and grow too
+        if comm.hidden and window and spec.scope == "model":
+            critical = tokens * comm.hidden / window
+    step = (compute or 0.0) + exposed
+    mfu = (model_flops / (step * peak)
+           if model_flops and peak and compute is not None and step else None)
+    return {"comm_s": comm.serial + comm.hidden, "serial_s": comm.serial,
+            "exposed_s": exposed, "model_flops": model_flops, "compute_s": compute,
+            "step_s": step, "mfu": mfu, "tokens_per_device": tokens,
+            "critical_tokens_per_device": critical}
 
 
 class _Axes:
