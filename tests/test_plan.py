@@ -489,6 +489,25 @@ def test_search_ranks_every_split_by_step_time_and_names_the_best(tmp_path):
     assert lines[-1].startswith(f"laptop: best: {best[0]} on ")
 
 
+def test_plan_help_names_every_flag(capsys):
+    with pytest.raises(SystemExit) as done:
+        _cli.main(["plan", "--help"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    for flag in ("--precision", "--schedule", "--microbatches", "--search",
+                 "--scaling-book", "--interconnect"):
+        assert flag in out
+
+
+@pytest.mark.parametrize("command", sorted(
+    _cli.build_parser()._subparsers._group_actions[0].choices))
+def test_every_commands_help_prints(capsys, command):
+    """A literal percent sign in a help text breaks argparse's --help."""
+    with pytest.raises(SystemExit) as done:
+        _cli.main([command, "--help"])
+    assert done.value.code == 0 and command in capsys.readouterr().out
+
+
 def test_search_needs_one_device_count(capsys):
     assert _cli.main(["plan", "--devices", "16", "64", "--search"]) == 2
     assert "--search: give one --devices N" in capsys.readouterr().err

@@ -80,11 +80,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f"model=nvlink-h100,data=ib-ndr); default: {DATACENTER} ({DATACENTER_TEXT}); "
         f"{MEASURED}: bench's fit on this machine; --list-profiles shows the "
         "others")
-    parser.add_argument(
-        "--precision", choices=tuple(PRECISIONS), default="mixed",
-        help="how weights, gradients and Adam's moments are kept: " + "; ".join(
-            f"{name}: {what}" for name, what in PRECISIONS.items())
-        + " (default: %(default)s)")
+    _choice(parser, "--precision", PRECISIONS, "mixed",
+            "how weights, gradients and Adam's moments are kept")
     parser.add_argument("--profiles", action="append", default=[], metavar="FILE",
                         help="add named profiles from a TOML or JSON file")
     parser.add_argument("--list-profiles", action="store_true",
@@ -100,11 +97,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                                         low=1),
         help="the pipeline's microbatches (default: the recipe's, 4): its bubble "
         "is (S - 1) / (M + S - 1) of a stage's ticks")
-    parser.add_argument(
-        "--schedule", choices=tuple(SCHEDULES), default="gpipe",
-        help="the pipeline's schedule: " + "; ".join(
-            f"{name}: {what}" for name, what in SCHEDULES.items())
-        + " (default: %(default)s)")
+    _choice(parser, "--schedule", SCHEDULES, "gpipe", "the pipeline's schedule")
     parser.add_argument("--form", choices=("shard_map", "jit"), default="shard_map",
                         help="the form compiled (default: %(default)s)")
     parser.add_argument("-s", "--strategies", nargs="+", metavar="NAME",
@@ -128,7 +121,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--scaling-book", action="store_true",
         help="reproduce the scaling book's critical batch sizes (part 5, TPU "
         "v5p) from compiled programs and print them beside the book's; exits 1 "
-        f"where one differs by more than {BOOK_TOLERANCE:.0%} from the book's "
+        f"where one differs by more than {BOOK_TOLERANCE * 100:.0f} %% from the "
+        "book's "
         "formula counted the plan's way")
     parser.add_argument("--json", metavar="FILE", type=_args.output_file,
                         help="write the plans as JSON")
@@ -138,6 +132,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=_args.real("a positive number", above=0),
                         default=600, metavar="SECONDS",
                         help="limit for compiling one mesh (default: %(default)s)")
+
+
+def _choice(parser: argparse.ArgumentParser, flag: str,
+            choices: Mapping[str, str], default: str, what: str) -> None:
+    """A flag of named choices, each explained in its help."""
+    parser.add_argument(
+        flag, choices=tuple(choices), default=default,
+        help=f"{what}: " + "; ".join(f"{name}: {text}"
+                                     for name, text in choices.items())
+        + " (default: %(default)s)")
 
 
 def _gigabytes(text: str) -> float:
