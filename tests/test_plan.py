@@ -313,7 +313,16 @@ def test_plan_on_64_devices_matches_formulas_written_here(tmp_path):
     whole = layers * block * item
     assert fsdp["sent"] == pytest.approx(
         (n - 1) / n * (3 * whole - (w * f + f) * item), rel=1e-5)
-    assert "where the target keeps" in fsdp["program"]
+    # XLA:CPU of JAX 0.10 merges the re-gathers into the forward gathers;
+    # 0.12's keeps them, as a GPU or TPU compiler does: its units send what
+    # the target's do, less what the plan adds for the units inside the
+    # model (their first layer's re-gather)
+    if fsdp["program"] is not None:
+        assert "where the target keeps 7 all-gather" in fsdp["program"]
+        assert fsdp["cpu_sent"] < fsdp["sent"]
+    else:
+        assert fsdp["sent"] - fsdp["cpu_sent"] == pytest.approx(
+            (units - 1) * (n - 1) / n * (w * f + f) * item, rel=1e-6)
     for key in ("compute_s", "comm_s", "step_s", "mfu",
                 "critical_tokens_per_device", "memory_bytes"):
         assert all(key in row for row in rows.values()), key
