@@ -31,8 +31,8 @@ PEAK = 4.59e14
 """The book's TPU v5p: bf16 FLOP/s a chip."""
 ICI = 1.8e11
 """The book's TPU v5p: bidirectional ICI bandwidth along one axis, bytes/s."""
-DEVICES = 512
-"""The chips each case is planned on (the thresholds are per chip; 512
+DEVICES = 256
+"""The chips each case is planned on (the thresholds are per chip; 256
 keeps LLaMA-2 13B's F = 13824 divisible by every split tried)."""
 SPLITS = (2, 4, 8, 16)
 """The tensor-parallel degrees tried for FSDP x TP (the book's optimum,
