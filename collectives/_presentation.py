@@ -57,7 +57,7 @@ class UnitBoundary:
     (see :attr:`PlanSpec.boundary`).
 
     Attributes:
-      flops: FLOPs (e.g. the first layer's input gradient, ``2 t w^2``).
+      flops: FLOPs (e.g. the first layer's input gradient, ``2 t D F``).
       ops: collectives, each ``(kind, bytes one device sends at the model's
         dtype, mesh axis names or None for the recipe's axes)``.
     """
@@ -99,8 +99,8 @@ class PlanSpec:
         with each other; ``"layer"``: one kind of layer (attention, experts)
         whose cost adds to a model strategy's.
       work: ``work(axes, model)``: how many units' computation one step runs
-        (default: ``repeats``; a pipeline stage computes ``layers / stages``
-        layers but sends one unit's activations).
+        (default: ``repeats``; a pipeline stage computes its share of the
+        layers but sends one unit's activations whatever that share).
       serial: which of its collectives the computation waits for (the
         critical path): ``"none"``, ``"last"`` (those over the last mesh axis
         alone: tensor parallelism's activation sums, a pipeline's sends) or

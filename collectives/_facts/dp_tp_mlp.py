@@ -448,8 +448,7 @@ def mlp_activations(model: bool, remat: bool):
     """
     def kept(axes, model_: Any, remat_now: bool, schedule: str = "gpipe") -> float:
         del schedule  # one program, no pipeline
-        m = axes.shape[-1] if model else 1
-        tokens = _batch_tokens(axes, model_, model)
+        tokens, m = _split(axes, model_, model)
         units = model_.layers / 2
         hidden, width = model_.ffn / m, model_.width
         if remat or remat_now:
@@ -460,10 +459,13 @@ def mlp_activations(model: bool, remat: bool):
     return kept
 
 
-def _batch_tokens(axes, model_, model: bool) -> float:
-    """Tokens one device computes on: the step's over the devices that
-    split the batch (every device, or the data axis with a model axis)."""
-    return model_.tokens / (axes.shape[0] if model else axes.size)
+def _split(axes, model_, model: bool) -> tuple[float, int]:
+    """``(t, m)``: the tokens one device computes on (the step's over the
+    devices that split the batch: every device, or the data axis with a
+    model axis) and the tensor-parallel degree (the model axis, or 1)."""
+    if model:
+        return model_.tokens / axes.shape[0], axes.shape[-1]
+    return model_.tokens / axes.size, 1
 
 
 def mlp_boundary(model: bool, gathers: bool):
@@ -476,8 +478,7 @@ def mlp_boundary(model: bool, gathers: bool):
     every axis."""
     def extra(axes, model_: Any, form: str) -> UnitBoundary:
         w, f, itemsize = model_.width, model_.ffn, model_.itemsize
-        m = axes.shape[-1] if model else 1
-        tokens = _batch_tokens(axes, model_, model)
+        tokens, m = _split(axes, model_, model)
         ops = []
         if model:
             ops.append(("all-reduce", per_device_bytes(

@@ -309,9 +309,9 @@ def _kept(axes, model, remat: bool, schedule: str = "gpipe", *,
 
 def _bubble_note(axes, model, schedule: str, *, microbatches: int) -> str:
     del model
-    return (f"{SCHEDULES[schedule].split(':')[0]}, {microbatches} microbatches over "
-            f"{axes.size} stages: bubble {bubble_fraction(axes.size, microbatches):.0%}"
-            " of each stage's ticks (the scan computes and sends on them too)")
+    return (f"the {schedule} schedule, {microbatches} microbatches over {axes.size} "
+            f"stages: bubble {bubble_fraction(axes.size, microbatches):.0%} of each "
+            "stage's ticks (the scan computes and sends on them too)")
 
 
 def pipeline_recipe(microbatches: int = MICROBATCHES) -> Recipe:

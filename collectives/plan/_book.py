@@ -22,7 +22,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from collectives.plan._model import MODELS
-from collectives.plan._plan import Plan
 from collectives.plan._plan import plan
 from collectives.plan._profiles import Link
 from collectives.plan._profiles import Profile
@@ -71,10 +70,6 @@ class Case:
         return self.plan / (self.counted or self.book)
 
 
-def _row(p: Plan, label: str):
-    return next(r for r in p.rows if r.label == label)
-
-
 def _all_overlapped(row) -> float:
     """Tokens per device below which the step's collectives, every one
     overlapped as the book assumes, outlast its computation: the FSDP part
@@ -99,16 +94,16 @@ def cases(timeout: float = 600) -> list[Case]:
     ring = f"the ring's (n - 1)/n at n = {DEVICES}"
     out = [
         Case("DP, one axis", alpha, "C / W",
-             _row(by_one, "DP").critical_tokens_per_device,
+             by_one.row("DP").critical_tokens_per_device,
              "gradient all-reduce against the backward pass",
              f"{ring}; the first layer's input gradient, which no program "
              "computes, is left out of the backward pass hiding the sum"),
         Case("FSDP, one axis", alpha, "C / W",
-             _row(by_one, "FSDP").critical_tokens_per_device,
+             by_one.row("FSDP").critical_tokens_per_device,
              "gathers, re-gathers and reduce-scatters against the step",
              f"{ring}; the model's first layer needs no re-gather"),
         Case("FSDP, three axes", alpha / 3, "C / 3W",
-             _row(by_three, "FSDP").critical_tokens_per_device,
+             by_three.row("FSDP").critical_tokens_per_device,
              "as above, with three axes' links",
              f"{ring}; the model's first layer needs no re-gather"),
     ]
@@ -117,9 +112,10 @@ def cases(timeout: float = 600) -> list[Case]:
         links = {"data": book_profile(2), "model": one}
         p = plan(model, {"data": DEVICES // split, "model": split},
                  interconnect=links, recipes=["fsdp_tp_mlp"], timeout=timeout)
-        row = _row(p, "FSDP x TP")
-        if not row.skipped and _all_overlapped(row) < best:
-            best, chosen = _all_overlapped(row), split
+        row = p.row("FSDP x TP")
+        found = math.inf if row.skipped else _all_overlapped(row)
+        if found < best:
+            best, chosen = found, split
     # the book: alpha / (M_X b Y) + alpha Y / (M_Y F) < 1 (M_X = 2: data over
     # two torus axes, M_Y = 1); the plan sums [t, D] twice a block (forward
     # and backward) against the step's 6 FLOPs a parameter and token, where

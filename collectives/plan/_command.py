@@ -291,10 +291,8 @@ def _main(args: argparse.Namespace) -> int:
     # axis names, so one interconnect serves every plan of the run
     for model in models:
         for mesh in meshes:
-            result = plan(model, mesh, interconnect=links, form=args.form,
-                          recipes=recipes, topology=args.topology,
-                          precision=args.precision, schedule=args.schedule,
-                          microbatches=args.microbatches, timeout=args.timeout)
+            result = plan(model, mesh, interconnect=links, recipes=recipes,
+                          **_plan_options(args))
             plans.append(result)
             if len(plans) > 1:
                 print()
@@ -327,6 +325,13 @@ def _main(args: argparse.Namespace) -> int:
     return 1 if bad else 0
 
 
+def _plan_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The flags :func:`plan` takes as they are, for every plan of a run."""
+    return {"form": args.form, "topology": args.topology,
+            "precision": args.precision, "schedule": args.schedule,
+            "microbatches": args.microbatches, "timeout": args.timeout}
+
+
 def _search(args: argparse.Namespace, models: Sequence[Any], recipes: list[str],
             interconnect: str, profiles: dict[str, Profile]) -> int:
     """``plan --search``: every data x model split, ranked by step time."""
@@ -346,10 +351,8 @@ def _search(args: argparse.Namespace, models: Sequence[Any], recipes: list[str],
         for m in splits:
             mesh = {"data": devices // m, "model": m}
             links = interconnect_for(interconnect, mesh, profiles, args.remeasure)
-            plans.append(plan(model, mesh, interconnect=links, form=args.form,
-                              recipes=whole, topology=args.topology,
-                              precision=args.precision, schedule=args.schedule,
-                          microbatches=args.microbatches, timeout=args.timeout))
+            plans.append(plan(model, mesh, interconnect=links, recipes=whole,
+                              **_plan_options(args)))
     memory = args.memory_per_device
     for line in search_lines(plans, memory):
         print(line)

@@ -26,8 +26,18 @@ from collectives._layout import Axes
 from collectives._memory import analysed_memory
 from collectives._memory import sharded_bytes
 from collectives._recipe import Recipe
+from collectives._registry import RECIPES
 from collectives._stacked import map_leaves
 from collectives.hlo import parse_collectives
+
+
+def planned_recipe(name: str, microbatches: int | None = None) -> Recipe:
+    """The recipe a plan compiles for ``name``: the registered one, or its
+    variant with ``microbatches`` (a pipeline's, ``plan --microbatches``)."""
+    recipe = RECIPES[name]
+    if microbatches and recipe.plan is not None and recipe.plan.variant:
+        return recipe.plan.variant(microbatches)
+    return recipe
 
 
 def plan_axis(recipe: Recipe, mesh: jax.sharding.Mesh) -> Any:

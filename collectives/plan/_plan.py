@@ -23,6 +23,7 @@ from collectives._presentation import UnitBoundary
 from collectives._registry import RECIPES
 from collectives.hlo import bytes_moved
 from collectives.plan._child import run_child
+from collectives.plan._compile import planned_recipe
 from collectives.plan._model import Model
 from collectives.plan._profiles import Profile
 from collectives.plan._profiles import profile_from
@@ -375,9 +376,7 @@ def step_row(unit: Mapping[str, Any], model: Model, mesh: Mapping[str, int],
              peak: float | None = None, schedule: str = "gpipe",
              microbatches: int | None = None) -> PlanRow:
     """A :class:`PlanRow` from one compiled unit (the worker's dict)."""
-    recipe = RECIPES[unit["recipe"]]
-    if microbatches and recipe.plan.variant:
-        recipe = recipe.plan.variant(microbatches)
+    recipe = planned_recipe(unit["recipe"], microbatches)
     spec = recipe.plan
     if "skipped" in unit:
         return PlanRow(label=spec.label, recipe=recipe.name, unit=spec.unit,
@@ -388,13 +387,15 @@ def step_row(unit: Mapping[str, Any], model: Model, mesh: Mapping[str, int],
     # compiled in float32 (XLA:CPU widens 16-bit float collectives to it):
     # float data counts at the model's dtype
     scale = model.itemsize / 4 if unit["dtype"] == "float32" else 1.0
+
+    def at_model_dtype(op: Mapping[str, Any]) -> float:
+        return op["bytes"] * (scale if op["dtype"] == "f32" else 1.0)
+
     recipe_axes = list(mesh) if unit["axis"] is None else [unit["axis"]]
     comm = _Comm(spec, list(mesh), interconnect)
     ops = target_ops(unit, recipe_axes)
     for op in ops:
-        comm.add(op["kind"], op["axes"],
-                 op["bytes"] * (scale if op["dtype"] == "f32" else 1.0),
-                 op["count"], repeats)
+        comm.add(op["kind"], op["axes"], at_model_dtype(op), op["count"], repeats)
     # each unit after the model's first also runs what its input, an
     # activation there, needs (the compiled unit takes it as data)
     joined = max(0.0, repeats - 1)
@@ -420,8 +421,7 @@ def step_row(unit: Mapping[str, Any], model: Model, mesh: Mapping[str, int],
         unit=spec.unit, repeats=repeats,
         collectives={kind: round(n) for kind, n in comm.counts.items()},
         sent=sum(comm.by_axes.values()), sent_by_axes=comm.by_axes,
-        cpu_sent=sum(op["bytes"] * (scale if op["dtype"] == "f32" else 1.0)
-                     for op in unit["ops"]) * repeats,
+        cpu_sent=sum(map(at_model_dtype, unit["ops"])) * repeats,
         program=_difference(unit, ops), **time, flops=flops,
         params=params, states=states, activations=kept, activations_remat=kept_remat,
         memory_bytes=states + (temp if kept is None else kept), temp=temp,

@@ -20,8 +20,8 @@ from jax.experimental import topologies
 
 from collectives._costs import compiling_for
 from collectives._devices import make_mesh
-from collectives._registry import RECIPES
 from collectives.plan._compile import compile_unit
+from collectives.plan._compile import planned_recipe
 from collectives.plan._compile import unsupported
 from collectives.plan._model import Model
 
@@ -57,11 +57,8 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
         target = contextlib.nullcontext
     model = Model(**request["model"]) if request.get("model") else None
     units = []
-    microbatches = request.get("microbatches")
     for name in request["recipes"]:
-        recipe = RECIPES[name]
-        if microbatches and recipe.plan is not None and recipe.plan.variant:
-            recipe = recipe.plan.variant(microbatches)
+        recipe = planned_recipe(name, request.get("microbatches"))
         reason = unsupported(recipe, mesh)
         for form in request["forms"]:
             row: dict[str, Any] = {"recipe": name, "form": form}
