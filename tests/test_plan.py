@@ -144,6 +144,16 @@ def test_measured_profile_is_read_back_from_its_cache(tmp_path, monkeypatch):
     assert p.seconds("all-reduce", 4e9) == pytest.approx(40e-6 + 1.0)
 
 
+def test_the_measured_peak_is_timed_under_a_users_global_mesh():
+    """On JAX's defaults (a mesh set with jax.set_mesh) the matmul that times
+    the measured profile's peak runs on one device, outside that mesh."""
+    from collectives.plan._profiles import measured_peaks
+
+    with jax.set_mesh(jax.make_mesh((4, 2), ("X", "Y"))):
+        peaks = measured_peaks(8)
+    assert set(peaks) == {"float32", "bfloat16"} and min(peaks.values()) > 0
+
+
 # -- the model and the mesh -----------------------------------------------------
 
 
