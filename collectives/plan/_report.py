@@ -207,12 +207,14 @@ def plot(plans: Sequence[Plan], path: str, memory: float | None = None) -> None:
     """
     plt = pyplot()
     models = list(dict.fromkeys(p.model.name for p in plans))
-    fig, axs = plt.subplots(len(models), 2, figsize=(10, 3.8 * len(models)),
+    # 7 inches at the docs' 110 dpi: the width of their content column
+    fig, axs = plt.subplots(len(models), 2, figsize=(7, 3.4 * len(models)),
                             squeeze=False)
     for (ax_time, ax_mem), name in zip(axs, models, strict=True):
         mine = sorted((p for p in plans if p.model.name == name),
                       key=lambda p: math.prod(p.mesh.values()))
         labels = list(dict.fromkeys(r.label for p in mine for r in p.rows))
+        counts = [math.prod(p.mesh.values()) for p in mine]
         for label in labels:
             pts = [(math.prod(p.mesh.values()), r) for p in mine for r in p.rows
                    if r.label == label and not r.skipped]
@@ -231,18 +233,23 @@ def plot(plans: Sequence[Plan], path: str, memory: float | None = None) -> None:
                          (ax_mem, "memory per device (bytes)")):
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
+            ax.set_xticks(counts, [str(n) for n in counts])
             ax.set_xlabel("devices")
             ax.set_ylabel(what)
             ax.grid(True, which="both", alpha=0.3)
-        ax_time.set_title(f"{mine[0].model.describe().split(',')[0]}", fontsize=10)
+        model = mine[0].model
+        ax_time.set_title(f"{name}: {model.parameters / 1e9:.2f}B parameters",
+                          fontsize=10)
         if memory is not None:
             ax_mem.axhline(memory, color="black", linestyle="--", linewidth=1)
             ax_mem.text(xs[0], memory * 1.1, f"{size(memory)} per device",
-                        fontsize=9)
-        ax_mem.legend(fontsize=9, ncol=2)
+                        fontsize=8)
+    # one legend for every panel, under them, where it covers no line
+    handles, labels = axs[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=8)
     links = "; ".join(dict.fromkeys(
         f"{axis}: {profile.name}" for axis, profile in plans[0].interconnect.items()))
-    fig.suptitle(f"Predicted per device and training step ({links})", fontsize=11)
-    fig.tight_layout()
+    fig.suptitle(f"Predicted per device and step ({links})", fontsize=10)
+    fig.tight_layout(rect=(0, 0.7 / (3.4 * len(models)) + 0.01, 1, 1))
     write_atomic(path, lambda temporary: fig.savefig(temporary, dpi=110))
     plt.close(fig)

@@ -123,7 +123,17 @@ class PlanTable(_FromFile):
             item = nodes.list_item()
             item += nodes.paragraph(text=note)
             legend += item
-        return [caption, _table(list(COLUMNS), rows, code_columns=()), legend]
+        # two tables of the strategy and a few columns each, so each fits
+        # the content column: what a step sends and takes, then where it
+        # runs, when it is communication-bound, its memory and cost model
+        parts = [[COLUMNS.index(c) for c in names] for names in (
+            ("strategy", "collectives/step", "sent/device", "comm", "compute",
+             "step", "MFU"),
+            ("strategy", "over", "comm-bound below", "memory/device", "cost model"))]
+        tables = [_table([COLUMNS[i] for i in part],
+                         [[row[i] for i in part] for row in rows], code_columns=())
+                  for part in parts]
+        return [caption, *tables, legend]
 
 
 class PlanCrossovers(_FromFile):
