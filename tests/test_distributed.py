@@ -6,6 +6,7 @@ it started; the fault tests check that nothing survives.
 """
 
 import contextlib
+import dataclasses
 import os
 import re
 import signal
@@ -225,6 +226,42 @@ def test_a_failing_worker_stops_the_launch(tmp_path, mode, because):
     assert "process 1 about to fail" in result.report()
     children = [int((tmp_path / f"child-{i}").read_text()) for i in range(2)]
     _assert_nothing_left([p.pid for p in result.processes] + children)
+
+
+def test_the_report_keeps_the_error_when_the_runtime_logs_after_it():
+    # Under load, a failed process's runtime can log many lines after its
+    # traceback (the coordination service closing its socket); the report's
+    # window ends at the traceback, so the error and what the process printed
+    # before it stay in view, and the noise is counted, not shown whole.
+    traceback = ["Traceback (most recent call last):",
+                 '  File "faulty.py", line 15, in <module>',
+                 '    raise RuntimeError("boom in process 1")',
+                 "RuntimeError: boom in process 1",
+                 "note: a hint added with add_note"]
+    noise = [f"E1202 15:04:{i:02d}.000000 123 coordination_service_agent.cc:"
+             f"{i}] Socket closed" for i in range(30)]
+    output = "\n".join(["process 1 about to fail", *traceback, *noise])
+    failed = distributed.ProcessResult(index=1, pid=11, status="failed",
+                                       returncode=1, seconds=1.0,
+                                       summary="raised", output=output)
+    stopped = distributed.ProcessResult(index=0, pid=10, status="stopped",
+                                        returncode=1, seconds=1.0,
+                                        summary="stopped", output="")
+    result = distributed.LaunchResult(
+        ok=False, returncode=1, message="launch failed: process 1 ...",
+        processes=(stopped, failed), coordinator="127.0.0.1:1",
+        devices_per_process=1, culprit=1)
+    report = result.report(lines=20).splitlines()
+    start = report.index("process 1 about to fail")
+    assert report[start + 1:start + 6] == traceback
+    assert report[start + 6] == "... 25 more lines after the traceback; the last 5:"
+    assert report[start + 7:start + 12] == noise[-5:]
+    assert report[-1] == "launch failed: process 1 ..."
+    # Without a traceback, the window is the output's last lines.
+    plain = dataclasses.replace(failed, output="\n".join(noise))
+    assert plain.tail(3) == "\n".join(noise[-3:])
+    # A window shorter than the traceback ends at its exception line.
+    assert failed.tail(2).splitlines()[:2] == traceback[3:5]
 
 
 @needs_proc

@@ -57,8 +57,26 @@ class ProcessResult:
     output: str
 
     def tail(self, lines: int = 20) -> str:
-        """The last ``lines`` lines of output."""
-        return "\n".join(self.output.splitlines()[-lines:])
+        """The last ``lines`` lines of output, ending at the Python traceback
+        where the process printed one.
+
+        What the runtime logs after a traceback (a peer's closed socket,
+        the coordination service going away) follows it, its last few
+        lines with a count of the rest, so that noise never pushes the
+        error, or what the process printed before it, out of the window.
+        """
+        text = self.output.splitlines()
+        end = _traceback_end(text)
+        if end is None:
+            return "\n".join(text[-lines:])
+        shown = text[max(0, end + 1 - lines):end + 1]
+        after = text[end + 1:]
+        keep = max(1, lines // 4)
+        if len(after) > keep:
+            shown.append(f"... {len(after) - keep} more lines after the "
+                         f"traceback; the last {keep}:")
+            after = after[-keep:]
+        return "\n".join(shown + after)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,6 +126,29 @@ class LaunchResult:
             out.append(p.tail(shown) or "(no output)")
         out.append(self.message)
         return "\n".join(out)
+
+
+_LOG_LINE = re.compile(r"^([EWIF]\d{4} |\d{4}-\d\d-\d\d[ T])")
+"""A line the runtime logs (glog's ``E1202 15:04:05...`` or a timestamp)."""
+
+
+def _traceback_end(text: list[str]) -> int | None:
+    """The index of the last line of the last Python traceback in ``text``:
+    its exception line and any notes under it, up to the runtime's next log
+    line. ``None`` where there is no traceback."""
+    starts = [i for i, line in enumerate(text)
+              if line.startswith("Traceback (most recent call last):")]
+    if not starts:
+        return None
+    i = starts[-1] + 1
+    while i < len(text) and text[i][:1] in (" ", "\t"):
+        i += 1
+    if i == len(text):
+        return None
+    while (i + 1 < len(text) and text[i + 1].strip()
+           and not _LOG_LINE.match(text[i + 1])):
+        i += 1
+    return i
 
 
 def worker_argv(target: Sequence[str]) -> list[str]:
