@@ -117,16 +117,22 @@ def assert_exact_on_a_drawn_case(name, data):
                        rtol=0, atol=0)
 
 
-def assert_draws_svg(diagram, record, tmp_path):
-    """A strategy diagram module's ``draw`` writes a real SVG of ``record``,
-    and the module has its caption (skipped without matplotlib)."""
+def assert_draws_svg(diagram, record, tmp_path, widths=("wide",)):
+    """A strategy diagram module's ``draw`` writes a real SVG of ``record``
+    for each column width, legible there, and the module has its caption
+    (skipped without matplotlib)."""
     import pytest
 
+    from collectives import _figure
+
     pytest.importorskip("matplotlib")
-    path = tmp_path / "diagram.svg"
-    diagram.draw(record, path)
-    svg = path.read_text()
-    assert svg.lstrip().startswith("<?xml") and "<svg" in svg and len(svg) > 10_000
+    for width in widths:
+        path = tmp_path / f"diagram-{width}.svg"
+        diagram.draw(record, path, width=width)
+        svg = path.read_text()
+        assert svg.lstrip().startswith("<?xml") and "<svg" in svg and len(svg) > 10_000
+        # legible in its column: text on screen >= 9 px, no legend over data
+        assert _figure.problems(_figure.read_record(path), width) == [], width
     assert diagram.CAPTION and diagram.text(record)
 
 

@@ -29,6 +29,7 @@ import jax
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
+from collectives import _figure
 from collectives._devices import make_mesh
 from collectives._strategy_diagrams._tap import tapped
 from collectives.hlo import collective_stats
@@ -202,7 +203,7 @@ def _colour(device: int):
     return (0.4 + 0.6 * red, 0.4 + 0.6 * green, 0.4 + 0.6 * blue)
 
 
-def draw(record: AllToAllAttentionTrace, path) -> None:
+def draw(record: AllToAllAttentionTrace, path, width: str = "wide") -> None:
     """Write the SVG: three panels (before, between, after), heads across,
     positions down, each cell coloured by the device holding it."""
     import matplotlib  # optional: the docs extra
@@ -266,4 +267,4 @@ def draw(record: AllToAllAttentionTrace, path) -> None:
              f"{record.all_to_all_bytes:g} bytes sent per device; output "
              f"{'equals' if record.matches_oracle else 'differs from'} the NumPy "
              "oracle", ha="center", fontsize=10.5, color="#333333")
-    fig.savefig(path, format="svg")
+    _figure.save(fig, path)

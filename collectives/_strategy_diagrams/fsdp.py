@@ -31,6 +31,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from collectives import _figure
 from collectives._devices import make_mesh
 from collectives.hlo import parse_collectives
 from collectives.hlo import shape_bytes
@@ -306,7 +307,7 @@ def text(record: FsdpTrace) -> str:
     return "\n".join(lines)
 
 
-def draw(record: FsdpTrace, path) -> None:
+def draw(record: FsdpTrace, path, width: str = "wide") -> None:
     """Write the SVG: the collectives per layer in program order (top) and one
     device's blocks against the gathered layers (bottom)."""
     import matplotlib  # optional: the docs extra
@@ -412,4 +413,4 @@ def draw(record: FsdpTrace, path) -> None:
                   "(blocks numbered by the device they came from)", fontsize=10.5)
     bx.set_title("what device 0 holds (dark block) vs the full layer "
                  "gather_layer assembles", fontsize=11, loc="left")
-    fig.savefig(path, format="svg")
+    _figure.save(fig, path)

@@ -27,6 +27,7 @@ import jax
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
+from collectives import _figure
 from collectives._devices import make_mesh
 from collectives.recipes import moe as moe_file
 
@@ -211,7 +212,7 @@ def text(record: MoeTrace) -> str:
     return "\n".join(lines)
 
 
-def draw(record: MoeTrace, path) -> None:
+def draw(record: MoeTrace, path, width: str = "wide") -> None:
     """Write dispatch, expert buffers and combine as an SVG: three panels."""
     import matplotlib  # optional: the docs extra
 
@@ -312,4 +313,4 @@ def draw(record: MoeTrace, path) -> None:
     fig.legend(handles=handles, loc="lower center", ncol=len(handles),
                fontsize=10.5, frameon=False, bbox_to_anchor=(0.5, 0.0),
                handlelength=1.2, columnspacing=1.0)
-    fig.savefig(path, format="svg")
+    _figure.save(fig, path)

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import jax
 import numpy as np
 
+from collectives import _figure
 from collectives._devices import make_mesh
 from collectives._strategy_diagrams._tap import tapped
 
@@ -161,7 +162,7 @@ def text(record: DpAdamTrace, step: int = 0) -> str:
     return "\n".join(lines)
 
 
-def draw(record: DpAdamTrace, path, step: int = 0) -> None:
+def draw(record: DpAdamTrace, path, width: str = "wide", step: int = 0) -> None:
     """Write the SVG: step ``step``'s pmean (in, out) above the loss curves."""
     import matplotlib  # optional: the docs extra
 
@@ -237,4 +238,4 @@ def draw(record: DpAdamTrace, path, step: int = 0) -> None:
     fig.text(0.5, 0.94, f"each device: {record.rows} rows of the batch, its own "
              "loss and gradients; params and Adam state replicated",
              ha="center", fontsize=11, color="#333333")
-    fig.savefig(path, format="svg")
+    _figure.save(fig, path)

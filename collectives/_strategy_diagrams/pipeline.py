@@ -32,6 +32,7 @@ from jax import lax
 from jax.experimental import io_callback
 from jax.sharding import PartitionSpec as P
 
+from collectives import _figure
 from collectives._devices import make_mesh
 from collectives.recipes import pipeline as pipeline_file
 
@@ -220,7 +221,7 @@ def text(record: PipelineTrace) -> str:
     return "\n".join(lines)
 
 
-def draw(record: PipelineTrace, path) -> None:
+def draw(record: PipelineTrace, path, width: str = "wide") -> None:
     """Write the schedule as an SVG: ticks across, stages down."""
     import matplotlib  # optional: the docs extra
 
@@ -274,4 +275,4 @@ def draw(record: PipelineTrace, path) -> None:
                          label="idle (bubble)"))
     fig.legend(handles=handles, loc="lower center", ncol=len(handles),
                fontsize=11, frameon=False, bbox_to_anchor=(0.5, 0.0))
-    fig.savefig(path, format="svg")
+    _figure.save(fig, path)

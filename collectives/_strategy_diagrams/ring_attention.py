@@ -31,6 +31,7 @@ from jax.experimental import io_callback
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from collectives import _figure
 from collectives._devices import make_mesh
 from collectives.hlo import collective_stats
 from collectives.recipes import ring_attention as ring_file
@@ -201,7 +202,7 @@ def _colour(block: int):
     return (0.45 + 0.55 * red, 0.45 + 0.55 * green, 0.45 + 0.55 * blue)
 
 
-def draw(record: RingAttentionTrace, path) -> None:
+def draw(record: RingAttentionTrace, path, width: str = "wide") -> None:
     """Write the SVG: one panel per variant, steps as columns, devices as rows."""
     import matplotlib  # optional: the docs extra
 
@@ -274,4 +275,4 @@ def draw(record: RingAttentionTrace, path) -> None:
     ]
     fig.legend(handles=handles, loc="lower center", ncol=2, fontsize=11,
                frameon=False, bbox_to_anchor=(0.54, 0.0))
-    fig.savefig(path, format="svg")
+    _figure.save(fig, path)

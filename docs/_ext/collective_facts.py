@@ -23,6 +23,8 @@ from sphinx.application import Sphinx
 from sphinx.util import logging
 from sphinx.util.docutils import SphinxDirective
 
+from collectives import _figure
+
 logger = logging.getLogger(__name__)
 
 N_DEVICES = 8
@@ -248,7 +250,9 @@ class StrategyDiagram(SphinxDirective):
             record = module.trace()
             out = Path(self.env.srcdir) / "_generated" / "diagrams"
             out.mkdir(parents=True, exist_ok=True)
-            module.draw(record, str(out / f"strategy-{stem}.svg"))
+            path = out / f"strategy-{stem}.svg"
+            module.draw(record, str(path))
+            module.draw(record, str(_figure.narrow_path(path)), width="narrow")
         except Exception as error:  # a build warning (an error under -W)
             return [self.state.document.reporter.warning(
                 f"strategy-diagram {stem}: {type(error).__name__}: {error}",
