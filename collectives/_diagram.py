@@ -20,6 +20,7 @@ import numpy as np
 
 from collectives import _devices
 from collectives import _diagram_plot
+from collectives import _figure
 from collectives._registry import RECIPES
 
 
@@ -103,8 +104,10 @@ class Diagram:
                 lines.append((label if r == 0 else "").ljust(8) + "  ".join(cells))
         return "\n".join(line.rstrip() for line in lines)
 
-    def figure(self) -> Any:
-        """The diagram as a matplotlib ``Figure`` (needs matplotlib).
+    def figure(self, width: str = "wide") -> Any:
+        """The diagram as a matplotlib ``Figure`` (needs matplotlib), laid
+        out for a desktop's content column (``"wide"``) or a phone's
+        (``"narrow"``).
 
         Devices are columns, before on the left and after on the right; each
         element is coloured by the device it came from, grey and hatched
@@ -114,11 +117,14 @@ class Diagram:
           ImportError: matplotlib is not installed (``pip install
             matplotlib``, or the ``docs`` extra).
         """
-        return _diagram_plot.figure(self)
+        return _diagram_plot.figure(self, width)
 
-    def save(self, path: str) -> None:
-        """Write :meth:`figure` to ``path`` (``.svg``, ``.png``, ...)."""
-        self.figure().savefig(path, bbox_inches="tight")
+    def save(self, path: str, width: str = "wide") -> None:
+        """Write :meth:`figure` to ``path`` (``.svg``, or ``.png`` at 110
+        dpi), with the record of its text sizes the docs check."""
+        _figure.save(self.figure(width), path,
+                     dpi=None if str(path).endswith(".svg") else 110,
+                     bbox_inches="tight")
 
 
 def diagram(name: str, *, n_devices: int = 4) -> Diagram:

@@ -55,10 +55,11 @@ def font_pt(width: str, points: float) -> float:
     return points if width == "wide" else max(7.5, points * 0.85)
 
 
-def record(fig: Any, *, dpi: float | None = None) -> dict:
+def record(fig: Any, *, dpi: float | None = None, tight: bool = False) -> dict:
     """What :func:`save` records about ``fig``: see the module's docstring.
 
-    ``dpi`` is the raster's resolution; ``None`` for SVG.
+    ``dpi`` is the raster's resolution; ``None`` for SVG. ``tight``: the
+    figure is saved cropped to what it draws (``bbox_inches="tight"``).
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.collections import PathCollection
@@ -86,7 +87,13 @@ def record(fig: Any, *, dpi: float | None = None) -> dict:
             for points in ax.findobj(PathCollection):
                 offsets = points.get_offset_transform().transform(points.get_offsets())
                 covered += any(box.contains(x, y) for x, y in offsets)
-    width_px = fig.get_figwidth() * (96 if dpi is None else dpi)
+    inches = fig.get_figwidth()
+    if tight:
+        import matplotlib
+
+        inches = (fig.get_tightbbox(renderer).width
+                  + 2 * matplotlib.rcParams["savefig.pad_inches"])
+    width_px = inches * (96 if dpi is None else dpi)
     return {"text_px": round(min(sizes) * px_per_pt, 2) if sizes else None,
             "legend_covers": covered, "width_px": round(width_px)}
 
@@ -96,7 +103,7 @@ def save(fig: Any, path: str | Path, *, dpi: float | None = None,
     """Write ``fig`` to ``path`` (``.svg``, or a raster at ``dpi``) with its
     record (:func:`record`) in the file; return the record."""
     path = Path(path)
-    facts = record(fig, dpi=dpi)
+    facts = record(fig, dpi=dpi, tight=savefig.get("bbox_inches") == "tight")
     text = f"{RECORD_KEY} {json.dumps(facts, sort_keys=True)}"
     if path.suffix == ".svg":
         fig.savefig(path, format="svg", metadata={"Description": text}, **savefig)

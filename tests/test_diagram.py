@@ -5,6 +5,7 @@ import pytest
 
 import collectives as cx
 from collectives import _cli
+from collectives import _figure
 from collectives._diagram import COMBINED
 from collectives._diagram import diagram_names
 
@@ -136,6 +137,21 @@ def test_figure_colours_by_source_and_saves_svg(diagrams, tmp_path):
     path = tmp_path / "all_gather.svg"
     diagrams["all_gather"].save(str(path))
     assert "<svg" in path.read_text()
+
+
+@pytest.mark.parametrize("name", ["psum", "all_to_all", "all_gather_stacked"])
+@pytest.mark.parametrize("width", ["wide", "narrow"])
+def test_each_column_gets_a_legible_layout(diagrams, tmp_path, name, width):
+    # side by side where that reads in the column, else before above after,
+    # devices wrapped into rows: the smallest text >= 9 px on screen
+    pytest.importorskip("matplotlib")
+    path = tmp_path / f"{name}.svg"
+    diagrams[name].save(str(path), width=width)
+    facts = _figure.read_record(path)
+    assert _figure.problems(facts, width) == []
+    fig = diagrams[name].figure(width)
+    tall = fig.get_figheight() > fig.get_figwidth()
+    assert tall == (width == "narrow")
 
 
 def test_show_prints_the_grid_above_the_source(capsys):
