@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import collectives as cx
+from collectives import _figure
 from collectives import bench
 from collectives._cli import build_parser
 from collectives._cli import main
@@ -261,6 +262,12 @@ def test_plot_draws_a_png(sweep, tmp_path):
     path = tmp_path / "busbw.png"
     _report.plot(sweep, str(path))
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # drawn for a desktop's column and, beside it, a phone's; each legible
+    # there (text >= 9 px on screen, no legend over a line)
+    for width, drawn in (("wide", path), ("narrow", tmp_path / "busbw.narrow.png")):
+        facts = _figure.read_record(drawn)
+        assert facts["width_px"] <= _figure.COLUMN_PX[width]
+        assert _figure.problems(facts, width) == []
 
 
 def test_plot_without_matplotlib_says_how_to_get_it(sweep, tmp_path, monkeypatch):

@@ -575,3 +575,25 @@ def test_the_pipeline_bubble_is_in_the_step_and_1f1b_keeps_fewer_activations():
     assert rows["1f1b", 16].activations == pytest.approx(
         rows["gpipe", 16].activations * stages / (16 + stages - 1))
     assert rows["1f1b", 16].step_s == rows["gpipe", 16].step_s
+
+
+def test_the_plot_is_drawn_for_both_columns_and_reads_in_each(tmp_path):
+    # The docs' plan (three models, four device counts), drawn again from its
+    # JSON: a row of two panels per model for a desktop's column, the panels
+    # stacked for a phone's, each with its text >= 9 px on screen and the
+    # one legend under the panels, over no line.
+    pytest.importorskip("matplotlib")
+    from pathlib import Path
+
+    from collectives import _figure
+    from collectives.plan._plan import Plan
+    from collectives.plan._report import plot
+
+    doc = json.loads((Path(__file__).parents[1] / "docs" / "_static"
+                      / "plan_gpu.json").read_text())
+    path = tmp_path / "plan.png"
+    plot([Plan.from_json(p) for p in doc["plans"]], str(path), 80e9)
+    for width, drawn in (("wide", path), ("narrow", tmp_path / "plan.narrow.png")):
+        facts = _figure.read_record(drawn)
+        assert facts["width_px"] <= _figure.COLUMN_PX[width]
+        assert _figure.problems(facts, width) == [], width

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from collectives import _figure
 from collectives._args import write_atomic
 from collectives._pyplot import pyplot
 from collectives.bench._memory import MEMORY_FIELDS
@@ -162,17 +163,34 @@ def write_csv(doc: Mapping[str, Any], path: str) -> None:
 
 def plot(doc: Mapping[str, Any], path: str) -> None:
     """busbw against size, one panel per collective, one line per form with
-    its 95 % interval as a band, the same-run copy dashed as the limit.
+    its 95 % interval as a band, the same-run copy dashed as the limit:
+    drawn for a desktop's content column to ``path`` (two panels a row) and
+    for a phone's beside it (``NAME.narrow.EXT``: one panel a row), as
+    :mod:`collectives._figure` describes.
 
     Raises:
       RuntimeError: matplotlib is not installed.
     """
+    for width, out in (("wide", path), ("narrow", _figure.narrow_path(path))):
+        _plot(doc, str(out), width)
+
+
+def _plot(doc: Mapping[str, Any], path: str, width: str) -> None:
     plt = pyplot()
     rows = doc["results"]
     names = list(dict.fromkeys(r["collective"] for r in rows if r["form"] != "copy"))
-    cols = min(3, max(1, len(names)))
+    forms = list(dict.fromkeys(r["form"] for r in rows if r["form"] != "copy"))
+    # one colour per form in every panel; the copy black and dashed
+    colours = {form: f"C{i}" for i, form in enumerate(forms)}
+    wide = width == "wide"
+    cols = min(2 if wide else 1, max(1, len(names)))
     grid = -(-max(1, len(names)) // cols)
-    fig, axs = plt.subplots(grid, cols, figsize=(4.6 * cols, 3.6 * grid),
+    # at the docs' 110 dpi: 7 in (770 px) for a desktop's column, 3.2 in
+    # (352 px) for a phone's
+    panel = (3.5, 2.9) if wide else (3.2, 2.5)
+    small = 8 if wide else 7
+    fig, axs = plt.subplots(grid, cols, figsize=(7 if wide else 3.2,
+                                                 panel[1] * grid + 1.3),
                             squeeze=False, sharey=True)
     machine = doc["machine"]
     for index, ax in enumerate(axs.flat):
@@ -186,25 +204,35 @@ def plot(doc: Mapping[str, Any], path: str) -> None:
             pts = sorted((r["size"], r["busbw_gbps"], *r["busbw_gbps_ci"])
                          for r in mine if r["form"] == form)
             sizes = [p[0] for p in pts]
-            style = dict(color="black", linestyle="--") if form == "copy" else {}
+            style = (dict(color="black", linestyle="--") if form == "copy"
+                     else dict(color=colours[form]))
             label = "copy (limit)" if form == "copy" else form
-            (line,) = ax.plot(sizes, [p[1] for p in pts], marker=".", label=label,
-                              **style)
+            ax.plot(sizes, [p[1] for p in pts], marker=".", label=label, **style)
             # the 95 % interval of the median as a band around the line
             ax.fill_between(sizes, [p[2] for p in pts], [p[3] for p in pts],
-                            color=line.get_color(), alpha=0.2, linewidth=0)
+                            color=style["color"], alpha=0.2, linewidth=0)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
-        ax.set_title(f"{name} ({kind})", fontsize=10)
-        ax.set_xlabel("size S (bytes)")
+        ax.set_title(f"{name} ({kind})", fontsize=small + 2)
+        ax.set_xlabel("size S (bytes)", fontsize=small + 1)
+        ax.tick_params(labelsize=small + 1)
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=7)
     for row_axes in axs:
-        row_axes[0].set_ylabel("busbw (GB/s)")
+        row_axes[0].set_ylabel("busbw (GB/s)", fontsize=small + 1)
+    # one legend for every panel, under them, where it covers no line
+    found = {}
+    for ax in axs.flat:
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            found.setdefault(label, handle)
+    ncol = 3 if wide else 2
+    fig.legend(list(found.values()), list(found), loc="lower center", ncol=ncol,
+               fontsize=small)
     where = (f"{machine['devices']} simulated CPU devices" if machine["simulated"]
              else f"{machine['devices']} x {machine['device_kind']}")
     fig.suptitle(f"collectives bench, {doc['settings']['dtype']}\n{where}, "
-                 f"JAX {machine['jax']}", fontsize=9)
-    fig.tight_layout()
-    write_atomic(path, lambda temporary: fig.savefig(temporary, dpi=110))
+                 f"JAX {machine['jax']}", fontsize=small + 1)
+    legend_rows = -(-len(found) // ncol)
+    fig.tight_layout(rect=(0, (0.25 + 0.17 * legend_rows) / fig.get_figheight(),
+                           1, 1))
+    write_atomic(path, lambda temporary: _figure.save(fig, temporary, dpi=110))
     plt.close(fig)

@@ -6,6 +6,7 @@ import math
 from collections.abc import Mapping
 from collections.abc import Sequence
 
+from collectives import _figure
 from collectives._args import write_atomic
 from collectives._pyplot import pyplot
 from collectives.plan._plan import PRECISIONS
@@ -199,18 +200,32 @@ def crossovers(plans: Sequence[Plan], memory: float | None = None) -> list[str]:
 
 
 def plot(plans: Sequence[Plan], path: str, memory: float | None = None) -> None:
-    """Predicted step time and memory per device against the device count:
-    one row of two panels per model, a line per strategy.
+    """Predicted step time and memory per device against the device count, a
+    line per strategy: drawn for a desktop's content column to ``path`` (a
+    row of two panels per model) and for a phone's beside it
+    (``NAME.narrow.EXT``: the panels stacked), as :mod:`collectives._figure`
+    describes.
 
     Raises:
       RuntimeError: matplotlib is not installed.
     """
+    for width, out in (("wide", path), ("narrow", _figure.narrow_path(path))):
+        _plot(plans, str(out), memory, width)
+
+
+def _plot(plans: Sequence[Plan], path: str, memory: float | None,
+          width: str) -> None:
     plt = pyplot()
     models = list(dict.fromkeys(p.model.name for p in plans))
-    # 7 inches at the docs' 110 dpi: the width of their content column
-    fig, axs = plt.subplots(len(models), 2, figsize=(7, 3.4 * len(models)),
-                            squeeze=False)
-    for (ax_time, ax_mem), name in zip(axs, models, strict=True):
+    wide = width == "wide"
+    # at the docs' 110 dpi: the width of their content column (7 in, 770 px;
+    # a phone's 3.2 in, 352 px), each panel 3.4 in (wide) or 2.5 in tall
+    fig, axs = plt.subplots(len(models) * (1 if wide else 2), 2 if wide else 1,
+                            figsize=(7, 3.4 * len(models)) if wide
+                            else (3.2, 2.5 * 2 * len(models)), squeeze=False)
+    pairs = (axs if wide else axs.reshape(len(models), 2))
+    small = 8 if wide else 7
+    for (ax_time, ax_mem), name in zip(pairs, models, strict=True):
         mine = sorted((p for p in plans if p.model.name == name),
                       key=lambda p: math.prod(p.mesh.values()))
         labels = list(dict.fromkeys(r.label for p in mine for r in p.rows))
@@ -234,22 +249,30 @@ def plot(plans: Sequence[Plan], path: str, memory: float | None = None) -> None:
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
             ax.set_xticks(counts, [str(n) for n in counts])
-            ax.set_xlabel("devices")
-            ax.set_ylabel(what)
+            ax.set_xlabel("devices", fontsize=small + 1)
+            ax.set_ylabel(what, fontsize=small + 1)
+            ax.tick_params(labelsize=small + 1)
             ax.grid(True, which="both", alpha=0.3)
         model = mine[0].model
-        ax_time.set_title(f"{name}: {model.parameters / 1e9:.2f}B parameters",
-                          fontsize=10)
+        title = f"{name}: {model.parameters / 1e9:.2f}B parameters"
+        ax_time.set_title(title, fontsize=small + 2)
+        if not wide:
+            ax_mem.set_title(title, fontsize=small + 2)
         if memory is not None:
-            ax_mem.axhline(memory, color="black", linestyle="--", linewidth=1)
-            ax_mem.text(xs[0], memory * 1.1, f"{size(memory)} per device",
-                        fontsize=8)
+            limit = ax_mem.axhline(memory, color="black", linestyle=":",
+                                   linewidth=1.2,
+                                   label=f"memory: {size(memory)} per device")
     # one legend for every panel, under them, where it covers no line
-    handles, labels = axs[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=8)
+    handles, labels = pairs[0][0].get_legend_handles_labels()
+    if memory is not None:
+        handles, labels = [*handles, limit], [*labels, limit.get_label()]
+    ncol = 3 if wide else 2
+    rows = -(-len(labels) // ncol)
+    fig.legend(handles, labels, loc="lower center", ncol=ncol, fontsize=small)
     links = "; ".join(dict.fromkeys(
         f"{axis}: {profile.name}" for axis, profile in plans[0].interconnect.items()))
-    fig.suptitle(f"Predicted per device and step ({links})", fontsize=10)
-    fig.tight_layout(rect=(0, 0.7 / (3.4 * len(models)) + 0.01, 1, 1))
-    write_atomic(path, lambda temporary: fig.savefig(temporary, dpi=110))
+    fig.suptitle(f"Predicted per device and step\n({links})", fontsize=small + 2)
+    height = fig.get_figheight()
+    fig.tight_layout(rect=(0, (0.25 + 0.17 * rows) / height, 1, 1))
+    write_atomic(path, lambda temporary: _figure.save(fig, temporary, dpi=110))
     plt.close(fig)
