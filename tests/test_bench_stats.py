@@ -333,3 +333,25 @@ def test_on_a_terminal_the_line_is_rewritten_in_place_and_kept_off_the_table():
             cells[:len(part)] = part
         shown.append("".join(cells).rstrip())
     assert shown == ["row 1", "# 2 rows in 0:04", ""]
+
+
+def test_a_latency_below_the_noise_is_zero_never_negative():
+    # A copy's time is all bandwidth: with noise, a fit of both parameters
+    # puts the latency below 0. It is 0, its interval from 0 to where that
+    # fit reached, and the time per byte is fitted alone.
+    from collectives.bench._fit import fit_line
+
+    sizes = [1e3, 1e4, 1e5, 1e6]
+    noise = [0.7, 0.9, 1.1, 1.0]  # (small sizes measured fast: alpha < 0)
+    times = [0.3e-9 * s * k for s, k in zip(sizes, noise, strict=True)]
+    design = np.stack([1 / np.array(times), np.array(sizes) / np.array(times)], 1)
+    unconstrained, *_ = np.linalg.lstsq(design, np.ones(4), rcond=None)
+    assert unconstrained[0] < 0 < unconstrained[1]
+    fit = fit_line(sizes, times)
+    assert fit.alpha == 0 and fit.alpha_ci[0] == 0 < fit.alpha_ci[1]
+    assert fit.beta_ci[0] <= fit.beta <= fit.beta_ci[1]
+    assert 0.25e-9 < fit.beta < 0.35e-9
+    # errors are those of the line through the origin
+    fitted = [fit.beta * s for s in sizes]
+    assert np.allclose(fit.errors, [f / t - 1 for f, t in zip(fitted, times,
+                                                               strict=True)])

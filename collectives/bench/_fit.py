@@ -8,7 +8,10 @@ The fit is least squares on *relative* error (weights ``1 / t**2``), since the
 times of a sweep span orders of magnitude and each row matters alike; the
 intervals are the usual 95 % Student-t intervals from the residuals, so a
 model that does not fit gets wide intervals, and the model's error per row is
-``fitted / measured - 1``.
+``fitted / measured - 1``. A latency and a time per byte are never
+negative: where the fit of both gives one below 0 (a latency smaller than
+the timing's noise), it is 0 and the other is fitted alone, and no interval
+reaches below 0.
 
 Examples:
   >>> from collectives.bench._fit import fit_line
@@ -79,16 +82,34 @@ def fit_line(x: Sequence[float], t: Sequence[float]) -> Fit:
     if np.any(t_arr <= 0):
         raise ValueError("fit: every time must be positive.")
     design = np.stack([1 / t_arr, x_arr / t_arr], axis=1)  # rows / t: relative error
-    (alpha, beta), *_ = np.linalg.lstsq(design, np.ones_like(t_arr), rcond=None)
-    residuals = design @ np.array([alpha, beta]) - 1
-    dof = x_arr.size - 2
+    coef, half, residuals = _least_squares(design)
+    low, high = np.maximum(coef - half, 0), np.maximum(coef + half, 0)
+    value = coef.copy()
+    if np.any(coef < 0):
+        # The parameter below 0 is 0 (its interval from 0 to where the fit of
+        # both reached); the other is fitted alone.
+        free = int(np.argmax(coef))
+        value = np.zeros(2)
+        one, one_half, residuals = _least_squares(design[:, [free]])
+        value[free] = max(float(one[0]), 0.0)
+        low[free] = max(float(one[0] - one_half[0]), 0.0)
+        high[free] = max(float(one[0] + one_half[0]), 0.0)
+    return Fit(alpha=float(value[0]), alpha_ci=(float(low[0]), float(high[0])),
+               beta=float(value[1]), beta_ci=(float(low[1]), float(high[1])),
+               errors=tuple(float(e) for e in residuals))
+
+
+def _least_squares(design: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``design @ coef ~ 1``: the coefficients, their 95 % half-widths and the
+    residuals."""
+    ones = np.ones(design.shape[0])
+    coef, *_ = np.linalg.lstsq(design, ones, rcond=None)
+    residuals = design @ coef - ones
+    dof = design.shape[0] - design.shape[1]
     scale = float(residuals @ residuals) / dof
     cov = scale * np.linalg.pinv(design.T @ design)
     half = _t_quantile(dof) * np.sqrt(np.maximum(np.diag(cov), 0))
-    return Fit(alpha=float(alpha), alpha_ci=(float(alpha - half[0]),
-                                             float(alpha + half[0])),
-               beta=float(beta), beta_ci=(float(beta - half[1]), float(beta + half[1])),
-               errors=tuple(float(e) for e in residuals))
+    return coef, half, residuals
 
 
 def fit_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
