@@ -165,5 +165,35 @@ def test_fsdp_x_tp_gathers_over_the_data_axis():
 
 
 def test_draw_writes_an_svg(record, tmp_path):
-    assert_draws_svg(diagram, record, tmp_path)
+    assert_draws_svg(diagram, record, tmp_path, widths=("wide", "narrow"))
     assert "JAX " + jax.__version__ in diagram.CAPTION
+
+
+@pytest.mark.parametrize("width", ["wide", "narrow"])
+def test_the_drawing_names_collectives_in_words_inside_their_boxes(record, width):
+    pytest.importorskip("matplotlib")
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.text import Text
+
+    fig, boxed = diagram.figure(record, width)
+    FigureCanvasAgg(fig).draw()
+    renderer = fig.canvas.get_renderer()
+    # every collective drawn, the re-gathers the compiler merged included
+    assert len(boxed) == len(record.steps) + len(record.merged)
+    for label, box in boxed:  # 2 px clear of the box's border on every side
+        inside = box.get_window_extent(renderer).padded(-2)
+        extent = label.get_window_extent(renderer)
+        assert (inside.x0 <= extent.x0 and extent.x1 <= inside.x1
+                and inside.y0 <= extent.y0 and extent.y1 <= inside.y1), (
+                    label.get_text(), extent, inside)
+    words = [t.get_text() for t in fig.findobj(Text) if t.get_text().strip()]
+    names = {s.kind for s in record.steps}
+    assert names == {"all-gather", "reduce-scatter", "all-reduce"}
+    for name in names:
+        assert any(name in w or name.replace("-", "-\n") in w for w in words), name
+    for internal in ("gather_layer", "value_and_grad", "AG", "RS", "AR "):
+        assert not any(internal in w for w in words), internal
+    # one line, not the title, says where the compiler merged the re-gathers
+    merges = [w for w in words if "merges" in w]
+    assert len(merges) == (1 if record.merged else 0)
+    assert not any("merge" in w for w in words if "ZeRO-3" in w)

@@ -11,7 +11,12 @@ gradient buffer, and the widths make every layer's block a different size.
 The first gather of a layer is its forward gather, a later one its backward
 re-gather. The program as written (XLA's HLO before its passes, from
 ``lower(...).as_text(dialect="hlo")``) is read too, for the re-gathers the
-remat policy asks for, so the figure shows the ones the compiler merged away.
+remat policy asks for: the figure draws every re-gather where the program as
+written has it (GPU and TPU compilers keep them) and says in one line which
+ones this compiler merged into the forward gathers (JAX 0.10's XLA:CPU does:
+its pipeline expands every optimization barrier, the remat's and any
+``lax.optimization_barrier`` alike, before a CSE pass that then finds each
+recomputed all-gather identical to the forward one).
 
 What one device holds against the gathered layer comes from a second run: the
 file's ``gather_layer`` under shard_map on marker blocks (every device's block
@@ -25,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import textwrap
 
 import jax
 import numpy as np
@@ -50,15 +56,11 @@ FORWARD, BACKWARD, GRADIENT, OTHER = "forward", "backward", "gradient", "other"
 
 
 CAPTION = (
-    "FSDP on 8 devices: the collectives of recipes/fsdp.py's shard_map form "
-    "(value_and_grad_shard_map, MLP widths 8-16-24-32-8) as they appear in the "
-    f"program compiled by JAX {jax.__version__}'s XLA, in program order, each "
-    "attributed to its layer by its operand shape, with the bytes each device "
-    "sends; below, what one device holds of each layer against the layer "
-    "gather_layer assembles, from a run on blocks filled with their device's "
-    "index. Dashed boxes are backward re-gathers of the program as written "
-    "that the compiler merged into the forward gathers (JAX 0.10's XLA:CPU "
-    "does; JAX 0.12's keeps them).")
+    "FSDP (ZeRO-3) of a four-layer MLP on 8 devices, read from the program "
+    f"JAX {jax.__version__} compiles: each device stores 1/8 of every layer, "
+    "all-gathers a layer's parameters before its forward pass and again before "
+    "its backward pass, and reduce-scatters its gradient. Bytes are what each "
+    "device sends.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -250,10 +252,14 @@ def trace(devices: int = 8, model: int = 1, sizes=SIZES, seed: int = 0) -> FsdpT
 
 # -- the picture and the table ------------------------------------------------
 
-_SHORT = {"all-gather": "AG", "reduce-scatter": "RS", "all-reduce": "AR",
-          "all-to-all": "A2A", "collective-permute": "CP"}
 _PHASE_NAME = {FORWARD: "gather, forward", BACKWARD: "re-gather, backward",
                GRADIENT: "reduce-scatter of grad", OTHER: "other"}
+_COLOUR = {FORWARD: "#6a9fd8", BACKWARD: "#b8d4f0", GRADIENT: "#f0a04b",
+           OTHER: "#c8c8c8"}
+_LEGEND = {FORWARD: "all-gather of the layer, forward",
+           BACKWARD: "all-gather again, backward",
+           GRADIENT: "reduce-scatter of its gradient",
+           OTHER: "all-reduce of the loss"}
 
 
 def _title(record: FsdpTrace) -> str:
@@ -272,15 +278,28 @@ def _summary(record: FsdpTrace) -> str:
             f"{rs} reduce-scatters")
 
 
+def _merged_note(record: FsdpTrace) -> str:
+    """The one line on the re-gathers this compiler merged ('' for none)."""
+    if not record.merged:
+        return ""
+    k = len(record.merged)
+    return (f"XLA:{record.backend.upper()} (JAX {record.jax_version}) merges the "
+            f"{k} backward all-gathers into the forward ones; GPU and TPU "
+            "compilers keep them, as drawn.")
+
+
 def _slots(record: FsdpTrace):
-    """(program position or None, step): the compiled steps in order, with a
-    ghost (None) for each merged re-gather just before its layer's scatter."""
+    """(program position or None, step): the compiled steps in order, with
+    each re-gather the compiler merged (None) where the program as written
+    has it, just before its layer's reduce-scatter, sending what the
+    layer's forward all-gather sends."""
     merged = set(record.merged)
+    forward = {s.layer: s for s in record.of(FORWARD)}
     slots = []
     for position, step in enumerate(record.steps):
         if step.phase == GRADIENT and step.layer in merged:
-            slots.append((None, Step("all-gather", step.layer, BACKWARD, 0.0, 0,
-                                     step.group)))
+            slots.append((None, dataclasses.replace(forward[step.layer],
+                                                    phase=BACKWARD)))
         slots.append((position, step))
     return slots
 
@@ -293,7 +312,7 @@ def text(record: FsdpTrace) -> str:
         pos = "-" if position is None else str(position)
         layer = str(step.layer) if step.layer else "-"
         sent = (f"{step.bytes:,.0f}" if position is not None
-                else "merged (as written only)")
+                else f"{step.bytes:,.0f} (merged into the forward gather)")
         lines.append(f"{pos:>3} | {layer:>5} | {step.kind:<14} | "
                      f"{_PHASE_NAME[step.phase]:<22} | {sent}")
     lines.append("layer | held by one device | gathered layer | gathered blocks "
@@ -307,79 +326,162 @@ def text(record: FsdpTrace) -> str:
     return "\n".join(lines)
 
 
-def draw(record: FsdpTrace, path, width: str = "wide") -> None:
-    """Write the SVG: the collectives per layer in program order (top) and one
-    device's blocks against the gathered layers (bottom)."""
+def figure(record: FsdpTrace, width: str = "wide"):
+    """The figure :func:`draw` saves, and its boxed labels: (text, box)
+    pairs, each text to lie inside its box."""
     import matplotlib  # optional: the docs extra
 
     matplotlib.use("Agg")
     from matplotlib.figure import Figure
-    from matplotlib.patches import Patch
+
+    narrow = width == "narrow"
+    small = _figure.font_pt(width, 9)  # _figure checks the width
+    big = _figure.font_pt(width, 11)
+    slots = _slots(record)
+    other = "loss, TP sums" if record.model > 1 else "loss"
+    mesh = f"{record.devices} devices" + (
+        "" if record.model == 1 else f" x {record.model} (model)")
+    title = (f"FSDP (ZeRO-3) on {mesh}: each layer's parameters all-gathered "
+             "forward, all-gathered again backward, its gradient reduce-scattered")
+    title = textwrap.fill(title, 44 if narrow else 74, break_on_hyphens=False)
+    note = textwrap.fill(_merged_note(record), 56 if narrow else 130,
+                         break_on_hyphens=False)
+    fig_w = 3.7 if narrow else 10.0
+    left, right = (0.92, 0.05) if narrow else (0.7, 0.1)
+    row = 0.27 if narrow else 0.62  # inches per timeline row (wide: per layer)
+    rows = len(slots) if narrow else record.layers + 1
+    bars = 0.62 if narrow else 0.42  # inches per layer in the holdings panel
+    heights = {"title": 0.16 * (title.count("\n") + 1) + 0.1,
+               "ticks": 0.38 if narrow else 0.0, "timeline": rows * row,
+               "axis": 0.3 if narrow else 0.4,
+               "note": (0.5 if narrow else 0.3) if note else 0.0,
+               "legend": 0.72 if narrow else 0.5, "holdings": record.layers * bars,
+               "xlabel": 0.55 if narrow else 0.5}
+    fig_h = sum(heights.values()) + (0.55 if narrow else 0.45)
+    fig = Figure(figsize=(fig_w, fig_h))
+    at = fig_h  # inches from the bottom, going down
+
+    def band(name):
+        nonlocal at
+        at -= heights[name]
+        return at / fig_h, heights[name] / fig_h
+
+    def axes(bottom, height, left=left):
+        return fig.add_axes((left / fig_w, bottom, 1 - (left + right) / fig_w,
+                             height))
+
+    y, h = band("title")
+    fig.text(0.5 if not narrow else 0.02, y + h, title, ha="center" if not narrow
+             else "left", va="top", fontsize=big)
+    band("ticks")
+    y, h = band("timeline")
+    ax = axes(y, h)
+    band("axis")
+    boxed = _timeline(ax, record, slots, narrow, small, other)
+    if note:
+        y, h = band("note")
+        fig.text(0.02 if narrow else left / fig_w, y + h, note, va="top",
+                 fontsize=small, color="#444444")
+    y, h = band("legend")
+    _legend(fig, record, (y + h / 2), narrow, small)
+    at -= 0.45 if narrow else 0.35  # the holdings panel's title
+    y, h = band("holdings")
+    bx = axes(y, h, left=0.1 if narrow else left)
+    _stored(bx, record, narrow, small)
+    return fig, boxed
+
+
+def _timeline(ax, record, slots, narrow, font, other):
+    """One box per collective in program order: wide, a column per
+    collective and a row per layer; narrow, a row per collective (time runs
+    down) and a column per layer."""
     from matplotlib.patches import Rectangle
 
-    colour = {FORWARD: "#6a9fd8", BACKWARD: "#b8d4f0", GRADIENT: "#f0a04b",
-              OTHER: "#bbbbbb"}
     layers = record.layers
-    slots = _slots(record)
-    fig = Figure(figsize=(10, 8.8))
-    fig.suptitle(_title(record) + "\n" + _summary(record), fontsize=12, y=0.99)
-
-    # top: one row per layer (and one for the rest), one column per collective
-    ax = fig.add_axes((0.1, 0.54, 0.87, 0.34))
-    other_row = layers + 1
-    for x, (position, step) in enumerate(slots):
-        row = step.layer if step.layer else other_row
-        ghost = position is None
-        ax.add_patch(Rectangle(
-            (x + 0.05, row - 0.42), 0.9, 0.84,
-            facecolor="white" if ghost else colour[step.phase],
-            edgecolor="#4a7ab0" if ghost else "#333333",
-            linestyle="--" if ghost else "-", lw=1.4 if ghost else 0.8))
-        label = ("re-\ngather\nmerged" if ghost else
-                 f"{_SHORT.get(step.kind, step.kind)}\n{step.bytes:,.0f} B")
-        ax.text(x + 0.5, row, label, ha="center", va="center",
-                fontsize=10.5, color="#2f5f96" if ghost else "black")
-    forward_end = max((x for x, (_, s) in enumerate(slots) if s.phase == FORWARD),
-                      default=-1)
-    ax.axvline(forward_end + 1, color="#555555", lw=1.2, ls=":")
-    ax.text(forward_end + 0.95, 0.45, "forward | backward ", ha="center",
-            va="bottom", fontsize=10.5)
-    ax.set_xlim(0, len(slots))
-    ax.set_ylim(other_row + 0.6, 0.4)
-    ax.set_yticks(range(1, other_row + 1),
-                  [f"layer {k}" for k in range(1, layers + 1)] + ["loss / other"],
-                  fontsize=11)
-    ax.set_xticks(np.arange(len(slots)) + 0.5,
-                  ["-" if p is None else str(p) for p, _ in slots], fontsize=10.5)
+    other_lane = layers + 1
+    boxed = []
+    for i, (_, step) in enumerate(slots):
+        lane = step.layer or other_lane
+        sent = f"{step.bytes:,.0f}" + ("" if narrow else " B")
+        if narrow:  # the row's label names the collective
+            x, y, w, h, label = lane - 0.45, i + 0.08, 0.9, 0.84, sent
+        else:
+            # (more than 12 columns, as FSDP x TP's: every name on two lines)
+            name = step.kind.replace("reduce-" if len(slots) <= 12 else "-",
+                                     "reduce-\n" if len(slots) <= 12 else "-\n")
+            x, y, w, h, label = i + 0.03, lane - 0.43, 0.94, 0.86, f"{name}\n{sent}"
+        box = ax.add_patch(Rectangle((x, y), w, h, facecolor=_COLOUR[step.phase],
+                                     edgecolor="#333333", lw=0.8))
+        boxed.append((ax.text(x + w / 2, y + h / 2, label, ha="center",
+                              va="center", fontsize=font, linespacing=1.15), box))
+    lanes = [f"layer {k}" for k in range(1, layers + 1)] + [other]
+    split = 1 + max((i for i, (_, s) in enumerate(slots) if s.phase == FORWARD),
+                    default=-1)
+    if narrow:
+        ax.set_xlim(0.5, other_lane + 0.5)
+        ax.set_ylim(len(slots), 0)
+        ax.xaxis.tick_top()
+        ax.set_xticks(range(1, other_lane + 1),
+                      [lane.replace("layer ", "layer\n").replace(", ", ",\n")
+                       for lane in lanes], fontsize=font)
+        ax.set_yticks(np.arange(len(slots)) + 0.5,
+                      [s.kind for _, s in slots], fontsize=font)
+        ax.axhline(split, color="#555555", lw=1, ls=":")
+        ax.text(2.5, split + 0.5, "\u2191 forward pass   backward pass \u2193",
+                ha="center", va="center", fontsize=font, style="italic")
+        ax.set_xlabel("bytes: what each device sends", fontsize=font)
+    else:
+        ax.set_xlim(0, len(slots))
+        ax.set_ylim(other_lane + 0.5, 0.5)
+        ax.set_yticks(range(1, other_lane + 1),
+                      [lane.replace(", ", ",\n") for lane in lanes], fontsize=font)
+        ax.set_xticks([])
+        ax.axvline(split, color="#555555", lw=1, ls=":")
+        below = other_lane + 0.75
+        ax.text(split - 0.15, below, "\u2190 forward pass", ha="right",
+                va="center", fontsize=font, style="italic")
+        ax.text(split + 0.15, below, "backward pass \u2192", ha="left",
+                va="center", fontsize=font, style="italic")
+        ax.text(len(slots), below, "(program order; bytes: what each device "
+                "sends)", ha="right", va="center", fontsize=font)
     ax.tick_params(length=0)
     for side in ax.spines.values():
         side.set_visible(False)
-    ax.set_xlabel("position in the compiled program (collectives only; "
-                  "'-': only in the program as written)", fontsize=10.5)
-    handles = [Patch(facecolor=colour[FORWARD], edgecolor="#333333",
-                     label="all-gather (forward)")]
-    if record.of(BACKWARD):
-        handles.append(Patch(facecolor=colour[BACKWARD], edgecolor="#333333",
-                             label="all-gather (backward re-gather)"))
-    if record.merged:
-        handles.append(Patch(facecolor="white", edgecolor="#4a7ab0", linestyle="--",
-                             label="re-gather merged by the compiler"))
-    handles += [Patch(facecolor=colour[GRADIENT], edgecolor="#333333",
-                      label="reduce-scatter (gradient)"),
-                Patch(facecolor=colour[OTHER], edgecolor="#333333",
-                      label="all-reduce (loss" + (", TP sums)" if record.model > 1
-                                                  else ")"))]
-    fig.legend(handles=handles, loc="upper center", ncol=2, fontsize=10.5,
-               frameon=False, bbox_to_anchor=(0.53, 0.465))
+    return boxed
 
-    # bottom: per layer, the gathered layer in blocks by source device
-    bx = fig.add_axes((0.1, 0.065, 0.87, 0.24))
+
+def _legend(fig, record, middle, narrow, font):
+    from matplotlib.patches import Patch
+
+    phases = [FORWARD, BACKWARD, GRADIENT, OTHER]
+    names = dict(_LEGEND)
+    if record.model > 1:
+        names[OTHER] = "all-reduce (loss, TP sums)"
+    handles = [Patch(facecolor=_COLOUR[p], edgecolor="#333333", label=names[p])
+               for p in phases]
+    fig.legend(handles=handles, loc="center left" if narrow else "center",
+               ncol=1 if narrow else 2, fontsize=font, frameon=False,
+               bbox_to_anchor=(0.0, middle) if narrow else (0.5, middle),
+               handlelength=1.4, labelspacing=0.3 if narrow else 0.5,
+               columnspacing=2.0)
+
+
+def _stored(bx, record, narrow, font):
+    """Per layer, the gathered layer in blocks by the device each came from,
+    device 0's own block dark."""
+    import matplotlib
+    from matplotlib.patches import Rectangle
+    from matplotlib.ticker import MaxNLocator
+
     shades = matplotlib.colormaps["tab10"]
     widest = float(record.gathered.max())
-    for k in range(1, layers + 1):
+    n = record.devices
+    for k in range(1, record.layers + 1):
         owners = record.owners[k - 1]
         total = float(record.gathered[k - 1])
         per_slice = total / len(owners)
+        top = k - (0.05 if narrow else 0.35)
+        tall = 0.45 if narrow else 0.7
         start = 0
         while start < len(owners):
             end = start
@@ -391,26 +493,48 @@ def draw(record: FsdpTrace, path, width: str = "wide") -> None:
             mix = 0.0 if mine else 0.6
             face = tuple(mix + c * (1 - mix) for c in (r, g, b))
             bx.add_patch(Rectangle(
-                (start * per_slice, k - 0.35), (end - start) * per_slice, 0.7,
-                facecolor=face,
-                edgecolor="black" if mine else "white", lw=1.6 if mine else 0.8))
-            if (end - start) * per_slice > 0.03 * widest:
-                bx.text((start + end) / 2 * per_slice, k, str(who), ha="center",
-                        va="center", fontsize=10.5, color="white" if mine else "black")
+                (start * per_slice, top), (end - start) * per_slice, tall,
+                facecolor=face, edgecolor="black" if mine else "white",
+                lw=1.6 if mine else 0.8))
+            if (end - start) * per_slice > (0.09 if narrow else 0.035) * widest:
+                bx.text((start + end) / 2 * per_slice, top + tall / 2, str(who),
+                        ha="center", va="center", fontsize=font,
+                        color="white" if mine else "black")
             start = end
-        bx.text(total + 0.01 * widest, k,
-                f"device 0 holds {int(record.held[k - 1]):,} B "
-                f"(1/{record.devices}); gathered {int(total):,} B",
-                va="center", fontsize=10.5)
-    bx.set_xlim(0, widest * 1.62)
-    bx.set_ylim(layers + 0.6, 0.4)
-    bx.set_yticks(range(1, layers + 1), [f"layer {k}" for k in range(1, layers + 1)],
-                  fontsize=11)
-    bx.tick_params(labelsize=10.5)
+        held = int(record.held[k - 1])
+        if narrow:
+            bx.text(0, top - 0.04, f"layer {k}: device 0 stores {held:,} B "
+                    f"of {int(total):,} B", va="bottom", fontsize=font)
+        else:
+            bx.text(total + 0.012 * widest, k, f"device 0 stores {held:,} B "
+                    f"(1/{n}); all-gathered: {int(total):,} B", va="center",
+                    fontsize=font)
+    bx.set_xlim(0, widest * (1.04 if narrow else 1.7))
+    bx.set_ylim(record.layers + 0.5, 0.5)
+    if narrow:  # (few ticks: the last one's label inside the figure)
+        bx.xaxis.set_major_locator(MaxNLocator(4))
+        bx.set_yticks([])
+        bx.spines["left"].set_visible(False)
+    else:
+        bx.set_yticks(range(1, record.layers + 1),
+                      [f"layer {k}" for k in range(1, record.layers + 1)],
+                      fontsize=font)
+    bx.tick_params(labelsize=font)
     for side in ("top", "right"):
         bx.spines[side].set_visible(False)
-    bx.set_xlabel("bytes of the layer's weight + bias on one device "
-                  "(blocks numbered by the device they came from)", fontsize=10.5)
-    bx.set_title("what device 0 holds (dark block) vs the full layer "
-                 "gather_layer assembles", fontsize=11, loc="left")
+    bx.set_xlabel("bytes of the layer's weights and biases (each\nblock "
+                  "numbered by the device it comes from)" if narrow else
+                  "bytes of the layer's weights and biases (each block numbered "
+                  "by the device it comes from)", fontsize=font)
+    bx.set_title("What device 0 stores (dark block) of each layer\nthat the "
+                 "all-gather assembles" if narrow else
+                 "What device 0 stores (dark block) of each layer that the "
+                 "all-gather assembles", fontsize=font, loc="left")
+
+
+def draw(record: FsdpTrace, path, width: str = "wide") -> None:
+    """Write the SVG for ``width``'s column: the collectives per layer in
+    program order (top) and one device's blocks against the gathered layers
+    (bottom)."""
+    fig, _ = figure(record, width)
     _figure.save(fig, path)
