@@ -88,4 +88,4 @@ def test_a_mutated_all_to_all_shows_up(monkeypatch):
 
 
 def test_draw_writes_svg(record, tmp_path):
-    assert_draws_svg(diagram, record, tmp_path)
+    assert_draws_svg(diagram, record, tmp_path, widths=("wide", "narrow"))

@@ -52,6 +52,13 @@ def test_buffers_hold_each_kept_token_once(record):
     assert "came back to its own row: True" in diagram.text(record)
 
 
+def test_compiled_layer_has_the_dispatch_and_combine_all_to_alls(record):
+    assert record.all_to_alls == 2
+    n, e, c = record.n_devices, record.n_experts, record.capacity
+    buffer = e * c * (3 + e) * 4  # [E, C, d] float32: d = 3 marker channels + E
+    assert record.all_to_all_bytes == 2 * (n - 1) / n * buffer
+
+
 def test_a_smaller_capacity_shows_in_the_trace(record, monkeypatch):
     # every place the file sizes its buffers (body and oracle) gets 1 slot
     monkeypatch.setattr(file, "expert_capacity", lambda *args, **kwargs: 1)
@@ -62,4 +69,4 @@ def test_a_smaller_capacity_shows_in_the_trace(record, monkeypatch):
 
 
 def test_draw_writes_an_svg(record, tmp_path):
-    assert_draws_svg(diagram, record, tmp_path)
+    assert_draws_svg(diagram, record, tmp_path, widths=("wide", "narrow"))

@@ -42,13 +42,10 @@ _DIMS = ("seq", "heads", "head_dim")
 _ONE_HOT = 30.0  # score gap 30**2 / sqrt(head_dim): exp(-gap) is 0 in float32
 
 CAPTION = (
-    "All-to-all attention on 8 devices: which device holds each (sequence "
-    "position, head) of q, k, v before the first all-to-alls, between them "
-    "(where attention runs on whole sequences) and of the output after the "
-    "last. Recorded from a real run of recipes/all_to_all_attention.py's "
-    "all_to_all_attention_body under shard_map, its lax.all_to_all tapped "
-    "with io_callback, on inputs whose channel 0 or 1 holds the code of "
-    "(position, head).")
+    "All-to-all attention on 8 devices, recorded from a real run: which device "
+    "holds each (sequence position, head) before the all-to-alls of q, k and v, "
+    "between them, where each device runs attention over every position of its "
+    "own heads, and after the all-to-all that brings the output back.")
 
 
 @dataclass(frozen=True, eq=False)
@@ -157,9 +154,13 @@ PANEL_TITLES = ("before: q, k, v as given",
                 "after: the output")
 
 
+_WORDS = {"seq": "positions", "heads": "heads", "head_dim": "channels"}
+
+
 def _move(record: AllToAllAttentionTrace, call: int) -> str:
-    return (f"split {_DIMS[record.split_axis[call]]}, "
-            f"concat {_DIMS[record.concat_axis[call]]}")
+    """What an all-to-all did, in words: 'split heads, join positions'."""
+    return (f"split {_WORDS[_DIMS[record.split_axis[call]]]}, "
+            f"join {_WORDS[_DIMS[record.concat_axis[call]]]}")
 
 
 def _cell(device: int) -> str:
@@ -182,10 +183,10 @@ def text(record: AllToAllAttentionTrace) -> str:
         lines.append(f"{t:>5} | " + " | ".join(
             "".join(f"{_cell(int(g[t, h])):>{width}}" for h in range(heads))
             for g in grids))
-    lines.append(f"before -> between: all_to_all of q, k, v ({_move(record, 0)}), "
+    lines.append(f"before -> between: all-to-all of q, k, v ({_move(record, 0)}), "
                  f"block {record.block_in[0]} -> {record.block_out[0]}; "
-                 "attention_program on whole sequences")
-    lines.append(f"between -> after: all_to_all of the output ({_move(record, -1)}), "
+                 "attention on whole sequences")
+    lines.append(f"between -> after: all-to-all of the output ({_move(record, -1)}), "
                  f"block {record.block_in[-1]} -> {record.block_out[-1]}")
     lines.append(f"compiled body: {record.all_to_alls} all-to-alls, "
                  f"{record.all_to_all_bytes:g} bytes per device; output "
@@ -203,68 +204,150 @@ def _colour(device: int):
     return (0.4 + 0.6 * red, 0.4 + 0.6 * green, 0.4 + 0.6 * blue)
 
 
+def _bytes(n: float) -> str:
+    return f"{n:,.0f} bytes" if n < 10_000 else f"{n / 1024:,.1f} KiB"
+
+
+def _fill(ax, grid: np.ndarray, transposed: bool, fontsize: float) -> None:
+    """Colour each (position, head) cell by its holder, white lines only
+    between different holders, the device's number at its cells' centre."""
+    from matplotlib.collections import LineCollection
+    from matplotlib.patches import Rectangle
+
+    seq, heads = grid.shape
+
+    def xy(t, h):  # a cell's lower corner in the panel's (x, y)
+        return (t, h) if transposed else (h, t)
+
+    for t in range(seq):
+        for h in range(heads):
+            face = _colour(int(grid[t, h]))
+            ax.add_patch(Rectangle(xy(t, h), 1, 1, facecolor=face, edgecolor=face,
+                                   linewidth=0.5))
+    lines = []
+    for t in range(seq):
+        for h in range(heads):
+            if t + 1 < seq and grid[t, h] != grid[t + 1, h]:
+                lines.append([xy(t + 1, h), xy(t + 1, h + 1)])
+            if h + 1 < heads and grid[t, h] != grid[t, h + 1]:
+                lines.append([xy(t, h + 1), xy(t + 1, h + 1)])
+    ax.add_collection(LineCollection(lines, colors="white", linewidths=2))
+    for device in sorted({int(d) for d in grid.ravel()} - {MISSING, SEVERAL}):
+        ts, hs = np.nonzero(grid == device)
+        x, y = xy(ts.mean() + 0.5, hs.mean() + 0.5)
+        ax.text(x, y, str(device), ha="center", va="center", fontsize=fontsize,
+                weight="bold")
+    ax.set_xlim(0, seq if transposed else heads)
+    ax.set_ylim(heads if transposed else seq, 0)
+    ax.tick_params(length=0, pad=2)
+    for side in ax.spines.values():
+        side.set_visible(False)
+
+
 def draw(record: AllToAllAttentionTrace, path, width: str = "wide") -> None:
-    """Write the SVG: three panels (before, between, after), heads across,
-    positions down, each cell coloured by the device holding it."""
+    """Write the SVG: three layouts (before, between, after), each cell a
+    (position, head) coloured by the device holding it; side by side with
+    positions down for the ``"wide"`` column, stacked with positions across
+    for ``"narrow"``."""
     import matplotlib  # optional: the docs extra
 
     matplotlib.use("Agg")
     from matplotlib.figure import Figure
-    from matplotlib.patches import Patch
-    from matplotlib.patches import Rectangle
+    from matplotlib.patches import FancyArrowPatch
 
     seq, heads, n = record.seq, record.heads, record.n_devices
-    fig = Figure(figsize=(10, 7.2))
-    axes = fig.subplots(1, 3, gridspec_kw=dict(wspace=0.75))
-    fig.subplots_adjust(left=0.08, right=0.99, top=0.83, bottom=0.16)
-    for ax, grid, title in zip(axes, panels(record), PANEL_TITLES, strict=True):
-        for t in range(seq):
-            for h in range(heads):
-                ax.add_patch(Rectangle((h, t), 1, 1,
-                                       facecolor=_colour(int(grid[t, h])),
-                                       edgecolor="white", linewidth=0.8))
-        for device in range(n):  # one label per device, at its cells' centre
-            ts, hs = np.nonzero(grid == device)
-            if ts.size:
-                ax.text(hs.mean() + 0.5, ts.mean() + 0.5, str(device), ha="center",
-                        va="center", fontsize=13, weight="bold")
-        ax.set_xlim(0, heads)
-        ax.set_ylim(seq, 0)
-        ax.set_aspect("equal")
-        ax.set_xticks(np.arange(heads) + 0.5, [str(h) for h in range(heads)],
-                      fontsize=10.5)
-        ax.set_yticks(np.arange(0, seq, 2) + 0.5, [str(t) for t in range(0, seq, 2)],
-                      fontsize=10.5)
-        ax.tick_params(length=0)
-        for side in ax.spines.values():
-            side.set_visible(False)
-        ax.set_xlabel("head", fontsize=11)
-        ax.set_title(title.replace(": ", ":\n"), fontsize=12)
-    axes[0].set_ylabel("sequence position", fontsize=11)
-    moves = [_move(record, call).replace(", ", ",\n") for call in (0, -1)]
-    first, last = (f"all_to_all \u00d73\n(q, k, v)\n{moves[0]}",
-                   f"all_to_all\n(output)\n{moves[1]}")
-    for left, right, label in ((axes[0], axes[1], first), (axes[1], axes[2], last)):
-        x0 = left.get_position().x1
-        x1 = right.get_position().x0
-        y = 0.5 * (left.get_position().y0 + left.get_position().y1)
-        fig.patches.append(matplotlib.patches.FancyArrowPatch(
-            (x0 + 0.005, y), (x1 - 0.005, y), transform=fig.transFigure,
-            arrowstyle="-|>", mutation_scale=22, linewidth=2, color="#444444"))
-        fig.text(0.5 * (x0 + x1), y + 0.025, label,
-                 ha="center", va="bottom", fontsize=10.5)
-    fig.suptitle(f"All-to-all attention on {n} devices: who holds each "
-                 "(position, head)", fontsize=14, weight="bold", y=0.975)
-    fig.text(0.5, 0.915, "attention_program needs whole sequences: between the "
-             "all-to-alls device d holds every position of head block d",
-             ha="center", fontsize=11, color="#333333")
-    handles = [Patch(facecolor=_colour(d), edgecolor="white", label=f"device {d}")
-               for d in range(n)]
-    fig.legend(handles=handles, loc="lower center", ncol=min(n, 8), fontsize=10.5,
-               frameon=False, bbox_to_anchor=(0.5, 0.055), handlelength=1.2,
-               columnspacing=1.0)
-    fig.text(0.5, 0.015, f"compiled body: {record.all_to_alls} all-to-alls, "
-             f"{record.all_to_all_bytes:g} bytes sent per device; output "
-             f"{'equals' if record.matches_oracle else 'differs from'} the NumPy "
-             "oracle", ha="center", fontsize=10.5, color="#333333")
+    narrow = width == "narrow"
+
+    def pt(points):
+        return _figure.font_pt(width, points)
+
+    per = heads // n
+    group = "head" if per == 1 else "head block"
+    first, last = _move(record, 0), _move(record, -1)
+    if narrow:
+        calls = (f"all-to-all \u00d73 (q, k, v):\n{first}",
+                 f"all-to-all (the output):\n{last}")
+    else:
+        calls = ("all-to-all \u00d73\n(q, k, v)\n" + first.replace(", ", ",\n"),
+                 "all-to-all\n(the output)\n" + last.replace(", ", ",\n"))
+    footer = (f"{record.all_to_alls} all-to-alls in the compiled program, "
+              f"{_bytes(record.all_to_all_bytes)} sent per device; the output "
+              f"{'equals' if record.matches_oracle else 'DIFFERS FROM'} "
+              "single-device attention")
+    if narrow:
+        fig_w, cell, left, top, gap = 3.7, 0.19, 0.5, 1.3, 1.0
+        panel_w, panel_h = seq * cell, heads * cell
+        spots = [(left, top + i * (panel_h + gap)) for i in range(3)]
+        fig_h = spots[-1][1] + panel_h + 0.95
+    else:
+        fig_w, cell, left, top, gap = 10, 0.23, 0.75, 1.2, 1.7
+        panel_w, panel_h = heads * cell, seq * cell
+        spots = [(left + i * (panel_w + gap), top) for i in range(3)]
+        fig_h = top + panel_h + 0.95
+    fig = Figure(figsize=(fig_w, fig_h))
+
+    def frac(x, y):  # inches from the top-left -> figure fraction
+        return x / fig_w, 1 - y / fig_h
+
+    step = 2
+    for i, (grid, title, (x0, y0)) in enumerate(zip(panels(record), PANEL_TITLES,
+                                                    spots, strict=True)):
+        ax = fig.add_axes((*frac(x0, y0 + panel_h), panel_w / fig_w,
+                           panel_h / fig_h))
+        _fill(ax, grid, narrow, pt(13) if not narrow else 8)
+        positions = np.arange(0, seq, step)
+        if narrow:
+            ax.set_xticks(positions + 0.5, [str(t) for t in positions],
+                          fontsize=pt(10.5))
+            ax.set_yticks(np.arange(heads) + 0.5, [str(h) for h in range(heads)],
+                          fontsize=pt(10.5))
+            ax.set_ylabel("head", fontsize=pt(11), labelpad=2)
+            if i == 2:
+                ax.set_xlabel("sequence position", fontsize=pt(11), labelpad=2)
+            ax.set_title(title, fontsize=pt(11.5), weight="bold", loc="left",
+                         pad=3)
+        else:
+            ax.set_xticks(np.arange(heads) + 0.5, [str(h) for h in range(heads)],
+                          fontsize=pt(10.5))
+            ax.set_yticks(positions + 0.5, [str(t) for t in positions],
+                          fontsize=pt(10.5))
+            ax.set_xlabel("head", fontsize=pt(11), labelpad=2)
+            if i == 0:
+                ax.set_ylabel("sequence position", fontsize=pt(11))
+            ax.set_title(title.replace(": ", ":\n"), fontsize=pt(12), pad=5)
+    for i, words in enumerate(calls):
+        (xa, ya), (xb, yb) = spots[i], spots[i + 1]
+        if narrow:  # down from one panel to the next, the words beside it
+            x = left + 0.25
+            start, end = frac(x, ya + panel_h + 0.22), frac(x, yb - 0.25)
+            at, align = frac(x + 0.2, (ya + panel_h + yb) / 2), "left"
+        else:
+            y = ya + panel_h / 2
+            start, end = frac(xa + panel_w + 0.1, y), frac(xb - 0.45, y)
+            at, align = frac((xa + panel_w + xb - 0.35) / 2, y - 0.12), "center"
+        fig.patches.append(FancyArrowPatch(
+            start, end, transform=fig.transFigure, arrowstyle="-|>",
+            mutation_scale=18 if narrow else 22, linewidth=2, color="#444444"))
+        fig.text(*at, words, ha=align, va="center" if narrow else "bottom",
+                 fontsize=pt(10.5), linespacing=1.25)
+    if narrow:
+        fig.text(0.04, 1 - 0.1 / fig_h, f"All-to-all attention, {n} devices",
+                 va="top", fontsize=9.5, weight="bold")
+        fig.text(0.04, 1 - 0.36 / fig_h,
+                 "The number: the device holding each (position, head).\n"
+                 "Attention needs whole sequences: between the\n"
+                 f"all-to-alls, device d holds every position of {group} d.",
+                 va="top", fontsize=pt(7.5), color="#333333", linespacing=1.25)
+        fig.text(0.04, 0.1 / fig_h, footer.replace("program, ", "program,\n")
+                 .replace("; the output ", ";\noutput "),
+                 va="bottom", fontsize=pt(10.5), color="#333333", linespacing=1.25)
+    else:
+        fig.text(0.5, 1 - 0.12 / fig_h, f"All-to-all attention on {n} devices: "
+                 "which device holds each (position, head)", ha="center", va="top",
+                 fontsize=14, weight="bold")
+        fig.text(0.5, 1 - 0.45 / fig_h, "attention needs whole sequences: between "
+                 f"the all-to-alls device d holds every position of {group} d",
+                 ha="center", va="top", fontsize=11, color="#333333")
+        fig.text(0.5, 0.12 / fig_h, footer, ha="center", va="bottom",
+                 fontsize=pt(10.5), color="#333333")
     _figure.save(fig, path)

@@ -29,14 +29,15 @@ from jax.sharding import PartitionSpec as P
 
 from collectives import _figure
 from collectives._devices import make_mesh
+from collectives.hlo import collective_stats
 from collectives.recipes import moe as moe_file
 
 CAPTION = (
-    "Mixture-of-experts dispatch and combine of recipes/moe.py, recorded from a "
-    "real run: the file's route and assign_slots give each token's expert and "
-    "slot, and moe_body (all_to_all, expert FFN, all_to_all) on 4 devices x 8 "
-    "marker tokens, 4 experts, capacity 2 returns each kept token, tagged by its "
-    "expert, to its own row; dropped tokens come back as zeros, as in the oracle.")
+    "A mixture-of-experts layer on 4 devices, one expert each, recorded from a "
+    "real run: an all-to-all sends each token to its expert's buffer (2 slots "
+    "per device and expert), the experts run their FFN, and a second all-to-all "
+    "brings every kept token back to its own row. Tokens that find their "
+    "expert's slots full are dropped and come back as zeros.")
 
 _AXIS = "i"
 _FIXED = 3  # channels: 1, token id + 1, expert tag; then the routing scores
@@ -70,6 +71,8 @@ class MoeTrace:
     dropped: int
     oracle_dropped: int
     matches_oracle: bool
+    all_to_alls: int = 0  # in the compiled layer
+    all_to_all_bytes: float = 0.0  # bytes each device sends in them
 
     @property
     def tokens_per_device(self) -> int:
@@ -142,6 +145,7 @@ def trace(n_devices: int = 4, tokens_per_device: int = 8, n_experts: int = 4,
         functools.partial(moe_file.moe_body, axis=_AXIS, capacity=slots), mesh=mesh,
         in_specs=(P(), by_device, by_device, by_device), out_specs=(by_device, P())))
     out, dropped = layer(router_w, w_in, w_out, x)
+    stats = collective_stats(layer, router_w, w_in, w_out, x)
     out = np.asarray(out, np.float64)
     want, want_dropped = moe_file.moe_numpy(router_w, w_in, w_out, x, n, capacity=slots)
 
@@ -159,15 +163,15 @@ def trace(n_devices: int = 4, tokens_per_device: int = 8, n_experts: int = 4,
         n, n_experts, slots, grid(expert).astype(int), grid(gate).astype(float),
         grid(slot).astype(int), grid(returned_token).astype(int),
         grid(returned_expert).astype(int), int(dropped), int(want_dropped),
-        bool(np.allclose(out, want, rtol=1e-5, atol=1e-6)))
+        bool(np.allclose(out, want, rtol=1e-5, atol=1e-6)),
+        stats.count("all-to-all"), float(stats.bytes("all-to-all")))
 
 
 def _title(record: MoeTrace) -> str:
-    total = record.expert.size
-    return (f"MoE top-1: {record.n_devices} devices x {record.tokens_per_device} "
-            f"tokens, {record.n_experts} experts, capacity {record.capacity} per "
-            f"(source, expert): {record.dropped} of {total} dropped "
-            f"(oracle {record.oracle_dropped})")
+    return (f"Mixture of experts, top-1: {record.n_devices} devices \u00d7 "
+            f"{record.tokens_per_device} tokens, {record.n_experts} experts, "
+            f"{record.capacity} slots per (device, expert): {record.dropped} of "
+            f"{record.expert.size} tokens dropped")
 
 
 def _device_of(record: MoeTrace, expert: int) -> int:
@@ -177,7 +181,8 @@ def _device_of(record: MoeTrace, expert: int) -> int:
 def text(record: MoeTrace) -> str:
     """The routing, the expert buffers and the combine as plain-text tables."""
     t, e = record.tokens_per_device, record.n_experts
-    lines = [_title(record), "",
+    lines = [f"{_title(record)} (the single-device reference drops "
+             f"{record.oracle_dropped})", "",
              "dispatch: token i of device d -> expert (its device), slot; "
              "x: dropped (capacity full)",
              "device | " + " ".join(f"{i:>7}" for i in range(t))]
@@ -209,108 +214,193 @@ def text(record: MoeTrace) -> str:
     home = record.returned_token[record.kept] == record.home[record.kept]
     lines.append(f"every kept token came back to its own row: {bool(home.all())}; "
                  f"outputs equal the oracle's: {record.matches_oracle}")
+    lines.append(f"compiled layer: {record.all_to_alls} all-to-alls, "
+                 f"{record.all_to_all_bytes:g} bytes sent per device")
     return "\n".join(lines)
 
 
+def _bytes(n: float) -> str:
+    return f"{n:,.0f} bytes" if n < 10_000 else f"{n / 1024:,.1f} KiB"
+
+
 def draw(record: MoeTrace, path, width: str = "wide") -> None:
-    """Write dispatch, expert buffers and combine as an SVG: three panels."""
+    """Write dispatch, expert buffers and combine as an SVG: three panels,
+    side by side for the ``"wide"`` column, stacked for ``"narrow"``."""
     import matplotlib  # optional: the docs extra
 
     matplotlib.use("Agg")
     from matplotlib.figure import Figure
+    from matplotlib.patches import FancyArrowPatch
     from matplotlib.patches import Patch
     from matplotlib.patches import Rectangle
 
     n, t, e, c = (record.n_devices, record.tokens_per_device, record.n_experts,
                   record.capacity)
+    narrow = width == "narrow"
     palette = matplotlib.colormaps["tab10"]
+
+    def pt(points):
+        return _figure.font_pt(width, points)
 
     def colour(j: int):
         r, g, b, _ = palette(j % 10)
         return (0.45 + 0.55 * r, 0.45 + 0.55 * g, 0.45 + 0.55 * b)
 
-    gap, arrow, label = 0.25, 3.0, 1.2  # label: room for the buffers' row names
+    # the drawing in cell units (x right, y down), one unit = `unit` inches
+    gap = 0.25 if narrow else 0.5  # between the buffers from each source device
     width_b = n * c + (n - 1) * gap
-    x_a, x_b = 0.0, t + arrow + label
-    x_c = x_b + width_b + arrow
-    total = x_c + t
-    rows = max(n, e)
-    fig = Figure(figsize=(10, 3.8))
-    ax = fig.add_axes((0.055, 0.12, 0.94, 0.76))
-    ax.set_xlim(-0.2, total + 0.2)
-    ax.set_ylim(rows + 0.2, -1.25)
+    label = 1.0 if narrow else 1.9  # room for the row names
+    if narrow:
+        unit, across = 0.35, label + max(t, width_b)
+        x_a = x_b = x_c = label
+        y_a, step = 3.9, max(n, e) + 4.2
+        y_b, y_c = y_a + step, y_a + 2 * step
+        bottom = y_c + n + 3.4
+    else:
+        unit, arrow = 0.265, 3.6
+        x_a = label
+        x_b = x_a + t + arrow + 0.9
+        x_c = x_b + width_b + arrow
+        across = x_c + t + 1.3
+        y_a = y_b = y_c = 4.1
+        bottom = y_a + max(n, e) + 2.6
+    fig_w, fig_h = across * unit + 0.2, bottom * unit
+    fig = Figure(figsize=(fig_w, fig_h))
+    ax = fig.add_axes((0, 0, 1, 1))
+    ax.set_xlim(-0.2 / unit, across)
+    ax.set_ylim(bottom, 0)
     ax.axis("off")
 
-    def box(x, y, face, text, crossed=False):
-        ax.add_patch(Rectangle((x, y), 1, 1, facecolor=face, edgecolor="white",
-                               lw=1.5))
-        ax.text(x + 0.5, y + 0.5, text, ha="center", va="center", fontsize=11,
-                color="#b00000" if crossed else "black")
-        if crossed:
-            ax.plot([x + 0.15, x + 0.85], [y + 0.85, y + 0.15], color="#b00000",
-                    lw=1.5)
+    def frac(x, y):  # cell units -> figure fraction
+        return (x + 0.2 / unit) / (fig_w / unit), 1 - y / bottom
 
-    def heading(x, width, text):
-        ax.text(x + width / 2, -1.0, text, ha="center", va="bottom", fontsize=11,
-                weight="bold")
+    cell_pt = pt(10.5) if not narrow else 8
+    small = pt(10)
 
+    def box(x, y, face, text, dropped=False):
+        if dropped:  # white, a dashed red frame inside the cell
+            ax.add_patch(Rectangle((x + 0.05, y + 0.05), 0.9, 0.9, facecolor="white",
+                                   edgecolor="#b00000", lw=1, linestyle=(0, (3, 2))))
+        else:
+            ax.add_patch(Rectangle((x, y), 1, 1, facecolor=face, edgecolor="white",
+                                   lw=1.5))
+        ax.text(x + 0.5, y + 0.5, text, ha="center", va="center", fontsize=cell_pt,
+                color="#b00000" if dropped else "black")
+
+    def heading(x, y, span, text):
+        ax.text(x + span / 2, y - 0.95, text, ha="center", va="bottom",
+                fontsize=pt(11.5), weight="bold")
+
+    def rows(x, y, names):
+        for k, name in enumerate(names):
+            ax.text(x - 0.15, y + k + 0.5, name, ha="right", va="center",
+                    fontsize=small)
+
+    def columns(x, y):
+        for i in range(t):
+            ax.text(x + i + 0.5, y - 0.12, str(i), ha="center", va="bottom",
+                    fontsize=small, color="#555555")
+
+    devices = [f"d{d}" if narrow else f"device {d}" for d in range(n)]
     # dispatch: each device's tokens, coloured by their expert
-    heading(x_a, t, "dispatch: each token's expert")
+    heading(x_a, y_a - 0.1, t, "dispatch: each token's expert")
+    rows(x_a, y_a, devices)
+    columns(x_a, y_a)
     for d in range(n):
-        ax.text(x_a - 0.15, d + 0.5, f"d{d}", ha="right", va="center", fontsize=11)
         for i in range(t):
             j = int(record.expert[d, i])
-            kept = record.slot[d, i] != DROPPED
-            box(x_a + i, d, colour(j) if kept else DROPPED_FACE, str(j),
-                crossed=not kept)
-    for i in range(t):
-        ax.text(x_a + i + 0.5, -0.15, str(i), ha="center", va="bottom",
-                fontsize=10, color="#555555")
+            box(x_a + i, y_a + d, colour(j), str(j),
+                dropped=record.slot[d, i] == DROPPED)
 
-    # expert buffers: slot c of expert j from source device d holds token i
-    heading(x_b, width_b, "expert buffers: token in slot")
+    # expert buffers: slot s of expert j from source device d holds token i
+    heading(x_b, y_b - 0.1, width_b, "each expert's buffer: token in slot")
+    rows(x_b, y_b, [f"E{j}" for j in range(e)])
     buffers = record.buffers()
     for j in range(e):
-        ax.text(x_b - 0.15, j + 0.5, f"E{j}", ha="right", va="center",
-                fontsize=11)
         for d in range(n):
             x0 = x_b + d * (c + gap)
             for s in range(c):
                 i = int(buffers[j, d, s])
-                box(x0 + s, j, colour(j) if i >= 0 else EMPTY_FACE,
-                    "" if i < 0 else str(i))
+                if i < 0:
+                    ax.add_patch(Rectangle((x0 + s, y_b + j), 1, 1,
+                                           facecolor=EMPTY_FACE, edgecolor="white",
+                                           lw=1.5))
+                else:
+                    box(x0 + s, y_b + j, colour(j), str(i))
     for d in range(n):
-        ax.text(x_b + d * (c + gap) + c / 2, -0.15, f"from d{d}", ha="center",
-                va="bottom", fontsize=10, color="#555555")
+        ax.text(x_b + d * (c + gap) + c / 2, y_b - 0.12, f"from d{d}", ha="center",
+                va="bottom", fontsize=small, color="#555555")
 
     # combine: what came back to each token's row
-    heading(x_c, t, "combine: home, via expert")
+    heading(x_c, y_c - 0.1, t, "combine: back from expert")
+    rows(x_c, y_c, devices if narrow else [])
+    columns(x_c, y_c)
     for d in range(n):
         for i in range(t):
             back = record.returned_token[d, i] != DROPPED
             j = int(record.returned_expert[d, i])
             home = back and record.returned_token[d, i] == record.home[d, i]
-            text = (str(j) if home else "?") if back else "0"
-            box(x_c + i, d, colour(j) if back else DROPPED_FACE, text,
-                crossed=not back)
-    for i in range(t):
-        ax.text(x_c + i + 0.5, -0.15, str(i), ha="center", va="bottom",
-                fontsize=10, color="#555555")
+            box(x_c + i, y_c + d, colour(j), (str(j) if home else "?") if back
+                else "0", dropped=not back)
 
-    for x0, x1, what in ((x_a + t, x_b - label, "all_to_all\n(dispatch)"),
-                         (x_b + width_b, x_c, "FFN, then\nall_to_all\n(combine)")):
-        mid = rows / 2
-        ax.annotate("", xy=(x1 - 0.2, mid), xytext=(x0 + 0.2, mid),
-                    arrowprops=dict(arrowstyle="-|>", lw=2, color="#333333"))
-        ax.text((x0 + x1) / 2, mid - 0.2, what, ha="center", va="bottom",
-                fontsize=10.5)
+    if narrow:
+        moves = ("all-to-all (dispatch)", "expert FFN, then\nall-to-all (combine)")
+        spans = ((y_a + n, y_b - 1.7), (y_b + e, y_c - 1.7))
+        for (y0, y1), words in zip(spans, moves, strict=True):
+            ax.add_patch(FancyArrowPatch((x_a + 0.8, y0 + 0.6), (x_a + 0.8, y1 - 0.1),
+                                         arrowstyle="-|>", mutation_scale=16,
+                                         lw=2, color="#333333"))
+            ax.text(x_a + 1.5, (y0 + y1) / 2 + 0.25, words, ha="left", va="center",
+                    fontsize=pt(10.5), linespacing=1.2)
+    else:
+        moves = ("all-to-all\n(dispatch)", "expert\nFFN, then\nall-to-all\n(combine)")
+        mid = y_a + max(n, e) / 2
+        spans = ((x_a + t, x_b - 0.9), (x_b + width_b, x_c))
+        for (x0, x1), words in zip(spans, moves, strict=True):
+            ax.add_patch(FancyArrowPatch((x0 + 0.2, mid), (x1 - 0.2, mid),
+                                         arrowstyle="-|>", mutation_scale=18,
+                                         lw=2, color="#333333"))
+            ax.text((x0 + x1) / 2, mid - 0.25, words, ha="center", va="bottom",
+                    fontsize=pt(10.5), linespacing=1.2)
 
-    fig.suptitle(_title(record), fontsize=12, y=0.985)
+    sent = (f"{record.all_to_alls} all-to-alls in the compiled layer, "
+            f"{_bytes(record.all_to_all_bytes)} sent per device")
+    kept = int(np.sum(record.kept))
+    one_each = record.experts_per_device == 1
+    if narrow:
+        ax.text(-0.1, 0.25, f"Mixture of experts, {n} devices", ha="left",
+                va="top", fontsize=9.5, weight="bold")
+        ax.text(-0.1, 0.95, f"top-1: each of {t} tokens on devices d0\u2013d{n - 1} "
+                f"goes to\none of {e} experts "
+                f"({'expert j on dj' if one_each else f'{e // n} per device'}), "
+                f"{c} slots per "
+                f"device\nand expert: {kept} kept, {record.dropped} dropped",
+                ha="left", va="top", fontsize=pt(7.5), color="#333333",
+                linespacing=1.25)
+    else:
+        ax.text(across / 2, 0.3, f"Mixture of experts, top-1: {n} devices \u00d7 "
+                f"{t} tokens, {e} experts ("
+                f"{'expert j on device j' if one_each else f'{e // n} per device'})",
+                ha="center",
+                va="top", fontsize=pt(13), weight="bold")
+        ax.text(across / 2, 1.35, f"{c} slots per (device, expert): {kept} tokens "
+                f"kept, {record.dropped} dropped (their expert's slots were full)",
+                ha="center", va="top", fontsize=pt(11), color="#333333")
     handles = [Patch(facecolor=colour(j), label=f"expert {j} (device "
                      f"{_device_of(record, j)})") for j in range(e)]
-    handles.append(Patch(facecolor=DROPPED_FACE, edgecolor="#b00000",
+    handles.append(Patch(facecolor="white", edgecolor="#b00000", linestyle="--",
                          label="dropped: output 0"))
-    fig.legend(handles=handles, loc="lower center", ncol=len(handles),
-               fontsize=10.5, frameon=False, bbox_to_anchor=(0.5, 0.0),
-               handlelength=1.2, columnspacing=1.0)
+    legend_y = y_c + n + 0.45 if narrow else y_a + max(n, e) + 0.35
+    fig.legend(handles=handles, loc="upper left" if narrow else "upper center",
+               ncol=2 if narrow else len(handles), fontsize=pt(10.5),
+               frameon=False, borderaxespad=0, handlelength=1.2,
+               columnspacing=1.0,
+               bbox_to_anchor=frac(-0.1 if narrow else across / 2, legend_y))
+    if narrow:
+        ax.text(-0.1, bottom - 0.25, sent.replace("layer, ", "layer,\n"),
+                ha="left", va="bottom", fontsize=pt(10.5), color="#333333",
+                linespacing=1.25)
+    else:
+        ax.text(across / 2, bottom - 0.25, sent, ha="center", va="bottom",
+                fontsize=pt(10.5), color="#333333")
     _figure.save(fig, path)

@@ -42,13 +42,11 @@ VARIANTS = ("ring_attention", "ring_attention_causal")
 SKIPPED, PARTIAL, FULL = 0, 1, 2
 
 CAPTION = (
-    "Ring attention on 8 devices: at each ring step (column) every device (row) "
-    "keeps its query block and folds the K/V block it holds into its online "
-    "softmax, then passes K and V on to the next device. Drawn from a real run "
-    "of recipes/ring_attention.py's ring_attention_body under shard_map, its "
-    "ring_shift reporting each arriving block (K filled with block ids, V "
-    "one-hot, q = 0); the causal run's output shows which blocks are wholly "
-    "masked (folded as zeros) and which are the partly masked diagonal.")
+    "Ring attention on 8 devices, recorded from a real run: every device keeps "
+    "its query block and, at each ring step, folds the K/V block it holds into "
+    "its online softmax, then passes K and V on to the next device with a "
+    "ppermute. Under a causal mask the later blocks count for nothing and the "
+    "device's own block is half masked.")
 
 
 @dataclass(frozen=True, eq=False)
@@ -202,8 +200,13 @@ def _colour(block: int):
     return (0.45 + 0.55 * red, 0.45 + 0.55 * green, 0.45 + 0.55 * blue)
 
 
+def _bytes(n: float) -> str:
+    return f"{n:,.0f} bytes" if n < 10_000 else f"{n / 1024:,.1f} KiB"
+
+
 def draw(record: RingAttentionTrace, path, width: str = "wide") -> None:
-    """Write the SVG: one panel per variant, steps as columns, devices as rows."""
+    """Write the SVG: one panel per variant, steps as columns, devices as
+    rows; side by side for the ``"wide"`` column, stacked for ``"narrow"``."""
     import matplotlib  # optional: the docs extra
 
     matplotlib.use("Agg")
@@ -213,66 +216,105 @@ def draw(record: RingAttentionTrace, path, width: str = "wide") -> None:
     from matplotlib.patches import Rectangle
 
     n = record.n_devices
-    fig = Figure(figsize=(10, 6.6))
-    axes = fig.subplots(1, 2, gridspec_kw=dict(wspace=0.06))
-    fig.subplots_adjust(left=0.14, right=0.99, top=0.85, bottom=0.2)
-    titles = ("ring_attention", "ring_attention_causal")
-    for variant, ax in enumerate(axes):
+    narrow = width == "narrow"
+
+    def pt(points):
+        return _figure.font_pt(width, points)
+
+    masked = dict(facecolor="#f2f2f2", edgecolor="#c8c8c8", hatch="xx")
+    # inches: figure size, panel size and where each panel's top-left sits
+    if narrow:
+        cell, left, top = 0.33, 0.62, 1.05
+        fig_w = 3.7
+        grid = n * cell
+        spots = [(left, top), (left, top + grid + 0.78)]
+        legend_top = spots[1][1] + grid + 0.5
+        fig_h = legend_top + 1.05
+    else:
+        cell, left, top = 0.5, 1.05, 0.95
+        fig_w = 10
+        grid = n * cell
+        spots = [(left, top), (left + grid + 0.35, top)]
+        legend_top = top + grid + 0.62
+        fig_h = legend_top + 0.6
+    fig = Figure(figsize=(fig_w, fig_h))
+    titles = ("no mask", "causal mask")
+    same_query = tuple(record.query_block) == tuple(range(n))
+    for variant, (x0, y0) in enumerate(spots):
+        ax = fig.add_axes((x0 / fig_w, 1 - (y0 + grid) / fig_h, grid / fig_w,
+                           grid / fig_h))
         marks = folds(record, variant)
         for step in range(n):
             for device in range(n):
                 block = int(record.k_block[variant][step, device])
                 mark = int(marks[step, device])
                 x, y = step, device
+                face = _colour(block)
                 if mark == SKIPPED:
-                    ax.add_patch(Rectangle((x, y), 1, 1, facecolor="#f2f2f2",
-                                           edgecolor="white", linewidth=1.5,
-                                           hatch="xx"))
-                    ax.add_patch(Rectangle((x, y), 1, 1, fill=False,
-                                           edgecolor="white", linewidth=1.5))
+                    ax.add_patch(Rectangle((x, y), 1, 1, linewidth=0, **masked))
                 else:
-                    ax.add_patch(Rectangle((x, y), 1, 1, facecolor=_colour(block),
-                                           edgecolor="white", linewidth=1.5))
-                if mark == PARTIAL:  # corner: the keys after each query, masked
-                    ax.add_patch(Polygon([(x + 0.5, y + 0.04), (x + 0.96, y + 0.04),
-                                          (x + 0.96, y + 0.5)], closed=True,
-                                         facecolor="white", edgecolor="#333333",
-                                         hatch="////", linewidth=0.8))
-                ax.text(x + 0.5, y + 0.5, str(block), ha="center", va="center",
-                        fontsize=13, weight="bold",
-                        color="#9a9a9a" if mark == SKIPPED else "black")
+                    ax.add_patch(Rectangle((x, y), 1, 1, facecolor=face,
+                                           linewidth=0))
+                if mark == PARTIAL:  # the keys after each query: masked
+                    ax.add_patch(Polygon([(x, y), (x + 1, y), (x + 1, y + 1)],
+                                         closed=True, linewidth=0, **masked))
+                ax.add_patch(Rectangle((x, y), 1, 1, fill=False, edgecolor="white",
+                                       linewidth=1.5))
+                # on a diagonal block, the number sits in its unmasked half
+                at = (x + 0.3, y + 0.66) if mark == PARTIAL else (x + 0.5, y + 0.5)
+                ax.text(*at, str(block), ha="center", va="center",
+                        fontsize=pt(13) if not narrow else 8, weight="bold",
+                        color="#8a8a8a" if mark == SKIPPED else "black")
         ax.set_xlim(0, n)
         ax.set_ylim(n, 0)
-        ax.set_aspect("equal")
-        ax.set_xticks(np.arange(n) + 0.5, [str(s) for s in range(n)], fontsize=11)
+        ax.set_xticks(np.arange(n) + 0.5, [str(s) for s in range(n)],
+                      fontsize=pt(11))
         ax.set_yticks(np.arange(n) + 0.5,
-                      [f"{d}  (q {record.query_block[d]})" for d in range(n)],
-                      fontsize=11)
-        ax.tick_params(length=0)
+                      [str(d) if same_query else f"{d} (q {record.query_block[d]})"
+                       for d in range(n)], fontsize=pt(11))
+        ax.tick_params(length=0, pad=2)
         for side in ax.spines.values():
             side.set_visible(False)
-        ax.set_xlabel("ring step", fontsize=11)
-        ax.set_title(titles[variant], fontsize=13, family="monospace")
-        if variant:
-            ax.set_yticklabels([])
+        ax.set_title(titles[variant], fontsize=pt(12.5), weight="bold", pad=4)
+        if narrow or variant == 0:
+            ax.set_ylabel("device" if narrow else
+                          "device  (keeps its query block)", fontsize=pt(11))
         else:
-            ax.set_ylabel("device  (query block, stays put)", fontsize=11)
-    fig.suptitle(f"Ring attention on {n} devices: the K/V block each device "
-                 "folds into its online softmax", fontsize=14, weight="bold",
-                 y=0.98)
-    fig.text(0.565, 0.91, "step 0: the device's own block; each later step: one "
-             "ppermute of K and one of V, device d \u2192 d + 1", ha="center",
-             fontsize=11, color="#333333")
+            ax.set_yticklabels([])
+        ax.set_xlabel("ring step", fontsize=pt(11), labelpad=2)
+    sent = (f"{record.permutes} ppermutes in the compiled program,"
+            f"{chr(10) if narrow else ' '}{_bytes(record.permute_bytes)} sent per "
+            "device")
+    if narrow:
+        fig.text(0.04, 1 - 0.1 / fig_h, f"Ring attention, {n} devices",
+                 va="top", fontsize=9.5, weight="bold")
+        fig.text(0.04, 1 - 0.34 / fig_h,
+                 "each device keeps its query block; the number is\n"
+                 "the K/V block it folds in. Each step: one ppermute\n"
+                 "of K and one of V, device d \u2192 d + 1", va="top",
+                 fontsize=pt(7.5), color="#333333", linespacing=1.25)
+    else:
+        fig.text(0.5, 1 - 0.12 / fig_h, f"Ring attention on {n} devices: the K/V "
+                 "block each device folds into its online softmax", ha="center",
+                 va="top", fontsize=14, weight="bold")
+        fig.text(0.5, 1 - 0.45 / fig_h, "step 0: the device's own block; each "
+                 "later step: one ppermute of K and one of V, device d \u2192 d + 1",
+                 ha="center", va="top", fontsize=11, color="#333333")
     handles = [
-        Patch(facecolor=_colour(2), edgecolor="white",
-              label="K/V block folded in (number, colour: block id)"),
-        Patch(facecolor=_colour(2), edgecolor="#555555", hatch="////",
-              label="diagonal block: keys after each query masked"),
-        Patch(facecolor="#f2f2f2", edgecolor="#c8c8c8", hatch="xx",
-              label="wholly masked (a later block): folds in zeros"),
-        Patch(facecolor="none", edgecolor="none",
-              label=f"{record.permutes} collective-permutes in the compiled body"),
+        Patch(facecolor=_colour(2), label="K/V block folded in (number: block id)"),
+        Patch(facecolor=_colour(2), edgecolor="#c8c8c8", hatch="xx",
+              label="diagonal block: later keys masked"),
+        Patch(label="later block: wholly masked (adds zeros)", **masked),
     ]
-    fig.legend(handles=handles, loc="lower center", ncol=2, fontsize=11,
-               frameon=False, bbox_to_anchor=(0.54, 0.0))
+    if narrow:
+        handles[0].set_label("K/V block folded in")
+        handles[1].set_label("diagonal block: later keys masked")
+        handles[2].set_label("later block: wholly masked")
+    fig.legend(handles=handles, loc="upper left" if narrow else "upper center",
+               ncol=1 if narrow else 3, fontsize=pt(10.5), frameon=False,
+               handlelength=1.6, columnspacing=1.5, borderaxespad=0,
+               bbox_to_anchor=(0.04 if narrow else 0.5, 1 - legend_top / fig_h))
+    fig.text(0.04 if narrow else 0.5, 0.1 / fig_h, sent,
+             ha="left" if narrow else "center", va="bottom", fontsize=pt(10.5),
+             color="#333333")
     _figure.save(fig, path)
