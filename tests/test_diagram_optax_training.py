@@ -120,4 +120,4 @@ def test_text_table(record):
 
 
 def test_draw_writes_svg(record, tmp_path):
-    assert_draws_svg(diagram, record, tmp_path)
+    assert_draws_svg(diagram, record, tmp_path, widths=("wide", "narrow"))

@@ -80,4 +80,4 @@ def test_more_microbatches_shrink_the_bubble():
 
 
 def test_draw_writes_an_svg(record, tmp_path):
-    assert_draws_svg(diagram, record, tmp_path)
+    assert_draws_svg(diagram, record, tmp_path, widths=("wide", "narrow"))

@@ -512,7 +512,8 @@ def mlp_plan(label: str, mesh_axes: int | None = None, *,
 
 
 dp_tp_mlp = register(Recipe(
-    name="dp_tp_mlp", recipe_file="dp_tp_mlp.py", cost_model=_mlp_fact(model=True),
+    name="dp_tp_mlp", family="strategy", recipe_file="dp_tp_mlp.py",
+    cost_model=_mlp_fact(model=True),
     # four matmuls and a squared loss: past 2**24 even float32 rounds, and
     # float16 overflows on small integers
     bitwise=False, exact_dtypes=WIDE_FLOATS, magnitudes=mlp_magnitudes,
@@ -528,7 +529,8 @@ dp_tp_mlp = register(Recipe(
     plan=mlp_plan("DP x TP", mesh_axes=2)))
 
 dp_mlp = register(Recipe(
-    name="dp_mlp", recipe_file="dp_tp_mlp.py", cost_model=_mlp_fact(model=False),
+    name="dp_mlp", family="strategy", recipe_file="dp_tp_mlp.py",
+    cost_model=_mlp_fact(model=False),
     bitwise=False, exact_dtypes=WIDE_FLOATS, magnitudes=mlp_magnitudes,
     summary="MLP loss+grads, data parallel: batch split, params replicated, "
             "grads psum",

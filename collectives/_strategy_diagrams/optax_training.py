@@ -36,12 +36,11 @@ N_STEPS = 20
 SHOWN = 4  # gradient elements the picture shows (the record keeps all)
 
 CAPTION = (
-    "Data-parallel Adam on 8 devices: at step 1 each device's loss and gradient "
-    "on its own 4 rows go into lax.pmean and the same averages come out on "
-    "every device; below, the loss per step of the 8-device run against one "
-    "device on the whole batch. Recorded from a real run of "
-    "recipes/optax_training.py's train_per_device under shard_map (20 "
-    "optax.adam steps), its lax.pmean tapped with io_callback.")
+    "Data-parallel Adam on 8 devices, recorded from a real run of "
+    "recipes/optax_training.py (20 optax.adam steps): at step 1 each device's "
+    "loss and gradients on its own 4 rows go into one all-reduce (lax.pmean) "
+    "and the same averages come out on every device; below, the loss per step "
+    "against one device training on the whole batch.")
 
 
 def _file():
@@ -163,7 +162,8 @@ def text(record: DpAdamTrace, step: int = 0) -> str:
 
 
 def draw(record: DpAdamTrace, path, width: str = "wide", step: int = 0) -> None:
-    """Write the SVG: step ``step``'s pmean (in, out) above the loss curves."""
+    """Write the SVG: step ``step``'s pmean (in, out) above the loss curves;
+    in and out side by side (wide) or stacked (narrow)."""
     import matplotlib  # optional: the docs extra
 
     matplotlib.use("Agg")
@@ -171,19 +171,31 @@ def draw(record: DpAdamTrace, path, width: str = "wide", step: int = 0) -> None:
     from matplotlib.figure import Figure
     from matplotlib.patches import FancyArrowPatch
 
+    narrow = width == "narrow"
+    fs = _figure.font_pt(width, 10.5)  # 8.9 pt narrow
     n, shown = record.n_devices, min(SHOWN, len(record.elements))
     columns = ("loss", *record.elements[:shown])
     into = np.column_stack([record.local_loss[step],
                             record.local_grad[step, :, :shown]])
     out = np.column_stack([record.mean_loss[step], record.mean_grad[step, :, :shown]])
-    fig = Figure(figsize=(10, 9))
-    grid = fig.add_gridspec(2, 2, height_ratios=(1.1, 1), wspace=0.36, hspace=0.3,
-                            left=0.09, right=0.98, top=0.8, bottom=0.07)
+    if narrow:
+        fig = Figure(figsize=(3.7, 9.0))
+        grid = fig.add_gridspec(3, 1, height_ratios=(1, 1, 1.05), hspace=0.36,
+                                left=0.13, right=0.97, top=0.855, bottom=0.05)
+        table_cells = (grid[0, 0], grid[1, 0])
+    else:
+        fig = Figure(figsize=(10, 9))
+        grid = fig.add_gridspec(2, 2, height_ratios=(1.1, 1), wspace=0.36,
+                                hspace=0.3, left=0.09, right=0.98, top=0.8,
+                                bottom=0.07)
+        table_cells = (grid[0, 0], grid[0, 1])
     cmap = matplotlib.colormaps["RdBu_r"]
-    for col, (values, title) in enumerate(
-            ((into, "into lax.pmean:\nthe device's own rows"),
-             (out, "out of lax.pmean:\nthe same average everywhere"))):
-        ax = fig.add_subplot(grid[0, col])
+    titles = (("into the all-reduce:", "the device's own rows"),
+              ("out of the all-reduce:", "the same average everywhere"))
+    tables = []
+    for col, (values, title) in enumerate(zip((into, out), titles, strict=True)):
+        ax = fig.add_subplot(table_cells[col])
+        tables.append(ax)
         for j in range(len(columns)):  # one colour scale per column, in and out
             scale = max(float(np.max(np.abs(into[:, j]))),
                         float(np.max(np.abs(out[:, j]))), 1e-12)
@@ -194,48 +206,73 @@ def draw(record: DpAdamTrace, path, width: str = "wide", step: int = 0) -> None:
                     (j, d), 1, 1, facecolor=cmap(0.15 + 0.7 * norm(value)),
                     edgecolor="white", linewidth=1.5))
                 ax.text(j + 0.5, d + 0.5, f"{value:.2f}", ha="center", va="center",
-                        fontsize=10.5)
+                        fontsize=fs)
         ax.set_xlim(0, len(columns))
         ax.set_ylim(n, 0)
-        ax.set_xticks(np.arange(len(columns)) + 0.5, columns, fontsize=10.5,
+        ax.set_xticks(np.arange(len(columns)) + 0.5, columns, fontsize=fs,
                       family="monospace")
         ax.xaxis.tick_top()
-        ax.set_yticks(np.arange(n) + 0.5, [str(d) for d in range(n)], fontsize=10.5)
-        ax.tick_params(length=0)
+        ax.set_yticks(np.arange(n) + 0.5, [str(d) for d in range(n)], fontsize=fs)
+        ax.tick_params(length=0, pad=2)
         for side in ax.spines.values():
             side.set_visible(False)
-        ax.set_title(title, fontsize=12, pad=26)
-        if col == 0:
-            ax.set_ylabel("device", fontsize=11)
-            left = ax
-        else:
-            x0, x1 = left.get_position().x1, ax.get_position().x0
-            y = 0.5 * (ax.get_position().y0 + ax.get_position().y1)
-            fig.patches.append(FancyArrowPatch(
-                (x0 + 0.01, y), (x1 - 0.035, y), transform=fig.transFigure,
-                arrowstyle="-|>", mutation_scale=22, linewidth=2, color="#444444"))
-            fig.text(0.5 * (x0 + x1) - 0.012, y + 0.015, "lax.pmean\n(loss, grads)",
-                     ha="center", va="bottom", fontsize=10.5)
-    ax = fig.add_subplot(grid[1, :])
+        if narrow or col == 0:
+            ax.set_ylabel("device", fontsize=fs, labelpad=2)
+        short = ("into the all-reduce: own rows", "out: the same average everywhere")
+        ax.set_title(short[col] if narrow else "\n".join(title),
+                     fontsize=fs + 0.5 if narrow else 12, pad=18 if narrow else 26,
+                     weight="bold" if narrow else "normal")
+    first, second = (a.get_position() for a in tables)
+    if narrow:  # an arrow down from the first table to the second
+        x = 0.5 * (first.x0 + first.x1)
+        y0, y1 = first.y0 - 0.006, second.y1 + 0.045
+        fig.patches.append(FancyArrowPatch(
+            (x, y0), (x, y1), transform=fig.transFigure, arrowstyle="-|>",
+            mutation_scale=16, linewidth=1.6, color="#444444"))
+        fig.text(x + 0.03, 0.5 * (y0 + y1), "all-reduce: lax.pmean\n(loss, gradients)",
+                 ha="left", va="center", fontsize=fs)
+    else:
+        x0, x1 = first.x1, second.x0
+        y = 0.5 * (second.y0 + second.y1)
+        fig.patches.append(FancyArrowPatch(
+            (x0 + 0.01, y), (x1 - 0.035, y), transform=fig.transFigure,
+            arrowstyle="-|>", mutation_scale=22, linewidth=2, color="#444444"))
+        fig.text(0.5 * (x0 + x1) - 0.012, y + 0.015, "all-reduce:\nlax.pmean\n"
+                 "(loss, grads)", ha="center", va="bottom", fontsize=fs)
+    ax = fig.add_subplot(grid[2, 0] if narrow else grid[1, :])
     steps = np.arange(1, record.n_steps + 1)
     ax.plot(steps, record.losses_one_device, color="#444444", linewidth=2.5,
-            label="one device, whole batch (train_one_device)")
-    ax.plot(steps, record.losses, "o", color="#d62728", markersize=7,
-            label=f"shard_map on {n} devices (train_per_device)")
-    ax.set_xlabel("step", fontsize=11)
-    ax.set_ylabel("loss before the step", fontsize=11)
-    ax.set_xticks(steps[::max(1, record.n_steps // 10)])
-    ax.tick_params(labelsize=10.5)
+            label="one device, whole batch")
+    ax.plot(steps, record.losses, "o", color="#d62728",
+            markersize=5 if narrow else 7, label=f"{n} devices, data parallel")
+    ax.set_xlabel("step", fontsize=fs if narrow else 11, labelpad=2)
+    ax.set_ylabel("loss" if narrow else "loss before the step",
+                  fontsize=fs if narrow else 11)
+    every = max(1, record.n_steps // (5 if narrow else 10))
+    ax.set_xticks(steps[::every])
+    ax.tick_params(labelsize=fs)
     ax.grid(alpha=0.3)
     gap = float(np.max(np.abs(record.losses - record.losses_one_device)))
-    ax.set_title(f"loss per step: the runs agree to {gap:.0e} "
-                 f"(parameters to {record.param_gap:.0e})", fontsize=12)
-    ax.legend(fontsize=10.5, frameon=False)
+    agree = f"the runs agree to {gap:.0e}"
+    if narrow:
+        ax.set_title(f"loss per step: {agree}", fontsize=fs + 0.5, weight="bold")
+    else:
+        ax.set_title(f"loss per step: {agree} (parameters to "
+                     f"{record.param_gap:.0e})", fontsize=12)
+    ax.legend(fontsize=fs, frameon=False, loc="upper right")
     trap = "" if record.vary else " (vary=False: the n x gradient trap)"
-    fig.suptitle(f"Data-parallel Adam on {n} devices, step {step + 1}: local "
-                 f"gradients in, one average out{trap}", fontsize=14,
-                 weight="bold", y=0.985)
-    fig.text(0.5, 0.94, f"each device: {record.rows} rows of the batch, its own "
-             "loss and gradients; params and Adam state replicated",
-             ha="center", fontsize=11, color="#333333")
+    if narrow:
+        fig.text(0.5, 0.992, f"Data-parallel Adam on {n} devices,\nstep {step + 1}: "
+                 f"local gradients in,\none average out{trap}", ha="center",
+                 va="top", fontsize=fs + 1.5, weight="bold", linespacing=1.2)
+        fig.text(0.5, 0.915, f"each device: {record.rows} rows of the batch; "
+                 "params and\nAdam state replicated on every device", ha="center",
+                 va="center", fontsize=fs, color="#333333", linespacing=1.2)
+    else:
+        fig.suptitle(f"Data-parallel Adam on {n} devices, step {step + 1}: local "
+                     f"gradients in, one average out{trap}", fontsize=14,
+                     weight="bold", y=0.985)
+        fig.text(0.5, 0.94, f"each device: {record.rows} rows of the batch, its own "
+                 "loss and gradients; params and Adam state replicated",
+                 ha="center", fontsize=11, color="#333333")
     _figure.save(fig, path)

@@ -37,12 +37,12 @@ from collectives._devices import make_mesh
 from collectives.recipes import pipeline as pipeline_file
 
 CAPTION = (
-    "The GPipe schedule of recipes/pipeline.py, recorded from a real run: "
-    "pipeline_value_and_grad (forward and jax.grad) under shard_map on 8 stages "
-    "with 4 marker microbatches; a tap passed as its layer argument records "
-    "which microbatch's activation (forward) and gradient (backward) each "
-    "stage's layer handles at each tick. Hatched cells are the bubble: the layer "
-    "runs on zeros or a repeat whose gradient is zero.")
+    "The GPipe schedule of recipes/pipeline.py, recorded from a real training "
+    "step on 8 devices, one stage each, with the batch in 4 microbatches: which "
+    "microbatch each stage works on at each tick, forward (F) and backward (B), "
+    "its activations passed on to the next stage with a ppermute. Hatched cells "
+    "are the bubble, where a stage computes on zeros or a repeat whose result "
+    "is thrown away.")
 
 _AXIS = "stage"
 _WIDTH = 2  # features per row
@@ -193,13 +193,14 @@ def trace(stages: int = 8, microbatches: int = 4) -> PipelineTrace:
                          backward, float(loss), float(loss_oracle))
 
 
-def _title(record: PipelineTrace) -> str:
+def _title(record: PipelineTrace, narrow: bool = False) -> str:
     s, m, t = record.stages, record.microbatches, record.ticks
     idle = sorted(set(record.idle.tolist()))
     count = idle[0] if len(idle) == 1 else "/".join(map(str, idle))
     bubble = pipeline_file.bubble_fraction(s, m)
-    return (f"GPipe, {s} stages x {m} microbatches: bubble {count} of {t} ticks per "
-            f"stage and pass = bubble_fraction({s}, {m}) = {bubble:.2f}")
+    title = (f"GPipe, {s} stages x {m} microbatches:\nbubble {count} of {t} ticks "
+             f"per stage\nand pass ({bubble:.0%} idle)")
+    return title if narrow else title.replace("\n", " ")
 
 
 def _cell(value: int, backward: bool) -> str:
@@ -209,7 +210,10 @@ def _cell(value: int, backward: bool) -> str:
 def text(record: PipelineTrace) -> str:
     """The schedule as a plain-text table: a row per stage, a column per tick."""
     t = record.ticks
+    bubble = pipeline_file.bubble_fraction(record.stages, record.microbatches)
     lines = [_title(record),
+             f"bubble fraction (stages - 1) / (microbatches + stages - 1) = "
+             f"{bubble:.2f}",
              f"F m / B m: forward / backward of microbatch m; '.': idle (bubble). "
              f"Ticks 0-{t - 1} forward, {t}-{2 * t - 1} backward.",
              "stage | " + " ".join(f"{k:>3}" for k in range(2 * t)) + " | idle"]
@@ -222,7 +226,8 @@ def text(record: PipelineTrace) -> str:
 
 
 def draw(record: PipelineTrace, path, width: str = "wide") -> None:
-    """Write the schedule as an SVG: ticks across, stages down."""
+    """Write the schedule as an SVG: ticks across and stages down (wide), or
+    stages across and ticks down (narrow)."""
     import matplotlib  # optional: the docs extra
 
     matplotlib.use("Agg")
@@ -230,6 +235,8 @@ def draw(record: PipelineTrace, path, width: str = "wide") -> None:
     from matplotlib.patches import Patch
     from matplotlib.patches import Rectangle
 
+    narrow = width == "narrow"
+    fs = _figure.font_pt(width, 10.5)  # cells, ticks; 8.9 pt narrow
     s_count, t = record.stages, record.ticks
     schedule = record.schedule
     colours = matplotlib.colormaps["tab10"]
@@ -239,40 +246,71 @@ def draw(record: PipelineTrace, path, width: str = "wide") -> None:
         mix = 0.35 if backward else 0.6  # backward a shade darker
         return (mix + r * (1 - mix), mix + g * (1 - mix), mix + b * (1 - mix))
 
-    fig = Figure(figsize=(10, 1.5 + 0.42 * s_count))
-    ax = fig.add_axes((0.08, 0.2, 0.9, 0.68))
+    def at(k: int, s: int) -> tuple[int, int]:
+        """The cell of tick ``k``, stage ``s``: (x, y)."""
+        return (s, k) if narrow else (k, s)
+
+    if narrow:
+        fig = Figure(figsize=(3.7, 2.0 + 0.205 * 2 * t))
+        ax = fig.add_axes((0.2, 0.8 / fig.get_figheight(), 0.77,
+                           1 - 1.95 / fig.get_figheight()))
+    else:
+        fig = Figure(figsize=(10, 1.5 + 0.42 * s_count))
+        ax = fig.add_axes((0.08, 0.2, 0.9, 0.68))
     for s in range(s_count):
         for k in range(2 * t):
             m, backward = int(schedule[s, k]), k >= t
             if m < 0:
-                ax.add_patch(Rectangle((k, s), 1, 1, facecolor="#eeeeee",
+                ax.add_patch(Rectangle(at(k, s), 1, 1, facecolor="#eeeeee",
                                        edgecolor="white", hatch="///", lw=1))
                 continue
-            ax.add_patch(Rectangle((k, s), 1, 1, facecolor=colour(m, backward),
+            ax.add_patch(Rectangle(at(k, s), 1, 1, facecolor=colour(m, backward),
                                    edgecolor="white", lw=1))
-            ax.text(k + 0.5, s + 0.5, _cell(m, backward), ha="center",
-                    va="center", fontsize=10.5)
-    ax.axvline(t, color="#333333", lw=2)
-    ax.text(t / 2, -0.25, "forward", ha="center", va="bottom", fontsize=11,
-            weight="bold")
-    ax.text(1.5 * t, -0.25, "backward (jax.grad)", ha="center", va="bottom",
-            fontsize=11, weight="bold")
-    ax.set_xlim(0, 2 * t)
-    ax.set_ylim(s_count, 0)
-    ax.set_xticks(np.arange(2 * t) + 0.5, [str(k) for k in range(2 * t)],
-                  fontsize=10.5)
-    ax.set_yticks(np.arange(s_count) + 0.5, [str(s) for s in range(s_count)],
-                  fontsize=11)
+            x, y = at(k, s)
+            ax.text(x + 0.5, y + 0.5, _cell(m, backward), ha="center",
+                    va="center", fontsize=fs)
+    ticks = (np.arange(2 * t) + 0.5, [str(k) for k in range(2 * t)])
+    stages = (np.arange(s_count) + 0.5, [str(s) for s in range(s_count)])
+    if narrow:
+        ax.axhline(t, color="#333333", lw=1.5)
+        for y, words in ((t / 2, "forward ticks"), (1.5 * t, "backward ticks")):
+            ax.text(-1.4, y, words, rotation=90, ha="center", va="center",
+                    fontsize=fs, weight="bold")
+        ax.set_xlim(0, s_count)
+        ax.set_ylim(2 * t, 0)
+        ax.set_yticks(*ticks, fontsize=fs)
+        ax.set_xticks(*stages, fontsize=fs)
+        ax.xaxis.tick_top()
+        ax.xaxis.set_label_position("top")
+        ax.set_xlabel("stage (device)", fontsize=fs)
+    else:
+        ax.axvline(t, color="#333333", lw=2)
+        ax.text(t / 2, -0.25, "forward", ha="center", va="bottom", fontsize=11,
+                weight="bold")
+        ax.text(1.5 * t, -0.25, "backward (gradients)", ha="center", va="bottom",
+                fontsize=11, weight="bold")
+        ax.set_xlim(0, 2 * t)
+        ax.set_ylim(s_count, 0)
+        ax.set_xticks(*ticks, fontsize=fs)
+        ax.set_yticks(*stages, fontsize=11)
+        ax.set_xlabel("tick", fontsize=11)
+        ax.set_ylabel("stage (device)", fontsize=11)
     ax.tick_params(length=0)
     for side in ax.spines.values():
         side.set_visible(False)
-    ax.set_xlabel("tick", fontsize=11)
-    ax.set_ylabel("stage (device)", fontsize=11)
-    fig.suptitle(_title(record), fontsize=12, y=0.985)
     handles = [Patch(facecolor=colour(m, False), label=f"microbatch {m}")
                for m in range(record.microbatches)]
     handles.append(Patch(facecolor="#eeeeee", hatch="///", edgecolor="#bbbbbb",
                          label="idle (bubble)"))
-    fig.legend(handles=handles, loc="lower center", ncol=len(handles),
-               fontsize=11, frameon=False, bbox_to_anchor=(0.5, 0.0))
+    if narrow:
+        fig.text(0.5, 1 - 0.08 / fig.get_figheight(), _title(record, narrow=True),
+                 ha="center", va="top", fontsize=fs + 0.5, weight="bold",
+                 linespacing=1.2)
+        fig.legend(handles=handles, loc="lower center", ncol=2, fontsize=fs,
+                   frameon=False, bbox_to_anchor=(0.5, 0.0), columnspacing=1.2,
+                   handlelength=1.5)
+    else:
+        fig.suptitle(_title(record), fontsize=12, y=0.985)
+        fig.legend(handles=handles, loc="lower center", ncol=len(handles),
+                   fontsize=11, frameon=False, bbox_to_anchor=(0.5, 0.0))
     _figure.save(fig, path)
