@@ -70,7 +70,7 @@ def _draw_panel(ax: Any, blocks, sources, x0: float, y0: float, title: str,
 def _fits(width_elements: float, width: str) -> bool:
     """Whether a drawing ``width_elements`` wide shows its smallest text at
     9 px or more in ``width``'s column."""
-    natural = width_elements * _CELL * 96
+    natural = (width_elements * _CELL + 0.2) * 96  # (+ the saved margin)
     scale = min(1.0, _figure.COLUMN_PX[width] / natural)
     return _ARROW_PT * _figure.SVG_PX_PER_PT * scale >= _figure.MIN_TEXT_PX
 

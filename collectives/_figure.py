@@ -1,8 +1,8 @@
 """Figures drawn for the docs' content column, and what each records about itself.
 
 Every figure the docs show is drawn twice, for the two columns a reader
-meets: ``"wide"`` (the content column of a desktop browser, about 785 CSS px
-at 1400 px) and ``"narrow"`` (a phone's, about 358 px at 390 px). The
+meets: ``"wide"`` (the content column of a desktop browser, about 768 CSS px
+at 1400 px) and ``"narrow"`` (a phone's, about 342 px at 390 px). The
 narrow drawing is written beside the wide one as ``NAME.narrow.EXT``; the
 docs show the one that fits the screen (``docs/conf.py``).
 
@@ -29,9 +29,9 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-COLUMN_PX = {"wide": 785, "narrow": 358}
-"""The content column's width in CSS px: at 1400 px (desktop) and 390 px
-(phone) wide browser windows."""
+COLUMN_PX = {"wide": 768, "narrow": 342}
+"""The content column's width in CSS px, as a browser lays the docs out at
+1400 px (a desktop) and at 390 px (a phone) wide."""
 
 MIN_TEXT_PX = 9.0
 """The smallest text a reader reads on screen, in CSS px."""

@@ -40,11 +40,11 @@ def test_a_legend_over_a_line_is_counted():
 
 
 def test_text_too_small_on_screen_is_a_problem():
-    # 12 px in a 960 px image: 4.5 px when a phone shows it 358 px wide
+    # 12 px in a 960 px image: 4.3 px when a phone shows it 342 px wide
     facts = {"text_px": 12.0, "legend_covers": 0, "width_px": 960}
     assert _figure.problems(facts, "wide") == []
     (problem,) = _figure.problems(facts, "narrow")
-    assert problem.startswith("text 4.5px on screen, under 9px")
+    assert problem.startswith("text 4.3px on screen, under 9px")
     assert _figure.problems(None, "wide") == [
         "no record of its text size (draw it with collectives._figure.save)"]
     with pytest.raises(ValueError, match="width 'phone': not a column"):

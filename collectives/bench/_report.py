@@ -185,11 +185,11 @@ def _plot(doc: Mapping[str, Any], path: str, width: str) -> None:
     wide = width == "wide"
     cols = min(2 if wide else 1, max(1, len(names)))
     grid = -(-max(1, len(names)) // cols)
-    # at the docs' 110 dpi: 7 in (770 px) for a desktop's column, 3.2 in
-    # (352 px) for a phone's
-    panel = (3.5, 2.9) if wide else (3.2, 2.5)
+    # at the docs' 110 dpi: 6.9 in (759 px) for a desktop's column, 3.1 in
+    # (341 px) for a phone's
+    panel = (3.5, 2.9) if wide else (3.1, 2.5)
     small = 8 if wide else 7
-    fig, axs = plt.subplots(grid, cols, figsize=(7 if wide else 3.2,
+    fig, axs = plt.subplots(grid, cols, figsize=(6.9 if wide else 3.1,
                                                  panel[1] * grid + 1.3),
                             squeeze=False, sharey=True)
     machine = doc["machine"]

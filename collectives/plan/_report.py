@@ -218,11 +218,11 @@ def _plot(plans: Sequence[Plan], path: str, memory: float | None,
     plt = pyplot()
     models = list(dict.fromkeys(p.model.name for p in plans))
     wide = width == "wide"
-    # at the docs' 110 dpi: the width of their content column (7 in, 770 px;
-    # a phone's 3.2 in, 352 px), each panel 3.4 in (wide) or 2.5 in tall
+    # at the docs' 110 dpi: the width of their content column (6.9 in, 759 px;
+    # a phone's 3.1 in, 341 px), each panel 3.4 in (wide) or 2.5 in tall
     fig, axs = plt.subplots(len(models) * (1 if wide else 2), 2 if wide else 1,
-                            figsize=(7, 3.4 * len(models)) if wide
-                            else (3.2, 2.5 * 2 * len(models)), squeeze=False)
+                            figsize=(6.9, 3.4 * len(models)) if wide
+                            else (3.1, 2.5 * 2 * len(models)), squeeze=False)
     pairs = (axs if wide else axs.reshape(len(models), 2))
     small = 8 if wide else 7
     for (ax_time, ax_mem), name in zip(pairs, models, strict=True):
