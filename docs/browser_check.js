@@ -1,8 +1,10 @@
 // Run by browser_check.py in every loaded page: measures code boxes, tables,
-// prose, plots and card links, and returns what the Python side checks, as
-// JSON. A function of TITLES, every page's title by its URL, which the
-// Python side passes in: browser_check.py evaluates `(<this file>)(TITLES)`.
-((TITLES) => {
+// prose, figures, captions and card links, and returns what the Python side
+// checks, as JSON. A function of TITLES, every page's title by its URL, and
+// NAMES, the names from the code a caption may use (the collectives' and
+// the recipes'), which the Python side passes in: browser_check.py
+// evaluates `(<this file>)(TITLES, NAMES)`.
+((TITLES, NAMES) => {
   const problems = [];
   const vw = document.documentElement.clientWidth;
   const range = document.createRange();
@@ -198,32 +200,86 @@
     problems.push(`text laid out one character per line in ${squeezed.length} ` +
                   `place(s): ${squeezed.slice(0, 3).join("; ")}`);
   }
-  // Plots: the legend reads at 10 px or more on screen, and a click opens the
-  // image full size. A plot carries its legend's size in image pixels as the
-  // class legend-<px>px (docs/conf.py, plot_legend_px); a raster image
-  // without it is a plot the check cannot measure.
+  // Figures: whole inside the column (nothing cut off, no scrollbar of their
+  // own), a raster plot opening full size on a click. What they show on
+  // screen (text size, a legend over data) the Python side checks from the
+  // record in each image file, with the sizes measured here. Card
+  // thumbnails are previews, left out.
+  const figures = [];
+  const column = (document.querySelector(".bd-article") || document.body)
+    .getBoundingClientRect();
   for (const img of document.querySelectorAll(".bd-article img")) {
-    if (!visible(img) || !img.naturalWidth) continue;
+    if (!visible(img) || !img.naturalWidth || img.closest(".sd-card")) continue;
     const src = img.getAttribute("src");
-    const legend = /(?:^|\s)legend-([\d.]+)px(?:\s|$)/.exec(img.className);
-    if (!legend) {
-      if (img.classList.contains("plot") || /\.(png|jpe?g|gif|webp)$/i.test(pageOf(img.src))) {
-        problems.push(`plot without its legend size (add it to docs/conf.py's ` +
-                      `plot_legend_px): ${src}`);
-      }
-      continue;
+    const r = img.getBoundingClientRect();
+    figures.push({src: img.src, shown: r.width, natural: img.naturalWidth});
+    if (r.right > column.right + 1 || r.left < column.left - 1) {
+      problems.push(`figure wider than the column (${Math.round(r.width)}px in ` +
+                    `${Math.round(column.width)}px): ${src}`);
     }
-    const shown = img.getBoundingClientRect().width;
-    const px = parseFloat(legend[1]) * shown / img.naturalWidth;
-    if (px < 10) {
-      problems.push(`plot legend ${px.toFixed(1)}px on screen, under 10px (drawn at ` +
-                    `${legend[1]}px in a ${img.naturalWidth}px image shown ` +
-                    `${Math.round(shown)}px wide): ${src}`);
+    for (let up = img.parentElement; up && up !== document.body; up = up.parentElement) {
+      if (scrolls(up) && up.scrollWidth > up.clientWidth + 1) {
+        problems.push(`figure in a box that scrolls sideways (${up.clientWidth}px of ` +
+                      `${up.scrollWidth}px in view): ${src}`);
+        break;
+      }
     }
     const link = img.closest("a[href]");
-    if (!link || pageOf(link.href) !== pageOf(img.src)) {
+    if (/\.(png|jpe?g|gif|webp)$/i.test(pageOf(img.src)) &&
+        (!link || pageOf(link.href) !== pageOf(img.src))) {
       problems.push(`plot does not open full size on a click: ${src}`);
     }
+  }
+  // On a desktop (1000 px and wider) every table shows all its columns: one
+  // that scrolls sideways hides some (on a phone it may scroll).
+  if (vw >= 1000) {
+    for (const box of document.querySelectorAll(".bd-article .pst-scrollable-table-container")) {
+      if (!visible(box) || box.closest(".compat-matrix")) continue;
+      if (box.scrollWidth > box.clientWidth + 1) {
+        problems.push(`table hides columns (${box.clientWidth}px of ${box.scrollWidth}px ` +
+                      `in view, scrolls sideways): ${label(box)}`);
+      }
+    }
+  }
+  // Inline code in prose breaks between its words, never inside one (on a
+  // phone a word wider than the line may).
+  if (vw >= 700) {
+    const broken = [];
+    for (const code of document.querySelectorAll(".bd-article code.literal")) {
+      if (!visible(code) || code.closest("pre, .highlight, table, .sig, dt")) continue;
+      const walker = document.createTreeWalker(code, NodeFilter.SHOW_TEXT);
+      for (let node; (node = walker.nextNode());) {
+        for (const m of node.data.matchAll(/\S+/g)) {
+          range.setStart(node, m.index);
+          range.setEnd(node, m.index + m[0].length);
+          const tops = new Set([...range.getClientRects()].filter((q) => q.width > 0)
+            .map((q) => Math.round(q.top)));
+          if (tops.size > 1) broken.push(m[0]);
+        }
+      }
+    }
+    if (broken.length) {
+      problems.push(`inline code broken inside a word in ${broken.length} place(s): ` +
+                    broken.slice(0, 3).map((w) => `"${w}"`).join(", "));
+    }
+  }
+  // Captions speak the reader's words: no names from the code (a name with
+  // an underscore or a call) other than the collectives' and recipes'.
+  for (const caption of document.querySelectorAll(".bd-article figcaption")) {
+    if (!visible(caption)) continue;
+    const names = [...new Set((caption.innerText.match(/\b\w+\(\)|\b[A-Za-z]\w*_\w+\b/g) || [])
+      .filter((name) => !NAMES.includes(name)))];
+    if (names.length) {
+      problems.push(`caption names code (${names.slice(0, 3).join(", ")}): ` +
+                    label(caption).slice(0, 50));
+    }
+  }
+  // One search box on screen.
+  const searches = [...document.querySelectorAll(
+    "button.search-button-field, button.search-button, form.bd-search")]
+    .filter((el) => visible(el) && el.checkVisibility());
+  if (searches.length > 1) {
+    problems.push(`${searches.length} search boxes on screen`);
   }
   // Cards: a card titled with a page's title opens that page, and a click on
   // a link inside a card opens that link (not the card's own target); a link
@@ -279,6 +335,11 @@
   const links = [...document.querySelectorAll("a[href]")].map((a) => a.href);
   const ids = [...document.querySelectorAll("[id]")].map((el) => el.id);
   for (const a of document.querySelectorAll("a[name]")) ids.push(a.name);
-  return JSON.stringify({problems, links, ids, images, privates,
+  return JSON.stringify({problems, links, ids, images, privates, figures,
+                         strategy: (document.querySelector(".strategy-page") &&
+                                    document.querySelector("figure.strategy-diagram img")
+                                      ?.getAttribute("src").split("/").pop()) || "",
+                         cards: [...document.querySelectorAll(
+                           ".bd-article .sd-card a.sd-stretched-link")].map((a) => a.href),
                          height: document.documentElement.scrollHeight});
 })

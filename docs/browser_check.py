@@ -24,11 +24,20 @@ default). The check fails (exit status 1, one line per problem) on:
   other than after a hyphen, dash or slash, or running out of its cell), a
   table whose header row is hidden, and text laid out one character per
   line anywhere in the article;
-* a plot whose legend is under 10 px on screen, or that does not open full
-  size on a click. A plot states its legend's font size in image pixels
-  with the class ``legend-<px>px`` (``docs/conf.py``'s ``plot_legend_px``
-  sets it); the legend on screen is that size times the shown width over
-  the image's natural width. A raster image without the class is a problem;
+* a figure wider than the content column or in a box that scrolls
+  sideways; text in a figure under 9 px on screen, or a legend over its
+  plotted data, from the record each image file carries (written by
+  ``collectives._figure.save``: its smallest text in image px, times the
+  shown width over the natural width; an SVG without a record is measured
+  from its glyphs; a raster without one is a problem); a raster plot that
+  does not open full size on a click;
+* on a desktop (1000 px and wider), a table that scrolls sideways (it hides
+  columns); inline code broken inside a word (700 px and wider); a caption
+  that names code (a name with an underscore, or a call) other than the
+  collectives and recipes; more than one search box on screen;
+* a strategy recipe page that the strategies page neither links to nor
+  shows the diagram of, and a page of the navigation's Recipes and Using it
+  sections without a card on the landing page;
 * a card whose title is a page's title but that opens another page, and a
   link inside a card that a click does not open (the card's own link
   covering it), or whose text is a page's title but that opens another page;
@@ -37,7 +46,8 @@ default). The check fails (exit status 1, one line per problem) on:
   is not that collective's recipe page.
 
 One screenshot per page and width goes to ``SCREENSHOT_DIR`` (the top of the
-page; the viewport's width, at most 2400 px tall), for a person to look at.
+page; the viewport's width, at most 2400 px tall), for a person to look at;
+the pages of ``WHOLE_PAGES`` are shot whole (up to 20000 px tall).
 
 Chromium is driven through its DevTools protocol over a WebSocket, written
 here with the standard library only: no Selenium, no Playwright. The browser
@@ -74,6 +84,11 @@ SKIP = {"search.html", "genindex.html", "py-modindex.html"}
 # Run in each loaded page, as ``(PAGE_SCRIPT)(titles)``; returns what the
 # Python side checks.
 PAGE_SCRIPT = Path(__file__).with_name("browser_check.js").read_text()
+
+# The pages that carry the project's results, shot whole (the others: their
+# first 2400 px), for a person to see every figure and table.
+WHOLE_PAGES = ("choosing.html", "benchmarks.html", "strategies.html",
+               "_generated/gallery/fsdp.html")
 
 # The JAX collectives the core recipes teach; each is searched for (with the
 # registry's core recipe names) and must find its recipe page first.
@@ -260,24 +275,93 @@ def page_titles(root: Path, pages: list[str], base: str) -> dict[str, str]:
 
 
 def check_page(tools: DevTools, url: str, width: int, shot: Path | None,
-               titles: dict[str, str]) -> dict:
+               titles: dict[str, str], names: list[str]) -> dict:
     tools.call("Emulation.setDeviceMetricsOverride", width=width, height=900,
                deviceScaleFactor=1, mobile=width < 600)
     tools.call("Page.navigate", url=url)
     tools.wait_for("Page.loadEventFired")
     result = tools.call("Runtime.evaluate", returnByValue=True,
-                        expression=f"({PAGE_SCRIPT})({json.dumps(titles)})")
+                        expression=f"({PAGE_SCRIPT})({json.dumps(titles)}, "
+                                   f"{json.dumps(names)})")
     if "exceptionDetails" in result:
         raise RuntimeError(f"{url}: page script failed: {result['exceptionDetails']}")
     data = json.loads(result["result"]["value"])
     if shot is not None:
-        height = min(int(data["height"]), 2400)
+        whole = any(url.endswith("/" + page) for page in WHOLE_PAGES)
+        height = min(int(data["height"]), 20000 if whole else 2400)
         image = tools.call("Page.captureScreenshot", format="png",
                            captureBeyondViewport=True,
                            clip={"x": 0, "y": 0, "width": width, "height": height,
                                  "scale": 1})
         shot.write_bytes(base64.b64decode(image["data"]))
     return data
+
+
+def figure_facts(path: Path) -> dict | None:
+    """The record a figure's file carries (``collectives._figure.save``); for
+    an SVG drawn without one, its smallest text and width read from the SVG
+    itself (matplotlib writes a glyph of F points at ``scale(F/100)``)."""
+    from collectives import _figure
+
+    facts = _figure.read_record(path)
+    if facts is not None or path.suffix != ".svg":
+        return facts
+    svg = path.read_text(errors="replace")
+    scales = [float(m) for m in re.findall(r"scale\(([\d.]+) -[\d.]+\)", svg)]
+    width = re.search(r'<svg[^>]* width="([\d.]+)pt"', svg)
+    if not scales or not width:
+        return None
+    return {"text_px": min(scales) * 100 * _figure.SVG_PX_PER_PT,
+            "legend_covers": 0,
+            "width_px": round(float(width.group(1)) * _figure.SVG_PX_PER_PT)}
+
+
+def figure_problems(root: Path, base: str, figures: list[dict],
+                    width: int) -> list[str]:
+    """Text under 9 px on screen and legends over data, in the figures a
+    page showed at ``width`` (their files' records, their shown widths)."""
+    from collectives import _figure
+
+    out = []
+    for figure in figures:
+        if not figure["src"].startswith(base):
+            continue
+        path = root / urllib.parse.unquote(figure["src"][len(base):].split("?")[0])
+        if not path.is_file():
+            continue  # (reported as a missing image)
+        column = "wide" if width >= 700 else "narrow"
+        for problem in _figure.problems(figure_facts(path), column, figure["shown"]):
+            out.append(f"figure {path.relative_to(root)}: {problem}")
+    return out
+
+
+# The navigation's sections whose every page the landing page has a card for:
+# what a reader comes to the site for.
+LANDING_SECTIONS = ("Recipes", "Using it")
+
+
+def landing_pages(root: Path) -> list[str]:
+    """The top-level pages of the navigation's ``LANDING_SECTIONS``, read
+    from the landing page's sidebar."""
+    page = (root / "index.html").read_text()
+    out = []
+    for section in LANDING_SECTIONS:
+        match = re.search(r'caption-text">' + re.escape(section)
+                          + r'</span></p>\s*<ul[^>]*>(.*?)(?:<p aria-level|</nav>)',
+                          page, re.S)
+        if match:
+            out += re.findall(r'<li class="toctree-l1[^"]*"><a class="reference '
+                              r'internal" href="([^"#]+)"', match.group(1))
+    return out
+
+
+def caption_names() -> list[str]:
+    """The names from the code a caption may use: the JAX collectives, the
+    registry's recipes and their files."""
+    import collectives
+
+    files = {Path(recipe.recipe_file).stem for recipe in collectives.RECIPES.values()}
+    return sorted({*COLLECTIVES, *collectives.RECIPES, *files, "shard_map"})
 
 
 def search_pages() -> dict[str, str]:
@@ -343,6 +427,10 @@ def main(argv: list[str] | None = None) -> int:
     server, base = serve(root)
     titles = page_titles(root, [p for p in pages if p not in listing], base)
     searches = search_pages() if (root / "search.html").exists() else {}
+    names = caption_names()
+    strategy_pages: dict[str, str] = {}  # page -> its diagram's file name
+    cards: dict[str, set[str]] = {}  # page -> the pages its cards open
+    page_images: dict[str, set[str]] = {}  # page -> its images' file names
     problems: list[str] = []
     ids: dict[str, set[str]] = {}
     links: dict[str, set[str]] = {}
@@ -362,8 +450,18 @@ def main(argv: list[str] | None = None) -> int:
                         shot = args.screenshots / f"{width}px" / (
                             page.replace("/", "__").removesuffix(".html") + ".png")
                         shot.parent.mkdir(parents=True, exist_ok=True)
-                    data = check_page(tools, base + page, width, shot, titles)
-                    problems += [f"{page} @ {width}px: {p}" for p in data["problems"]]
+                    data = check_page(tools, base + page, width, shot, titles,
+                                      names)
+                    problems += [f"{page} @ {width}px: {p}" for p in data["problems"]
+                                 + figure_problems(root, base, data["figures"], width)]
+                    if data["strategy"]:
+                        strategy_pages[page] = data["strategy"]
+                    cards.setdefault(page, set()).update(
+                        href[len(base):].split("#")[0] for href in data["cards"]
+                        if href.startswith(base))
+                    page_images.setdefault(page, set()).update(
+                        Path(urllib.parse.urlparse(src).path).name
+                        for src in data["images"])
                     if page not in listing and width == widths[0]:
                         problems += [f"{page}: private name {name} in the text"
                                      for name in data["privates"]]
@@ -402,6 +500,20 @@ def main(argv: list[str] | None = None) -> int:
                 if target is not None and fragment not in target:
                     problems.append(f"{page}: link to a missing anchor "
                                     f"{path}#{fragment}")
+    # The strategies page links to every strategy's recipe page and shows
+    # its diagram; the landing page has a card for every page of the
+    # navigation's LANDING_SECTIONS.
+    if "strategies.html" in links:
+        listed = {href[len(base):].split("#")[0] for href in links["strategies.html"]
+                  if href.startswith(base)}
+        for page, diagram in sorted(strategy_pages.items()):
+            if page not in listed:
+                problems.append(f"strategies.html: no link to the strategy page {page}")
+            if diagram not in page_images.get("strategies.html", set()):
+                problems.append(f"strategies.html: no thumbnail of {page}'s diagram "
+                                f"({diagram})")
+    for page in sorted(set(landing_pages(root)) - cards.get("index.html", set())):
+        problems.append(f"index.html: no card for the page {page}")
     for src in sorted(images):
         if src.startswith(base):
             path = urllib.parse.unquote(src[len(base):].split("#")[0].split("?")[0])

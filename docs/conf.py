@@ -126,37 +126,53 @@ html_theme_options = {
 }
 html_show_sourcelink = False
 
-# -- plots ----------------------------------------------------------------------
-# Raster plots, and the size of their legend text in image pixels (a font of
-# F points drawn at D dpi is F * D / 72 px): collectives/bench/_report.py
-# draws the benchmark plots' legends at 7 pt and saves them at 110 dpi. Each
-# is shown at its natural size in a box that scrolls sideways where the page
-# is narrower, opens full size on a click, and carries its legend size as the
-# class ``legend-<px>px``, which docs/browser_check.js reads to check that
-# the legend reads at 10 px or more on screen.
-plot_legend_px = {
-    "_static/bench_sweep.png": 7 * 110 / 72,
-    "_static/bench_psum.png": 7 * 110 / 72,
-    # collectives/plan/_report.py: legend at 9 pt, 110 dpi
-    "_static/plan_gpu.png": 9 * 110 / 72,
-}
+# -- figures --------------------------------------------------------------------
+# Every figure is drawn for two content columns (collectives/_figure.py): a
+# desktop's and a phone's. Where ``NAME.narrow.EXT`` sits beside ``NAME.EXT``
+# the page carries both, and CSS shows the one drawn for the screen's width
+# (``figure-wide`` and ``figure-narrow`` in _theme/collectives.css). Raster
+# plots are shown at their natural width at most and open full size on a
+# click. Each file records its smallest text and whether a legend covers
+# data; docs/browser_check.py reads that record and checks the text on
+# screen.
 
 
-def mark_plots(app, doctree) -> None:
-    """Give each plot of ``plot_legend_px`` its classes and a full-size link.
+def mark_figures(app, doctree) -> None:
+    """Give each figure with a narrow drawing its narrow twin, and each
+    raster plot a link to its full-size file.
 
     A ``scale`` makes Sphinx write the image's natural width and height and
     wrap it in a link to the image file itself (``html_scaled_image_link``).
     """
     from docutils import nodes
 
-    for image in doctree.findall(nodes.image):
-        legend = app.config.plot_legend_px.get(image["uri"])
-        if legend is not None:
-            image["classes"] += ["plot", f"legend-{legend:.1f}px"]
+    from collectives import _figure
+
+    docdir = Path(app.env.doc2path(app.env.docname)).parent
+    for image in list(doctree.findall(nodes.image)):
+        uri = image["uri"]
+        if "://" in uri or not uri.endswith((".png", ".svg")):
+            continue
+        path = (Path(app.srcdir) / uri.lstrip("/") if uri.startswith("/")
+                else docdir / uri)
+        if uri.endswith(".png"):
+            image["classes"].append("plot")
             image["scale"] = 100
+        narrow = _figure.narrow_path(path)
+        if ".narrow." in uri or not narrow.exists():
+            continue
+        target = image.parent if isinstance(image.parent, nodes.reference) else image
+        twin = target.deepcopy()
+        twin_image = twin if isinstance(twin, nodes.image) else next(
+            iter(twin.findall(nodes.image)))
+        twin_image["uri"] = str(Path(uri).with_name(narrow.name))
+        if isinstance(twin, nodes.reference):
+            twin["refuri"] = str(Path(twin["refuri"]).with_name(narrow.name))
+        image["classes"].append("figure-wide")
+        twin_image["classes"].append("figure-narrow")
+        target.parent.insert(target.parent.index(target) + 1, twin)
 
 
 def setup(app) -> None:
-    app.add_config_value("plot_legend_px", {}, "env")
-    app.connect("doctree-read", mark_plots)
+    # (before Sphinx collects the images, so that it copies the twins too)
+    app.connect("doctree-read", mark_figures, priority=400)

@@ -75,6 +75,7 @@ def draw(name: str, srcdir) -> str:
         out.mkdir(parents=True, exist_ok=True)
         diagram = cx.diagram(name)
         diagram.save(str(out / f"{name}.svg"))
+        diagram.save(str(_figure.narrow_path(out / f"{name}.svg")), width="narrow")
         _DIAGRAMS[name] = diagram
     return f"/_generated/diagrams/{name}.svg"
 
@@ -225,10 +226,12 @@ def _row(cells: list[str], code_first: bool = False,
     columns = CODE_COLUMNS if code_columns is None else code_columns
     for i, text in enumerate(cells):
         entry = nodes.entry()
-        para = nodes.paragraph()
         code = code_first and i in columns and text not in ("—", "0")
-        para += nodes.literal(text, text) if code else nodes.Text(text)
-        entry += para
+        # (a line break in a cell: a value over its model, each on a line)
+        for line in text.split("\n"):
+            para = nodes.paragraph()
+            para += nodes.literal(line, line) if code else nodes.Text(line)
+            entry += para
         row += entry
     return row
 
@@ -242,23 +245,15 @@ class StrategyDiagram(SphinxDirective):
     required_arguments = 1
 
     def run(self) -> list[nodes.Node]:
-        import importlib
-
         stem = self.arguments[0]
         try:
-            module = importlib.import_module(f"collectives._strategy_diagrams.{stem}")
-            record = module.trace()
-            out = Path(self.env.srcdir) / "_generated" / "diagrams"
-            out.mkdir(parents=True, exist_ok=True)
-            path = out / f"strategy-{stem}.svg"
-            module.draw(record, str(path))
-            module.draw(record, str(_figure.narrow_path(path)), width="narrow")
+            uri, alt = draw_strategy(stem, self.env.srcdir)
         except Exception as error:  # a build warning (an error under -W)
             return [self.state.document.reporter.warning(
                 f"strategy-diagram {stem}: {type(error).__name__}: {error}",
                 line=self.lineno)]
-        image = nodes.image(uri=f"/_generated/diagrams/strategy-{stem}.svg",
-                            alt=module.text(record))
+        module = _strategy_module(stem)
+        image = nodes.image(uri=uri, alt=alt)
         image["classes"].append("strategy-diagram")
         # (a click opens it full size; the gallery pages sit two folders down)
         reference = nodes.reference("", "", image,
@@ -268,6 +263,31 @@ class StrategyDiagram(SphinxDirective):
         figure["classes"].append("strategy-diagram")
         figure["ids"].append(f"strategy-diagram-{stem.replace('_', '-')}")
         return [figure]
+
+
+_STRATEGIES: dict[str, tuple[str, str]] = {}
+
+
+def _strategy_module(stem: str):
+    import importlib
+
+    return importlib.import_module(f"collectives._strategy_diagrams.{stem}")
+
+
+def draw_strategy(stem: str, srcdir) -> tuple[str, str]:
+    """Trace and draw the strategy diagram of ``recipes/STEM.py`` once per
+    build, for both columns; its image URI (from the source root) and its
+    text."""
+    if stem not in _STRATEGIES:
+        module = _strategy_module(stem)
+        record = module.trace()
+        out = Path(srcdir) / "_generated" / "diagrams"
+        out.mkdir(parents=True, exist_ok=True)
+        path = out / f"strategy-{stem}.svg"
+        module.draw(record, str(path))
+        module.draw(record, str(_figure.narrow_path(path)), width="narrow")
+        _STRATEGIES[stem] = (f"/_generated/diagrams/{path.name}", module.text(record))
+    return _STRATEGIES[stem]
 
 
 def strategy_diagram_files() -> set[str]:

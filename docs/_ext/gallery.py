@@ -24,6 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from gallery_sections import FAMILY_TITLES
 from gallery_sections import diagrams_by_file
 from gallery_sections import sections
 from sphinx.application import Sphinx
@@ -282,10 +283,13 @@ def _page(path: Path, run: dict, diagrams: list[str], rel: str,
     return "\n".join(lines)
 
 
-def _listing(groups, thumbnails: dict[str, str], prefix: str) -> str:
+def _listing(groups, thumbnails: dict[str, str], prefix: str,
+             toctree: bool = True) -> str:
     lines = []
     for group, members in groups:
-        lines += [f"## {group}", "", "::::{grid} 1 2 3 3", ":gutter: 3", ""]
+        if toctree:
+            lines += [f"## {group}", ""]
+        lines += ["::::{grid} 1 2 3 3", ":gutter: 3", ""]
         for path, names in members:
             doc = ast.get_docstring(ast.parse(path.read_text())) or path.stem
             title, _ = docstring_markdown(doc)
@@ -307,6 +311,8 @@ def _listing(groups, thumbnails: dict[str, str], prefix: str) -> str:
                 lines += [f"{_escape(rest)}.", ""]
             lines += [f"{{bdg-secondary-line}}`recipes/{path.stem}.py`", ":::", ""]
         lines += ["::::", ""]
+    if not toctree:
+        return "\n".join(lines)
     lines += ["```{toctree}", ":hidden:", ""]
     lines += [f"{prefix}{path.stem}" for _, members in groups for path, _ in members]
     lines += ["```", ""]
@@ -368,10 +374,20 @@ def generate(app: Sphinx) -> None:
     # Card thumbnails: each file's first diagram, drawn now so that the
     # gallery page finds the image whichever page Sphinx reads first.
     from collective_facts import draw
+    from collective_facts import draw_strategy
 
     thumbnails = {stem: draw(names[0], srcdir) for stem, names in diagrams.items()}
+    # (a strategy's own diagram, where it has one)
+    thumbnails.update({stem: draw_strategy(stem, srcdir)[0]
+                       for stem in sorted(strategy_diagrams) if stem in names})
     _write_if_changed(out / "listing.inc",
                       _listing(groups, thumbnails, "_generated/gallery/"))
+    # The strategies page's cards: the strategy family's files.
+    strategy_group = [(title, members) for title, members in groups
+                      if title == FAMILY_TITLES["strategy"]]
+    _write_if_changed(out / "strategies.inc",
+                      _listing(strategy_group, thumbnails, "_generated/gallery/",
+                               toctree=False))
 
 
 _RECIPE_LINK = re.compile(r"\]\(\.\./recipes/([A-Za-z0-9_]+\.py)?\)")

@@ -46,16 +46,16 @@ class StrategyTable(SphinxDirective):
                     location=(self.env.docname, self.lineno))
             cells.append([
                 row.label, f"{row.recipe} ({row.mesh})", row.sharded,
-                _ops(row.collectives), f"{row.sent:,.0f} ({row.sent_model:,.0f})",
-                f"{row.params:,} of {row.params_total:,} "
+                _ops(row.collectives), f"{row.sent:,.0f}\n({row.sent_model:,.0f})",
+                f"{row.params:,} of {row.params_total:,}\n"
                 f"({row.params_model:,})",
                 f"{row.arguments:,}"])
         header = ["strategy", "recipe (mesh)", "split over devices",
-                  "collectives per step (shard_map, compiled)",
-                  "bytes sent per device: measured (model)",
-                  "parameter bytes per device: measured of total (layout)",
-                  "program arguments per device (XLA)"]
-        return [_table(header, cells)]
+                  "collectives per step (compiled)",
+                  "bytes sent per device (model)",
+                  "parameter bytes per device, of total (layout)",
+                  "arguments per device (XLA)"]
+        return [_table(header, cells, code_columns=(1,))]
 
 
 def setup(app: Sphinx) -> dict:
