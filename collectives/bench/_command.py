@@ -104,7 +104,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "--overhead: the ratios) as CSV")
     parser.add_argument("--plot", metavar="FILE", type=_args.plot_file,
                         help="draw busbw against size with "
-                        "the 95%% intervals as bands (needs the bench extra)")
+                        "the 95%% intervals as bands, to FILE for a desktop's "
+                        "column and to NAME.narrow.EXT beside it for a phone's "
+                        "(needs the bench extra)")
     parser.add_argument("--no-memory", dest="memory", action="store_false",
                         help="skip the per-device memory of each form (saves one "
                         "compilation per form and size)")

@@ -127,8 +127,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", metavar="FILE", type=_args.output_file,
                         help="write the plans as JSON")
     parser.add_argument("--plot", metavar="FILE", type=_args.plot_file,
-                        help="draw communication and "
-                        "memory against devices (needs the bench extra)")
+                        help="draw step time and memory against devices, "
+                        "to FILE for a desktop's column and to NAME.narrow.EXT "
+                        "beside it for a phone's (needs the bench extra)")
     parser.add_argument("--timeout", type=_args.real("a positive number", above=0),
                         default=600, metavar="SECONDS",
                         help="limit for compiling one mesh (default: %(default)s)")
