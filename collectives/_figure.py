@@ -174,3 +174,12 @@ def problems(facts: dict | None, width: str,
     if facts["legend_covers"]:
         out.append(f"a legend covers {facts['legend_covers']} plotted line(s)")
     return out
+
+
+def heading(fig: Any, title: str, note: str, note_pt: float) -> None:
+    """A narrow drawing's heading at its top left: ``title`` in bold, and
+    under it ``note`` (a few short lines) at ``note_pt`` points."""
+    height = fig.get_figheight()
+    fig.text(0.04, 1 - 0.1 / height, title, va="top", fontsize=9.5, weight="bold")
+    fig.text(0.04, 1 - 0.35 / height, note, va="top", fontsize=note_pt,
+             color="#333333", linespacing=1.25)

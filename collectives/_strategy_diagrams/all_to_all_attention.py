@@ -331,13 +331,11 @@ def draw(record: AllToAllAttentionTrace, path, width: str = "wide") -> None:
         fig.text(*at, words, ha=align, va="center" if narrow else "bottom",
                  fontsize=pt(10.5), linespacing=1.25)
     if narrow:
-        fig.text(0.04, 1 - 0.1 / fig_h, f"All-to-all attention, {n} devices",
-                 va="top", fontsize=9.5, weight="bold")
-        fig.text(0.04, 1 - 0.36 / fig_h,
-                 "The number: the device holding each (position, head).\n"
-                 "Attention needs whole sequences: between the\n"
-                 f"all-to-alls, device d holds every position of {group} d.",
-                 va="top", fontsize=pt(7.5), color="#333333", linespacing=1.25)
+        _figure.heading(
+            fig, f"All-to-all attention, {n} devices",
+            "The number: the device holding each (position, head).\n"
+            "Attention needs whole sequences: between the\n"
+            f"all-to-alls, device d holds every position of {group} d.", pt(7.5))
         fig.text(0.04, 0.1 / fig_h, footer.replace("program, ", "program,\n")
                  .replace("; the output ", ";\noutput "),
                  va="bottom", fontsize=pt(10.5), color="#333333", linespacing=1.25)

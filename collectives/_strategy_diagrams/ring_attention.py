@@ -286,13 +286,11 @@ def draw(record: RingAttentionTrace, path, width: str = "wide") -> None:
             f"{chr(10) if narrow else ' '}{_bytes(record.permute_bytes)} sent per "
             "device")
     if narrow:
-        fig.text(0.04, 1 - 0.1 / fig_h, f"Ring attention, {n} devices",
-                 va="top", fontsize=9.5, weight="bold")
-        fig.text(0.04, 1 - 0.34 / fig_h,
-                 "each device keeps its query block; the number is\n"
-                 "the K/V block it folds in. Each step: one ppermute\n"
-                 "of K and one of V, device d \u2192 d + 1", va="top",
-                 fontsize=pt(7.5), color="#333333", linespacing=1.25)
+        _figure.heading(
+            fig, f"Ring attention, {n} devices",
+            "each device keeps its query block; the number is\n"
+            "the K/V block it folds in. Each step: one ppermute\n"
+            "of K and one of V, device d \u2192 d + 1", pt(7.5))
     else:
         fig.text(0.5, 1 - 0.12 / fig_h, f"Ring attention on {n} devices: the K/V "
                  "block each device folds into its online softmax", ha="center",
