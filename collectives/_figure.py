@@ -22,6 +22,7 @@ or SVG description) what a reader's eye needs checked:
 
 from __future__ import annotations
 
+import html
 import json
 import re
 import struct
@@ -46,6 +47,21 @@ def narrow_path(path: str | Path) -> Path:
     """``NAME.EXT``'s narrow drawing: ``NAME.narrow.EXT``."""
     path = Path(path)
     return path.with_name(f"{path.stem}.narrow{path.suffix}")
+
+
+def columns(path: str | Path) -> tuple[tuple[str, Path], ...]:
+    """Each column's width and the file drawn for it: ``path`` for the wide
+    column, :func:`narrow_path` for the narrow one."""
+    return (("wide", Path(path)), ("narrow", narrow_path(path)))
+
+
+def legend_under(fig: Any, handles: list, labels: list[str], ncol: int,
+                 fontsize: float) -> None:
+    """One legend for every panel of ``fig``, under them, where it covers no
+    line; then lay the panels out above it (``tight_layout``)."""
+    fig.legend(handles, labels, loc="lower center", ncol=ncol, fontsize=fontsize)
+    rows = -(-len(labels) // ncol)
+    fig.tight_layout(rect=(0, (0.25 + 0.17 * rows) / fig.get_figheight(), 1, 1))
 
 
 def font_pt(width: str, points: float) -> float:
@@ -122,7 +138,8 @@ def read_record(path: str | Path) -> dict | None:
         text = match.group(1).decode() if match else None
     if not text or not text.startswith(RECORD_KEY + " "):
         return None
-    return json.loads(text[len(RECORD_KEY) + 1:].replace("&quot;", '"'))
+    # (an SVG's description is XML text: its quotes escaped)
+    return json.loads(html.unescape(text[len(RECORD_KEY) + 1:]))
 
 
 def _png_description(data: bytes) -> str | None:

@@ -171,7 +171,7 @@ def plot(doc: Mapping[str, Any], path: str) -> None:
     Raises:
       RuntimeError: matplotlib is not installed.
     """
-    for width, out in (("wide", path), ("narrow", _figure.narrow_path(path))):
+    for width, out in _figure.columns(path):
         _plot(doc, str(out), width)
 
 
@@ -224,15 +224,11 @@ def _plot(doc: Mapping[str, Any], path: str, width: str) -> None:
     for ax in axs.flat:
         for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
             found.setdefault(label, handle)
-    ncol = 3 if wide else 2
-    fig.legend(list(found.values()), list(found), loc="lower center", ncol=ncol,
-               fontsize=small)
     where = (f"{machine['devices']} simulated CPU devices" if machine["simulated"]
              else f"{machine['devices']} x {machine['device_kind']}")
     fig.suptitle(f"collectives bench, {doc['settings']['dtype']}\n{where}, "
                  f"JAX {machine['jax']}", fontsize=small + 1)
-    legend_rows = -(-len(found) // ncol)
-    fig.tight_layout(rect=(0, (0.25 + 0.17 * legend_rows) / fig.get_figheight(),
-                           1, 1))
+    _figure.legend_under(fig, list(found.values()), list(found), 3 if wide else 2,
+                         small)
     write_atomic(path, lambda temporary: _figure.save(fig, temporary, dpi=110))
     plt.close(fig)

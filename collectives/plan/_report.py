@@ -209,7 +209,7 @@ def plot(plans: Sequence[Plan], path: str, memory: float | None = None) -> None:
     Raises:
       RuntimeError: matplotlib is not installed.
     """
-    for width, out in (("wide", path), ("narrow", _figure.narrow_path(path))):
+    for width, out in _figure.columns(path):
         _plot(plans, str(out), memory, width)
 
 
@@ -266,13 +266,9 @@ def _plot(plans: Sequence[Plan], path: str, memory: float | None,
     handles, labels = pairs[0][0].get_legend_handles_labels()
     if memory is not None:
         handles, labels = [*handles, limit], [*labels, limit.get_label()]
-    ncol = 3 if wide else 2
-    rows = -(-len(labels) // ncol)
-    fig.legend(handles, labels, loc="lower center", ncol=ncol, fontsize=small)
     links = "; ".join(dict.fromkeys(
         f"{axis}: {profile.name}" for axis, profile in plans[0].interconnect.items()))
     fig.suptitle(f"Predicted per device and step\n({links})", fontsize=small + 2)
-    height = fig.get_figheight()
-    fig.tight_layout(rect=(0, (0.25 + 0.17 * rows) / height, 1, 1))
+    _figure.legend_under(fig, handles, labels, 3 if wide else 2, small)
     write_atomic(path, lambda temporary: _figure.save(fig, temporary, dpi=110))
     plt.close(fig)

@@ -74,8 +74,8 @@ def draw(name: str, srcdir) -> str:
         out = Path(srcdir) / "_generated" / "diagrams"
         out.mkdir(parents=True, exist_ok=True)
         diagram = cx.diagram(name)
-        diagram.save(str(out / f"{name}.svg"))
-        diagram.save(str(_figure.narrow_path(out / f"{name}.svg")), width="narrow")
+        for width, path in _figure.columns(out / f"{name}.svg"):
+            diagram.save(str(path), width=width)
         _DIAGRAMS[name] = diagram
     return f"/_generated/diagrams/{name}.svg"
 
@@ -283,10 +283,10 @@ def draw_strategy(stem: str, srcdir) -> tuple[str, str]:
         record = module.trace()
         out = Path(srcdir) / "_generated" / "diagrams"
         out.mkdir(parents=True, exist_ok=True)
-        path = out / f"strategy-{stem}.svg"
-        module.draw(record, str(path))
-        module.draw(record, str(_figure.narrow_path(path)), width="narrow")
-        _STRATEGIES[stem] = (f"/_generated/diagrams/{path.name}", module.text(record))
+        name = f"strategy-{stem}.svg"
+        for width, path in _figure.columns(out / name):
+            module.draw(record, str(path), width=width)
+        _STRATEGIES[stem] = (f"/_generated/diagrams/{name}", module.text(record))
     return _STRATEGIES[stem]
 
 
