@@ -116,3 +116,12 @@ def test_equal_h2_and_output_widths_are_refused():
 def test_draw_writes_an_svg(record, tmp_path):
     assert_draws_svg(diagram, record, tmp_path, widths=("wide", "narrow"))
     assert "JAX " + jax.__version__ in diagram.CAPTION
+
+
+def test_a_global_mesh_of_the_callers_changes_nothing(record):
+    # On JAX's defaults (an Explicit mesh set with jax.set_mesh) the trace
+    # runs on the meshes it builds, and records what it records without one.
+    with jax.set_mesh(jax.make_mesh((4, 2), ("X", "Y"))):
+        under = diagram.trace(N)
+    assert [layout.steps for layout in (under.dp, under.tp)] == [
+        layout.steps for layout in (record.dp, record.tp)]

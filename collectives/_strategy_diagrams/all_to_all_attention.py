@@ -31,6 +31,7 @@ from jax.sharding import PartitionSpec as P
 
 from collectives import _figure
 from collectives._devices import make_mesh
+from collectives._strategy_diagrams import on_its_own_mesh
 from collectives._strategy_diagrams._tap import tapped
 from collectives.hlo import collective_stats
 from collectives.recipes import all_to_all_attention as a2a_file
@@ -95,6 +96,7 @@ def _holders(blocks: dict[int, np.ndarray], seq: int, heads: int) -> np.ndarray:
     return held
 
 
+@on_its_own_mesh
 def trace(n_devices: int = 8, rows: int = 2,
           heads_per_device: int = 1) -> AllToAllAttentionTrace:
     """Run the file's shard_map form on ``n_devices`` devices (``rows``

@@ -25,6 +25,7 @@ import numpy as np
 
 from collectives import _figure
 from collectives._devices import make_mesh
+from collectives._strategy_diagrams import on_its_own_mesh
 from collectives.hlo import parse_collectives
 from collectives.recipes import dp_tp_mlp as dp_tp_file
 
@@ -146,6 +147,7 @@ def _layout(params, x, y, devices: int, model: int) -> Layout:
                   grad_error=error)
 
 
+@on_its_own_mesh
 def trace(devices: int = 8, model: int = 2, sizes=dp_tp_file.SIZES,
           batch: int = dp_tp_file.BATCH, seed: int = 0) -> DpTpTrace:
     """Compile and run the file's shard_map step on ``devices`` devices,

@@ -39,6 +39,7 @@ from jax.sharding import PartitionSpec as P
 
 from collectives import _figure
 from collectives._devices import make_mesh
+from collectives._strategy_diagrams import on_its_own_mesh
 from collectives.hlo import parse_collectives
 from collectives.hlo import shape_bytes
 from collectives.recipes import fsdp as fsdp_file
@@ -207,6 +208,7 @@ def _attribute(ops, held: np.ndarray, n: int) -> tuple[Step, ...]:
     return tuple(steps)
 
 
+@on_its_own_mesh
 def trace(devices: int = 8, model: int = 1, sizes=SIZES, seed: int = 0) -> FsdpTrace:
     """Compile and run the file's shard_map FSDP step on ``devices`` devices
     (``model > 1``: FSDP x TP on a ``(devices // model, model)`` mesh) and

@@ -29,6 +29,7 @@ from jax.sharding import PartitionSpec as P
 
 from collectives import _figure
 from collectives._devices import make_mesh
+from collectives._strategy_diagrams import on_its_own_mesh
 from collectives.hlo import collective_stats
 from collectives.recipes import moe as moe_file
 
@@ -120,6 +121,7 @@ def _marker_inputs(n: int, t: int, n_experts: int, seed: int):
     return router_w, w_in, w_out, x
 
 
+@on_its_own_mesh
 def trace(n_devices: int = 4, tokens_per_device: int = 8, n_experts: int = 4,
           capacity: int | None = None, seed: int = 4) -> MoeTrace:
     """Run the file's routing and ``moe_body`` (top-1) on ``n_devices``

@@ -29,6 +29,7 @@ import numpy as np
 
 from collectives import _figure
 from collectives._devices import make_mesh
+from collectives._strategy_diagrams import on_its_own_mesh
 from collectives._strategy_diagrams._tap import tapped
 
 AXIS = "i"
@@ -87,6 +88,7 @@ def _names(params) -> tuple[str, ...]:
     return tuple(names)
 
 
+@on_its_own_mesh
 def trace(n_devices: int = 8, rows: int = 4, n_steps: int = N_STEPS,
           vary: bool = True) -> DpAdamTrace:
     """Train ``n_steps`` Adam steps with the file's shard_map form on

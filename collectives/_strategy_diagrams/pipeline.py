@@ -34,6 +34,7 @@ from jax.sharding import PartitionSpec as P
 
 from collectives import _figure
 from collectives._devices import make_mesh
+from collectives._strategy_diagrams import on_its_own_mesh
 from collectives.recipes import pipeline as pipeline_file
 
 CAPTION = (
@@ -148,6 +149,7 @@ def _which(activation, expected) -> int:
     return OTHER
 
 
+@on_its_own_mesh
 def trace(stages: int = 8, microbatches: int = 4) -> PipelineTrace:
     """Run the file's ``pipeline_value_and_grad`` on ``stages`` devices and
     record the schedule (see the module docstring)."""

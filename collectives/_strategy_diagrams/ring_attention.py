@@ -33,6 +33,7 @@ from jax.sharding import PartitionSpec as P
 
 from collectives import _figure
 from collectives._devices import make_mesh
+from collectives._strategy_diagrams import on_its_own_mesh
 from collectives.hlo import collective_stats
 from collectives.recipes import ring_attention as ring_file
 
@@ -140,6 +141,7 @@ def _run(mesh, n: int, rows: int, causal: bool):
     return held["K"], held["V"], visible, query
 
 
+@on_its_own_mesh
 def trace(n_devices: int = 8, rows: int = 2) -> RingAttentionTrace:
     """Run ``ring_attention_body`` (plain and causal) on ``n_devices`` devices,
     ``rows`` sequence positions each, and record the rotation."""
