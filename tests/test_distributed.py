@@ -450,3 +450,38 @@ def test_process_slice_names_the_way_out_for_blocks_that_are_not_one_box():
     with pytest.raises(ValueError,
                        match=r"do not form one box.*make_array_from_callback"):
         distributed.process_slice(Sharding(), (8,))
+
+
+class _Seen:
+    """A worker as the launcher's verdict reads it: its index, pid, whether
+    it failed, and the blame it recorded (rank, how) before it stopped."""
+
+    def __init__(self, index, failed, blame):
+        self.index, self._failed, self._blame = index, failed, blame
+        self.proc = type("Proc", (), {"pid": 1000 + index})()
+
+    def failed(self):
+        return self._failed
+
+    def blame(self):
+        return self._blame
+
+
+def test_a_ranks_own_verdict_beats_a_peers_guess_at_how_it_ended():
+    # Rank 1 sat idle outside JAX; the verdict reached it and it stopped,
+    # recording it. Under load rank 0 saw it end before the verdict did and
+    # guessed it was killed. The launch names rank 1 with its own verdict.
+    idle = "has been idle outside JAX for 15 s, at faults.py:12 (<module>)"
+    launch = object.__new__(_launcher._Launch)
+    launch.n = 2
+    launch.workers = [
+        _Seen(0, False, (1, "ended without reporting a result: it was killed")),
+        _Seen(1, True, (1, idle))]
+    culprit, message = launch._culprit()
+    assert culprit.index == 1
+    assert message == (f"launch failed: process 1 (pid 1001) {idle}; process(es) "
+                       "[0] stopped because of it; the launcher stopped the rest.")
+    # Without its own record, the peer's account stands.
+    launch.workers[1] = _Seen(1, False, None)
+    assert launch._culprit()[1].startswith(
+        "launch failed: process 1 (pid 1001) ended without reporting a result")

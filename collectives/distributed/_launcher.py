@@ -291,6 +291,11 @@ class _Launch:
             culprit = self.workers[index]
             if culprit.failed() and blames[index] is None:
                 return culprit, self._failure(culprit)  # its own exit says how
+            if blames[index] is not None and blames[index][0] == index:
+                # The verdict on it that reached it (idle, stopped) beats a
+                # peer's guess from seeing it end first ("ended without
+                # reporting a result"), which wins a race under load.
+                how = blames[index][1]
             others = [i for i, blame in blames.items()
                       if i != index and blame is not None and blame[0] == index]
             return culprit, (
