@@ -23,7 +23,9 @@ from collectives._compare import forms_agree
 from collectives._devices import MESH_NAMES
 from collectives._devices import make_mesh
 from collectives._layout import Axes
+from collectives._recipe import FAMILIES
 from collectives._recipe import Recipe
+from collectives._recipe import RecipeUnavailable
 from collectives._recipe import UnsupportedDtypeError
 from collectives._registry import RECIPES
 from collectives._tolerance import can_fail
@@ -166,9 +168,9 @@ def _check_row(recipe: Recipe, shape: tuple[int, ...], mesh: Any, axis: Any,
                                   exact=exact, forms_for=forms_for)
         ok, detail = True, ""
         done, error = report.forms, max(report.max_error.values())
-    except (ImportError, UnsupportedDtypeError) as err:
-        # an optional dependency (optax), or a dtype it refuses
-        # (for any input, or for small integers)
+    except (ImportError, UnsupportedDtypeError, RecipeUnavailable) as err:
+        # an optional dependency (optax), a dtype it refuses (for any input,
+        # or for small integers), or a body this JAX or process cannot run
         ok, detail, done, error = True, str(err), (), float("nan")
         skipped = True
     except Exception as err:  # reported in the table, not raised
@@ -205,6 +207,9 @@ def _agreement(recipe: Recipe, mesh: Any, axis: Any, dtype: Any, *, seed: int,
       Exception: whatever the recipe or the comparison raises.
     """
     bitwise = exact and recipe.bitwise
+    body_reason = recipe.unrunnable_form("shard_map", recipe.axes(mesh, axis))
+    if body_reason is not None:  # the body is the recipe: nothing to compare
+        raise RecipeUnavailable(f"{recipe.name}: {body_reason}")
     if exact and not recipe.draws_exact(dtype):
         raise UnsupportedDtypeError(_inexact_dtype(recipe, dtype))
     args = recipe.example_args(mesh, axis, dtype=dtype, seed=seed, exact=exact)
@@ -278,6 +283,9 @@ def add_mesh_arguments(parser: argparse.ArgumentParser) -> None:
 def add_check_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``check``."""
     parser.add_argument("names", nargs="*", help="recipes to check (default: all)")
+    parser.add_argument("--family", choices=FAMILIES, action="append",
+                        help="check the recipes of this family (repeat for more; "
+                             "with names, those too)")
     parser.add_argument("--dtype", nargs="+", default=["float32"], type=_args.dtype,
                         help="input dtypes (default: float32)")
     add_mesh_arguments(parser)
@@ -311,6 +319,16 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                              "gradients need a float, e.g. float32)")
 
 
+def chosen_names(args: argparse.Namespace) -> list[str]:
+    """The recipes ``check`` names on its command line: the names given, then
+    every recipe of each ``--family`` (in registry order); empty for all."""
+    names = list(args.names)
+    for family in getattr(args, "family", None) or ():
+        names += [name for name, recipe in RECIPES.items()
+                  if recipe.family == family and name not in names]
+    return names
+
+
 def axis_from_args(args: argparse.Namespace) -> tuple[str, ...] | None:
     return tuple(args.axis.split(",")) if args.axis else None
 
@@ -335,7 +353,8 @@ def print_check(args: argparse.Namespace, *, forms: FormsFor | None = None,
       ValueError: ``--axis`` without ``--mesh``.
     """
     configs = configs_from_args(args)
-    width = max(len("recipe"), *map(len, args.names or RECIPES))
+    names = chosen_names(args)
+    width = max(len("recipe"), *map(len, names or RECIPES))
     header = (f"{'recipe':<{width}} {'mesh':<5} {'axis':<5} {'dtype':<10} "
               f"{'forms':<18} {'explicit':<8} {'max error':>10}  status")
     print(header)
@@ -350,7 +369,7 @@ def print_check(args: argparse.Namespace, *, forms: FormsFor | None = None,
               f"{done:<18} {explicit:<8} {row.max_error:>10.3g}  {status}",
               flush=True)
 
-    rows = check(args.names or None, dtypes=args.dtype, seed=args.seed,
+    rows = check(names or None, dtypes=args.dtype, seed=args.seed,
                  exact=args.exact, configs=configs, forms=forms,
                  on_report=on_report, progress=show)
     failed = [row for row in rows if not row.ok]

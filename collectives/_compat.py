@@ -51,6 +51,12 @@ where it holds.
     XLA:CPU has ``--xla_cpu_collective_timeout_seconds`` from 0.10 only
     (:func:`cpu_collective_timeout_flags`); gloo listens on the host name's
     address unless told otherwise (:func:`use_loopback_gloo`).
+* Pallas's TPU interpret mode, which runs the kernel recipes on CPU devices:
+    they need 0.10.2 (:data:`HAS_INTERPRET_KERNELS`: the first release whose
+    interpreter stops every device when one fails, rather than leaving the
+    others waiting forever). It has no public way to read its race report or
+    to stop a kernel that waits forever: :func:`interpret_races_found` and
+    :func:`stop_interpreted_kernels` reach into its private module, here only.
 """
 
 from __future__ import annotations
@@ -544,3 +550,54 @@ def pmap_body(params: Any) -> tuple[Any, dict[str, int]]:
     return (_param(params, "call_jaxpr", "xla_pmap"),
             {_param(params, "axis_name", "xla_pmap"):
              _param(params, "global_axis_size", "xla_pmap")})
+
+
+# -- Pallas TPU interpret mode ------------------------------------------------
+
+INTERPRET_KERNELS_SINCE = (0, 10, 2)
+"""Remote DMAs from outputs in VMEM work from 0.10.0; from 0.10.2 a failure
+on one simulated device stops the others (before, they could wait forever),
+which is what lets :func:`stop_interpreted_kernels` end a hung kernel."""
+
+HAS_INTERPRET_KERNELS = JAX_VERSION >= INTERPRET_KERNELS_SINCE
+
+
+def _interpret_module() -> Any:
+    from jax._src.pallas.mosaic.interpret import interpret_pallas_call
+    return interpret_pallas_call
+
+
+def interpret_races_found() -> bool:
+    """Whether the race detector reported a race in the most recent
+    interpreted kernel (``detect_races=True``). Interpret mode prints each
+    race and sets ``races.races_found`` in its private module; there is no
+    public getter (0.10.2 to 0.12)."""
+    state = getattr(_interpret_module(), "races", None)
+    return bool(state is not None and state.races_found)
+
+
+def stop_interpreted_kernels(error: Exception) -> bool:
+    """Fail the interpreted kernel now running, as if a device had raised
+    ``error``: every simulated device waiting on a semaphore or a barrier
+    wakes up and raises, and the call returns with an error instead of
+    hanging. Returns whether a kernel was running. Interpret mode polls for
+    such a failure in every wait (0.10.2 on); ``set_failed`` is private."""
+    memory = getattr(_interpret_module(), "_shared_memory", None)
+    if memory is None:
+        return False
+    memory.set_failed(error, top_level=False)
+    return True
+
+
+def break_interpret_cleanup() -> None:
+    """Release the devices that wait at a failed kernel's clean-up barrier
+    for a device that never started (the thread pool had no thread for it)."""
+    memory = getattr(_interpret_module(), "_shared_memory", None)
+    if memory is not None:
+        memory.clean_up_barrier.abort()
+
+
+def reset_interpret() -> None:
+    """Clear interpret mode's global state; needed after a kernel failed."""
+    from jax.experimental.pallas import tpu as pltpu
+    pltpu.reset_tpu_interpret_mode_state()

@@ -9,6 +9,7 @@ from typing import Any
 import jax
 
 from collectives import _compat
+from collectives import _kernels
 
 DEFAULT_AXIS_NAME = "i"
 """The axis name of the 1-D mesh used when a form is called with ``mesh=None``."""
@@ -72,6 +73,9 @@ def use_cpu_devices(n: int) -> None:
             f"before any JAX operation, or set JAX_NUM_CPU_DEVICES={n} in the "
             "environment before Python starts."
         )
+    # Pallas's interpret mode (the kernel recipes) holds one XLA:CPU thread per
+    # simulated device while it waits: give the pool room before it starts.
+    _kernels.cpu_threads_for(n)
     jax.config.update("jax_num_cpu_devices", n)
 
 

@@ -23,6 +23,7 @@ from jax.sharding import PartitionSpec as P
 
 from collectives import _compat
 from collectives import _devices
+from collectives import _kernels
 from collectives import _layout
 from collectives._arrays import KINDS
 from collectives._arrays import brief
@@ -46,10 +47,11 @@ from collectives.hlo import Expectation
 FORMS: tuple[str, ...] = ("pmap", "shard_map", "jit", "explicit")
 """The three forms every recipe runs in, legacy first."""
 
-FAMILIES: tuple[str, ...] = ("core", "pattern", "strategy")
+FAMILIES: tuple[str, ...] = ("core", "pattern", "strategy", "kernel")
 """What a recipe is, in the order the gallery shows them: a core collective
-(its name is a contract), a pattern built from collectives, or a parallelism
-strategy for training."""
+(its name is a contract), a pattern built from collectives, a parallelism
+strategy for training, or a collective written one level down, as a Pallas
+kernel of remote DMAs and semaphores."""
 
 WIDE_FLOATS = frozenset({"float32", "float64"})
 """``exact_dtypes`` of the recipes that multiply their inputs."""
@@ -65,6 +67,13 @@ class UnsupportedDtypeError(TypeError):
 CostModel = Callable[[Axes, tuple[Any, ...], str],
                      "Expectation | Sequence[Expectation]"]
 """``cost_model(axes, args, form)``: what the compiled form must contain."""
+
+class RecipeUnavailable(NotImplementedError):
+    """The recipe's body does not run here: on this JAX release, in this
+    process, or on this backend (its ``form_reason`` for the shard_map form
+    says why). :func:`collectives.check` lists such rows as skipped, with
+    the reason."""
+
 
 def _no_terms(axes: Axes) -> int:
     del axes
@@ -132,6 +141,12 @@ class Recipe:
       explicit_reason: ``explicit_reason(axes)`` says why the explicit form
         does not run on these axes (on this JAX), or ``None`` where it runs;
         ``check`` shows the reason as a skipped row.
+      form_reason: ``form_reason(form, axes)`` says why ``form`` (any of
+        :data:`FORMS`) does not run on these axes, on this JAX, in this
+        process, or ``None`` where it runs (a Pallas kernel runs under
+        shard_map only, and only where interpret mode or a TPU runs it).
+        Where the shard_map form does not run, ``check`` skips the row with
+        the reason: the body is the recipe.
 
       *Tolerance*
 
@@ -200,6 +215,7 @@ class Recipe:
     check_vma: bool = True
     explicit_program: Callable[..., Any] | None = None
     explicit_reason: Callable[[Axes], str | None] | None = None
+    form_reason: Callable[[str, Axes], str | None] | None = None
     # tolerance
     n_terms: Callable[[Axes], int] = _no_terms
     magnitudes: Callable[..., Any] | None = None
@@ -318,6 +334,10 @@ class Recipe:
           axes: what :meth:`validated_axes` returned for them.
         """
         if form == "pmap":
+            reason = self.unrunnable_form(form, axes)
+            if reason:
+                raise NotImplementedError(
+                    f"{self.name}: the pmap form does not run here: {reason}")
             out = pmap_callable(self, axes)(*stack_args(self, axes, args))
             return jax.tree_util.tree_map(jnp.asarray,
                                           unstack_outputs(self, axes, out, "pmap"))
@@ -333,6 +353,10 @@ class Recipe:
 
     def unrunnable_form(self, form: str, axes: Axes) -> str | None:
         """Why ``form`` does not run on ``axes``, or ``None`` where it runs."""
+        if self.form_reason is not None:
+            reason = self.form_reason(form, axes)
+            if reason is not None:
+                return reason
         if form == "explicit" and self.explicit_reason is not None:
             return self.explicit_reason(axes)
         return None
@@ -535,14 +559,14 @@ def _resharded(tree: Any, specs: Any) -> Any:
 def _build(recipe: Recipe, form: str, axes: Axes) -> Callable[..., Any]:
     reason = recipe.unrunnable_form(form, axes)
     if reason:
-        raise NotImplementedError(
+        raise (RecipeUnavailable if form == "shard_map" else NotImplementedError)(
             f"{recipe.name}: the {form} form does not run on mesh "
             f"{dict(axes.mesh.shape)} axis={axes.axis!r} (JAX {jax.__version__}): "
             f"{reason}")
     in_specs = recipe.in_specs(axes)
     out_specs = recipe.out_specs(axes)
     mesh = form_mesh(form, axes.mesh)
-    if form == "shard_map":
+    if form == "shard_map" and recipe.family != "kernel":
         fn = jax.jit(jax.shard_map(
             functools.partial(recipe.body, axis=axes.axis), mesh=mesh,
             in_specs=in_specs, out_specs=out_specs, check_vma=recipe.check_vma))
@@ -551,6 +575,11 @@ def _build(recipe: Recipe, form: str, axes: Axes) -> Callable[..., Any]:
             functools.partial(recipe.program, axes=axes),
             in_shardings=_layout.shardings(mesh, in_specs),
             out_shardings=_layout.shardings(mesh, out_specs))
+    elif form == "shard_map":  # the shard_map form is the kernel: bounded in time
+        fn = jax.jit(jax.shard_map(
+            functools.partial(recipe.body, axis=axes.axis), mesh=mesh,
+            in_specs=in_specs, out_specs=out_specs, check_vma=recipe.check_vma))
+        return _kernels.Bounded(_compat.OnMesh(fn, mesh), recipe.name)
     else:  # explicit: the shardings are in the input types
         program = recipe.explicit_program or recipe.program
         axes_here = dataclasses.replace(axes, mesh=mesh)

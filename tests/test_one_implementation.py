@@ -83,7 +83,13 @@ def _files():
     return by_file
 
 
-@pytest.mark.parametrize("module_name", sorted(_files()))
+# A kernel file's collectives are its remote DMAs and semaphores, not lax's:
+# tests/test_kernel_bugs.py plants a bug in each, one at a time.
+LAX_FILES = sorted(module for module, names in _files().items()
+                   if cx.RECIPES[names[0]].family != "kernel")
+
+
+@pytest.mark.parametrize("module_name", LAX_FILES)
 def test_breaking_the_collectives_in_the_file_fails_check(module_name, monkeypatch):
     import importlib
 

@@ -33,6 +33,7 @@ import jax
 import pytest
 
 from collectives import _compat
+from collectives import _kernels
 from collectives._devices import make_mesh
 from collectives._devices import use_cpu_devices
 from collectives.testing._profiles import register_profiles
@@ -92,7 +93,9 @@ def _configure_devices(config: pytest.Config) -> None:
         return
     count, source = wanted
     config.stash[_CONFIGURED] = wanted
-    if count is None:
+    if count is None:  # JAX reads the count; the threads the kernels need, still
+        if os.environ.get(ENV, "").strip().isdigit():
+            _kernels.cpu_threads_for(int(os.environ[ENV]))
         return
     try:
         if not os.environ.get("JAX_PLATFORMS") and not _compat.backends_initialized():
