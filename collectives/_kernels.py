@@ -15,7 +15,8 @@ thread per device. Two things follow, and this module holds both:
   signal nobody sends waits forever, and so does interpret mode when XLA:CPU
   runs out of threads for the simulated devices. A call that outlives its
   limit fails every simulated device
-  (:func:`collectives._compat.stop_interpreted_kernels`) and raises :class:`KernelTimeout` naming the causes and their fixes.
+  (:func:`collectives._compat.stop_interpreted_kernels`) and raises
+  :class:`KernelTimeout`, naming the causes and their fixes.
 """
 
 from __future__ import annotations
