@@ -64,6 +64,8 @@ from collectives._presentation import UnitBoundary
 from collectives._recipe import FAMILIES
 from collectives._recipe import FORMS
 from collectives._recipe import Recipe
+from collectives._kernels import KernelTimeout
+from collectives._recipe import RecipeUnavailable
 from collectives._recipe import UnsupportedDtypeError
 from collectives._registry import RECIPES
 from collectives.hlo import CollectiveStats
@@ -86,6 +88,8 @@ __all__ = [
     "ReplicationError",
     "StrategyRow",
     "UnitBoundary",
+    "KernelTimeout",
+    "RecipeUnavailable",
     "UnsupportedDtypeError",
     "all_to_all_attention",
     "allgather_matmul",
