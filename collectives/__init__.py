@@ -51,6 +51,7 @@ from collectives._facts.ring_algorithms import ring_reduce_scatter
 from collectives._facts.ring_attention import ring_attention
 from collectives._facts.vmap_batching import vmap_axes
 from collectives._facts.vmap_batching import vmap_form
+from collectives._kernels import KernelTimeout
 from collectives._layout import Axes
 from collectives._layout import ReplicationError
 from collectives._memory import compiled_memory
@@ -64,7 +65,6 @@ from collectives._presentation import UnitBoundary
 from collectives._recipe import FAMILIES
 from collectives._recipe import FORMS
 from collectives._recipe import Recipe
-from collectives._kernels import KernelTimeout
 from collectives._recipe import RecipeUnavailable
 from collectives._recipe import UnsupportedDtypeError
 from collectives._registry import RECIPES
@@ -83,13 +83,13 @@ __all__ = [
     "CollectiveStats",
     "Diagram",
     "DiagramSpec",
+    "KernelTimeout",
     "PlanSpec",
     "Recipe",
+    "RecipeUnavailable",
     "ReplicationError",
     "StrategyRow",
     "UnitBoundary",
-    "KernelTimeout",
-    "RecipeUnavailable",
     "UnsupportedDtypeError",
     "all_to_all_attention",
     "allgather_matmul",

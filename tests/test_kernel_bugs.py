@@ -34,13 +34,15 @@ FILES = {path.name: path for path in RECIPE_FILES}
 # of these words; which check sees it first can differ between releases)
 PLANTED = [
     ("kernel_all_gather.py", "one receive semaphore for every ring step",
-     "send_sem, recv_sems.at[s],", "send_sem, recv_sems.at[0],", ("race",)),
+     "send_sem, recv_sems.at[s],", "send_sem, recv_sems.at[0],",
+     ("race",)),
     ("kernel_all_gather.py", "the wrong slot forwarded",
      "slot = lax.rem(me - s + n, n)", "slot = lax.rem(me + s, n)", ("wrong values", "race")),
     ("kernel_all_gather.py", "the receive wait dropped (only the send waited)",
      "            dma.wait()  #", "            dma.wait_send()  #", ("race", "NaN")),
     ("kernel_all_gather.py", "two devices writing one buffer (everyone sends to 0)",
-     "device_id={axis: right})", "device_id={axis: 0})", ("race", "hang")),
+     "device_id={axis: right})", "device_id={axis: 0})",
+     ("race", "hang")),
     ("kernel_all_gather.py", "a wait for a signal nobody sends",
      "    pl.semaphore_wait(barrier, 2)", "    pl.semaphore_wait(barrier, 3)", ("hang",)),
 ]
@@ -130,5 +132,5 @@ def test_a_hung_kernel_under_check_is_stopped_with_the_fix_named(monkeypatch):
 
 
 def test_check_kernel_refuses_an_unknown_mode():
-    with pytest.raises(ValueError, match="modes=.*'sometimes'"):
+    with pytest.raises(ValueError, match=r"modes=.*'sometimes'"):
         check_kernel(lambda: None, modes=("sometimes",))
