@@ -37,14 +37,16 @@ PLANTED = [
      "send_sem, recv_sems.at[s],", "send_sem, recv_sems.at[0],",
      ("race",)),
     ("kernel_all_gather.py", "the wrong slot forwarded",
-     "slot = lax.rem(me - s + n, n)", "slot = lax.rem(me + s, n)", ("wrong values", "race")),
+     "slot = lax.rem(me - s + n, n)", "slot = lax.rem(me + s, n)",
+     ("wrong values", "race")),
     ("kernel_all_gather.py", "the receive wait dropped (only the send waited)",
      "            dma.wait()  #", "            dma.wait_send()  #", ("race", "NaN")),
     ("kernel_all_gather.py", "two devices writing one buffer (everyone sends to 0)",
      "device_id={axis: right})", "device_id={axis: 0})",
      ("race", "hang")),
     ("kernel_all_gather.py", "a wait for a signal nobody sends",
-     "    pl.semaphore_wait(barrier, 2)", "    pl.semaphore_wait(barrier, 3)", ("hang",)),
+     "    pl.semaphore_wait(barrier, 2)", "    pl.semaphore_wait(barrier, 3)",
+     ("hang",)),
 ]
 
 NOT_CAUGHT: dict[str, str] = {
