@@ -24,7 +24,6 @@ from collectives._recipe import Recipe
 from collectives._registry import register
 from collectives.hlo import Expectation
 
-
 KERNEL_OF: dict[str, str] = {}
 """The kernel recipe that implements each core recipe, by name (``psum`` ->
 ``kernel_psum``): same arguments, layouts and oracle."""

@@ -16,8 +16,8 @@ from collectives._devices import make_mesh
 from collectives.bench import _cases
 from collectives.bench import _report
 from collectives.bench._cases import BENCH_FORMS
-from collectives.bench._cases import KNOWN_FORMS
 from collectives.bench._cases import DEFAULT_COLLECTIVES
+from collectives.bench._cases import KNOWN_FORMS
 from collectives.bench._fit import fit_rows
 from collectives.bench._fit import ring_vs_native
 from collectives.bench._progress import Progress
