@@ -94,7 +94,7 @@ def interpret_mode():
     return False if jax.default_backend() == "tpu" else pltpu.InterpretParams()
 
 
-# [start:shard_map]
+# [start:body]
 def neighbour_barrier(axis, left, right):
     # Signal both neighbours, wait for both: each has entered the kernel, so
     # its buffers exist and DMAs into them are safe. (Needs a collective_id.)
@@ -198,6 +198,17 @@ def kernel_psum_scatter_bidirectional_body(x, axis=AXIS):
     return ring_reduce_scatter(x, axis, rings=rings)
 
 
+# [end:body]
+
+
+# [start:pmap]
+# No pmap form: the kernel addresses its peers by mesh coordinates
+# (device_id={axis: peer}), which only shard_map gives it. Legacy pmap code
+# calls lax.psum_scatter (psum_scatter.py shows it).
+# [end:pmap]
+
+
+# [start:shard_map]
 def kernel_psum_scatter_shard_map(x, mesh, body=kernel_psum_scatter_body):
     # block: [n*c, m] -> [c, m], this device's slice of the sum; the
     # kernel's result is typed varying like the block, as psum_scatter's is
