@@ -3,7 +3,8 @@ start, benchmarks, multi-process, testing and choosing-a-strategy pages runs
 as shown.
 
 Commands run as written, with four kinds of change: bench budgets and sizes
-are cut (:data:`SHORTER`; the figures are not the point here, a crash is), a
+are cut (:data:`SHORTER`, :func:`smaller_sizes`; the figures are not the
+point here, a crash is), a
 plan sweep keeps its device counts up to 64 and its first model
 (:data:`PLAN_SWEEP`), output files go to a temporary directory, and a
 command that another test already runs verbatim is left to it. Commands
@@ -20,6 +21,8 @@ import shlex
 import pytest
 
 from collectives import _cli
+from collectives.bench._sweep import format_size
+from collectives.bench._sweep import parse_size
 from collectives.distributed._results import worker_argv
 from helpers import ROOT
 from helpers import only_with_marker
@@ -32,11 +35,14 @@ RUN_ELSEWHERE = {
     "python -m collectives launch -n 2 --devices-per-process 4 -- check":
         "tests/test_launchers.py::test_every_recipe_agrees_under_launch",
 }
-SHORTER = {  # option: what it becomes here (None: its value, unchanged)
+SHORTER = {  # option: what it becomes here (:func:`smaller_sizes` for -b, -e)
     "--budget": "0.05",
-    "-e": "256K",
-    "-b": "1K",
+    "-e": None,
+    "-b": None,
 }
+SMALLEST, WIDEST = "1K", 256
+"""A bench's sweep starts at 1K here and spans what the command spans, up to
+256 times its first size (1K..256K)."""
 OUTPUTS = ("--json", "--csv", "--plot")
 PLAN_SWEEP = {"--devices": lambda n: int(n) <= 64, "--model": None}
 """A plan sweep (several values) keeps the device counts up to 64 and the
@@ -62,7 +68,10 @@ def documented_commands(first_page_only=True):
     return sorted((page, command) for command, page in found.items())
 
 
-COMMANDS = documented_commands()
+COMMANDS = sorted(documented_commands(), key=lambda found: " launch " not in found[1])
+"""The commands, those across processes first: the longest (the bench across
+two processes above all), started first so that they do not run alone at
+the end of a run with several workers."""
 
 
 def test_the_pages_show_commands():
@@ -92,7 +101,7 @@ def shortened(argv, tmp_path):
                 next(words)
         elif "bench" in argv and word in SHORTER:
             next(words)
-            out.append(SHORTER[word])
+            out.append(SHORTER[word] or smaller_sizes(argv)[word])
         elif word in OUTPUTS:
             path = tmp_path / next(words).replace("/", "_")
             out.append(str(path))
@@ -103,6 +112,20 @@ def shortened(argv, tmp_path):
         elif "--budget" not in argv:
             out += ["--budget", SHORTER["--budget"]]
     return out, outputs
+
+
+def smaller_sizes(argv):
+    """``-b`` and ``-e`` of a bench's sweep moved down to start at 1K, with as
+    many sizes as the command's sweep (at most 1K..256K): ``-b 1M -e 16M``
+    runs as ``-b 1K -e 16K``, ``-b 1K -e 1G`` as ``-b 1K -e 256K``. Each size
+    compiles every collective in every form again, so a shortened sweep
+    never has more sizes than the documented one."""
+    begin, end = (parse_size(argv[argv.index(flag) + 1]) if flag in argv
+                  else default for flag, default in
+                  (("-b", parse_size("1K")), ("-e", parse_size("4M"))))
+    smallest = parse_size(SMALLEST)
+    return {"-b": SMALLEST,
+            "-e": format_size(smallest * min(max(end // begin, 1), WIDEST))}
 
 
 def _values(argv, start):

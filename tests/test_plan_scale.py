@@ -3,8 +3,9 @@
 forms, and its compiled collectives and bytes per device compared with the
 recipe's cost model, as the conformance suite does on 8 devices.
 
-Marked ``scale`` (``-m scale``; CI runs them in a step of their own, about
-a minute and a half on 2 cores). Each device count compiles in one child
+Marked ``scale`` (``-m scale``; CI runs them in one pytest run with the
+documented commands, ``-m "scale or documented"``; alone they take about a
+minute and a half on 2 cores). Each device count compiles in one child
 process (:func:`collectives.plan.compile_units`) over two meshes: the plan's
 ``data x model`` (8 devices on ``model`` from 64 up), where strategies over
 one axis run over ``model``, and a 1-D mesh of every device.
