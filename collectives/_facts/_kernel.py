@@ -24,6 +24,10 @@ from collectives._recipe import Recipe
 from collectives._registry import register
 from collectives.hlo import Expectation
 
+KERNEL_OF: dict[str, str] = {}
+"""The kernel recipe that implements each core recipe, by name (``psum`` ->
+``kernel_psum``): same arguments, layouts and oracle."""
+
 
 @dataclasses.dataclass(frozen=True)
 class DmaCost:
@@ -56,6 +60,7 @@ def kernel_recipe(native: Recipe, *, name: str, summary: str,
     the kernel recipe ``name``: one mesh axis, the kernel's results typed
     varying (hence no VMA check; the tests prove them equal on every
     device), no pmap form, not drawn, timed or planned."""
+    KERNEL_OF.setdefault(native.name, name)
     return register(dataclasses.replace(
         native, name=name, summary=summary, body=body, family="kernel",
         recipe_file=recipe_file, pmap_body=None, check_vma=False,
