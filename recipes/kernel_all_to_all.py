@@ -83,7 +83,7 @@ def interpret_mode():
     return False if jax.default_backend() == "tpu" else pltpu.InterpretParams()
 
 
-# [start:shard_map]
+# [start:body]
 def all_barrier(axis, me, n):
     # Signal every other device, wait for all of them: each has entered the
     # kernel, so its output exists and DMAs into it are safe. (Needs a
@@ -153,6 +153,17 @@ def kernel_all_to_all_body(x, axis=AXIS):
     return out.reshape(n * k, c, *rest)
 
 
+# [end:body]
+
+
+# [start:pmap]
+# No pmap form: the kernel addresses its peers by mesh coordinates
+# (device_id={axis: peer}), which only shard_map gives it. Legacy pmap code
+# calls lax.all_to_all (all_to_all.py shows it).
+# [end:pmap]
+
+
+# [start:shard_map]
 def kernel_all_to_all_shard_map(x, mesh):
     # rows -> columns: in_specs row blocks, out_specs column blocks
     f = jax.shard_map(kernel_all_to_all_body, mesh=mesh, in_specs=P(AXIS, None),

@@ -209,7 +209,7 @@ def main():
     want = matmul_numpy(x, w)
     results = {
         "shard_map (the kernel)": kernel_allgather_matmul_shard_map(x, w, mesh),
-        "shard_map (lax.all_gather, then @)": lax_allgather_matmul_shard_map(x, w, mesh),
+        "shard_map (lax, then @)": lax_allgather_matmul_shard_map(x, w, mesh),
         "jit": matmul_jit(x, w, mesh),
         "explicit": matmul_explicit(x, w, n),
     }

@@ -106,7 +106,7 @@ def checked_pairs(perm, n):
     return pairs
 
 
-# [start:shard_map]
+# [start:body]
 def any_of(me, indices):
     # me == indices[0] or me == indices[1] or ... (a traced bool)
     hit = me == indices[0]
@@ -122,11 +122,11 @@ def peer_barrier(axis, me, remote):
     barrier = pltpu.get_barrier_semaphore()
     for s, d in remote:
         @pl.when(me == s)
-        def _():
+        def _(d=d):  # (pl.when calls it at once: bind this pair's devices)
             pl.semaphore_signal(barrier, 1, device_id={axis: d})
 
         @pl.when(me == d)
-        def _():
+        def _(s=s):
             pl.semaphore_signal(barrier, 1, device_id={axis: s})
     for s, d in remote:
         @pl.when((me == s) | (me == d))
@@ -156,7 +156,7 @@ def kernel_permute(x, axis, perm):
 
         for s, d in remote:
             @pl.when(me == s)
-            def _():
+            def _(d=d):
                 to(d).start()
         for s in kept:  # (s, s): the block stays, a local copy
             @pl.when(me == s)
@@ -176,11 +176,11 @@ def kernel_permute(x, axis, perm):
                 copy.wait()
         for s, d in remote:
             @pl.when(me == s)
-            def _():
+            def _(d=d):
                 to(d).wait_send()  # our block has left
 
             @pl.when(me == d)
-            def _():
+            def _(s=s):
                 to(s).wait_recv()  # source s's block has landed in our output
 
     scratch = [pltpu.SemaphoreType.DMA] * 3
@@ -203,6 +203,17 @@ def kernel_ppermute_body(x, axis=AXIS):
     return kernel_permute(x, axis, ring(lax.axis_size(axis), 1))
 
 
+# [end:body]
+
+
+# [start:pmap]
+# No pmap form: the kernel addresses its peers by mesh coordinates
+# (device_id={axis: peer}), which only shard_map gives it. Legacy pmap code
+# calls lax.ppermute (ppermute.py shows it).
+# [end:pmap]
+
+
+# [start:shard_map]
 def kernel_permute_shard_map(x, mesh, perm):
     # block: [k, m] -> the block its pair sends here, or zeros
     f = jax.shard_map(lambda b: kernel_permute(b, AXIS, perm), mesh=mesh,
