@@ -185,6 +185,34 @@ LIMITS = [
      "float16", r"^float16\b"),  # Pallas: no float16 zero to accumulate from
     ("kernel_allgather_matmul", "VMEM", "v5e:2x4", ((4096, 1024), (1024, 128)),
      "float32", SCOPED_VMEM.format(size=r"16.50M", limit=r"16.00M")),
+    # -- the reductions: the whole block, its chunks' receive slots and the
+    #    result in VMEM (default BlockSpecs), the adds on the vector unit.
+    #    Odd blocks ([3,100], 1-D) compile: Mosaic pads whole arrays.
+    *[(name, what, "v5e:2x4", block, dtype, match)
+      for name in ("kernel_psum_scatter", "kernel_psum_scatter_bidirectional",
+                   "kernel_psum")
+      for what, block, dtype, match in (
+          # no float16 vector loads; no 8-bit integer adds
+          ("float16", ((16, 512),), "float16", "Invalid vector type for load"),
+          ("int8", ((32, 512),), "int8", "Not implemented: Only vector<i16> and "
+           "vector<i32> are supported, but got 'i8'. Please cast your input."),
+          # a 16 MiB block: about 30 MiB of VMEM, over v5e's 16
+          ("VMEM", ((4096, 1024),), "float32",
+           SCOPED_VMEM.format(size=r"30.00M", limit=r"16.00M")))],
+    # -- the bidirectional reduce-scatter: each half of a chunk's columns is a
+    #    DMA window, a multiple of 128 columns, 512 bytes or more
+    ("kernel_psum_scatter_bidirectional", "64-column halves", "v5e:2x4",
+     ((8, 128),), "float32",
+     "The contiguous inner slice in the DMA transfer must be divisible by 512 "
+     "bytes"),
+    ("kernel_psum_scatter_bidirectional", "64-column halves of bfloat16",
+     "v5e:2x4", ((16, 128),), "bfloat16",
+     "The contiguous inner slice in the DMA transfer must be divisible by 512 "
+     "bytes"),
+    ("kernel_psum_scatter_bidirectional", "192-column halves", "v5e:2x4",
+     ((64, 384),), "float32",
+     "Slice sizes along tiled dimensions must be aligned to tiles. Failed to "
+     "verify that the size at dimension 1 is divisible by the tile dimension 128"),
 ]
 """Blocks a kernel recipe accepts and a TPU does not compile, with why."""
 
