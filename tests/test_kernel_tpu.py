@@ -17,6 +17,7 @@ compile.
 import functools
 import importlib
 import math
+import os
 
 import jax
 import numpy as np
@@ -28,6 +29,10 @@ import collectives as cx
 from collectives._layout import spec_axes
 from collectives.hlo import parse_collectives
 
+# libtpu locks /tmp/libtpu_lockfile for the TPU it would drive; compiling
+# drives none, and pytest-xdist's workers each load libtpu (else all but one
+# fail: "Internal error when accessing libtpu multi-process lockfile").
+os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 pytest.importorskip(
     "libtpu", reason="needs the TPU compiler: pip install 'jax[tpu]' (no TPU)")
 
