@@ -105,8 +105,10 @@ class KernelTrace:
         remote = [d for d in self.dmas if d.remote]
         for role, found in (("recv", {d.recv_sem for d in remote}),
                             ("send", {d.send_sem for d in remote} - {None})):
+            if sem in found and len(found) == 1:
+                return role
             if sem in found:
-                return role if len(found) == 1 else f"{role}[{sorted(found).index(sem)}]"
+                return f"{role}[{sorted(found).index(sem)}]"
         local = sorted({d.recv_sem for d in self.dmas if not d.remote}
                        | {d.send_sem for d in self.dmas if not d.remote} - {None})
         return f"local[{local.index(sem)}]" if sem in local else f"sem {sem}"
@@ -192,13 +194,8 @@ def record(name: str, mesh: Any = None, axis: str | None = None,
 
     Raises:
       ValueError: ``name`` is not a kernel recipe.
-      RuntimeError: this JAX runs no kernels in interpret mode.
-
-    Examples:
-      >>> from collectives._kernel_trace import record
-      >>> trace = record("kernel_all_gather")
-      >>> [(d.device, d.target) for d in trace.remote_dmas()][:2]
-      [(0, 1), (0, 1)]
+      RuntimeError: this JAX runs no kernels in interpret mode (before
+        0.10.2; ``tests/test_kernel_trace.py`` shows a recording's use).
     """
     import collectives as cx
 

@@ -29,7 +29,12 @@ _KEY_IN = {"wide": 0.4, "narrow": 0.6}
 
 
 def size_text(n_bytes: float) -> str:
-    """``n_bytes`` as a reader counts them: ``2 KiB``, ``1.5 MiB``, ``96 B``."""
+    """``n_bytes`` as a reader counts them.
+
+    Examples:
+      >>> size_text(2048), size_text(3 * 2 ** 19), size_text(96)
+      ('2 KiB', '1.5 MiB', '96 B')
+    """
     for unit, size in (("MiB", 2 ** 20), ("KiB", 2 ** 10)):
         if n_bytes >= size:
             return f"{n_bytes / size:g} {unit}"
