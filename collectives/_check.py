@@ -91,6 +91,7 @@ def check(
     configs: Sequence[MeshConfig] | None = None,
     seed: int = 0,
     exact: bool = False,
+    dims: Sequence[int] | None = None,
     forms: FormsFor | None = None,
     on_report: Callable[[CheckResult, tuple[Any, ...], Any], None] | None = None,
     progress: Callable[[CheckResult], None] | None = None,
@@ -103,6 +104,9 @@ def check(
       configs: ``(mesh_shape, mesh_names, axis)`` triples; default
         :func:`standard_configs`.
       seed: seed for the random inputs.
+      dims: the sizes of the example inputs' per-device blocks (each
+        recipe's ``example_shapes``; default ``(2, 3)``), e.g. ``(256, 1024)``
+        for 1 MiB float32 blocks of most recipes.
       exact: small-integer inputs. Every recipe declared exact
         (:attr:`Recipe.bitwise`) must then match the oracle bit for bit in the
         dtypes it keeps exact (:meth:`Recipe.draws_exact`); the others, whose
@@ -146,7 +150,7 @@ def check(
                 if dtype_kind(dtype) not in recipe.dtype_kinds:
                     continue
                 row, args, report = _check_row(recipe, shape, mesh, axis, dtype,
-                                               seed=seed, exact=exact,
+                                               seed=seed, exact=exact, dims=dims,
                                                forms_for=forms_for)
                 rows.append(row)
                 if report is not None and on_report is not None:
@@ -157,7 +161,8 @@ def check(
 
 
 def _check_row(recipe: Recipe, shape: tuple[int, ...], mesh: Any, axis: Any,
-               dtype: Any, *, seed: int, exact: bool, forms_for: FormsFor
+               dtype: Any, *, seed: int, exact: bool, forms_for: FormsFor,
+               dims: Sequence[int] | None = None
                ) -> tuple[CheckResult, Any, Agreement | None]:
     """One row of ``check``, its inputs, and what the forms agreed on (None
     where they did not run or did not agree: the row says why)."""
@@ -165,7 +170,7 @@ def _check_row(recipe: Recipe, shape: tuple[int, ...], mesh: Any, axis: Any,
     args, report, skipped = None, None, False
     try:
         args, report = _agreement(recipe, mesh, axis, dtype, seed=seed,
-                                  exact=exact, forms_for=forms_for)
+                                  exact=exact, forms_for=forms_for, dims=dims)
         ok, detail = True, ""
         done, error = report.forms, max(report.max_error.values())
     except (ImportError, UnsupportedDtypeError, RecipeUnavailable) as err:
@@ -198,7 +203,8 @@ def _explicit_status(recipe: Recipe, mesh: Any, axis: Any, done: Sequence[str],
 
 
 def _agreement(recipe: Recipe, mesh: Any, axis: Any, dtype: Any, *, seed: int,
-               exact: bool, forms_for: FormsFor) -> tuple[Any, Agreement]:
+               exact: bool, forms_for: FormsFor, dims: Sequence[int] | None = None
+               ) -> tuple[Any, Agreement]:
     """``recipe``'s example inputs, and its forms compared with its oracle.
 
     Raises:
@@ -212,7 +218,8 @@ def _agreement(recipe: Recipe, mesh: Any, axis: Any, dtype: Any, *, seed: int,
         raise RecipeUnavailable(f"{recipe.name}: {body_reason}")
     if exact and not recipe.draws_exact(dtype):
         raise UnsupportedDtypeError(_inexact_dtype(recipe, dtype))
-    args = recipe.example_args(mesh, axis, dtype=dtype, seed=seed, exact=exact)
+    args = recipe.example_args(mesh, axis, dtype=dtype, seed=seed, exact=exact,
+                               **({} if dims is None else {"dims": tuple(dims)}))
     # its own refusals first; the one validation of this row
     axes = recipe.validated_axes(args, mesh, axis)
     n_terms = recipe.n_terms(axes)
@@ -294,6 +301,21 @@ def add_check_arguments(parser: argparse.ArgumentParser) -> None:
                              "the oracle bit for bit")
     parser.add_argument("--seed", type=_args.seed, default=0,
                         help="seed of the inputs (default: %(default)s)")
+    parser.add_argument("--dims", type=_positive_int, nargs="+", metavar="N",
+                        help="sizes of each device's block of the example inputs "
+                             "(default: 2 3; 256 1024 is 1 MiB of float32 for most "
+                             "recipes)")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(
+            f"expected a positive whole number, got {text!r}; e.g. --dims 256 1024")
+    return value
 
 
 def write_check_json(rows: Sequence[CheckResult], path: str) -> None:
@@ -370,8 +392,8 @@ def print_check(args: argparse.Namespace, *, forms: FormsFor | None = None,
               flush=True)
 
     rows = check(names or None, dtypes=args.dtype, seed=args.seed,
-                 exact=args.exact, configs=configs, forms=forms,
-                 on_report=on_report, progress=show)
+                 exact=args.exact, dims=getattr(args, "dims", None),
+                 configs=configs, forms=forms, on_report=on_report, progress=show)
     failed = [row for row in rows if not row.ok]
     print("-" * len(header))
     print(f"{summarize(rows)} (each form vs the NumPy oracle)")

@@ -76,7 +76,7 @@ def interpret_mode():
     return False if jax.default_backend() == "tpu" else pltpu.InterpretParams()
 
 
-# [start:shard_map]
+# [start:body]
 def neighbour_barrier(axis, left, right):
     # Signal both neighbours, wait for both: each has entered the kernel, so
     # its buffers exist and DMAs into them are safe. (Needs a collective_id.)
@@ -122,8 +122,17 @@ def kernel_all_gather_body(x, axis=AXIS):
         interpret=interpret_mode(),
     )(x)
     return out.reshape(n * x.shape[0], *x.shape[1:])
+# [end:body]
 
 
+# [start:pmap]
+# No pmap form: the kernel addresses its peers by mesh coordinates
+# (device_id={axis: peer}), which only shard_map gives it. Legacy pmap code
+# calls lax.all_gather (all_gather.py shows it).
+# [end:pmap]
+
+
+# [start:shard_map]
 def kernel_all_gather_shard_map(x, mesh):
     # Every device returns the whole array; the kernel's result is typed
     # varying, hence check_vma=False with the replicated out_specs.

@@ -65,6 +65,9 @@ def test_gaussian_floats_match_the_oracle_within_policy(name, config):
     recipe = cx.RECIPES[name]
     configs = runnable_configs(recipe)
     mesh, axis = configs[0 if config == "first" else -1]
+    reason = recipe.unrunnable_form("shard_map", recipe.axes(mesh, axis))
+    if reason:  # a kernel on a JAX without its interpret mode: the body is the recipe
+        pytest.skip(reason)
     args = recipe.example_args(mesh, axis, seed=len(config))
     report = assert_forms_agree(recipe, *args, mesh=mesh, axis=axis)
     runs = set(recipe.forms(mesh, axis)) - {"reference"}

@@ -10,7 +10,8 @@ from pathlib import Path
 # The gallery's sections: the registry's families in the order the registry
 # first names them, then the files no recipe names as its source.
 FAMILY_TITLES = {"core": "Core collectives", "pattern": "Patterns",
-                 "strategy": "Parallelism strategies"}
+                 "strategy": "Parallelism strategies",
+                 "kernel": "Kernels: collectives from the inside"}
 UNNAMED = [("Sharp edges", "sharp_edges_*"),
            ("Arrays, training, migration and processes", "*")]
 

@@ -1,0 +1,112 @@
+"""The kernel family as a whole: where it runs, what check says, no hang.
+
+Each kernel's own file (tests/test_kernel_<name>.py) proves it against its
+``lax`` collective; tests/test_kernel_bugs.py plants bugs in them.
+"""
+
+import os
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+import collectives as cx
+from collectives import _compat
+from collectives import _kernels
+
+KERNELS = [name for name, recipe in cx.RECIPES.items() if recipe.family == "kernel"]
+
+needs_interpret = pytest.mark.skipif(
+    not _compat.HAS_INTERPRET_KERNELS,
+    reason=f"the kernels need JAX 0.10.2 or newer (this is {jax.__version__})")
+
+
+def test_the_family_holds_the_kernels_after_the_other_families():
+    assert "kernel_all_gather" in KERNELS
+    families = [recipe.family for recipe in cx.RECIPES.values()]
+    assert families[-len(KERNELS):] == ["kernel"] * len(KERNELS)
+
+
+@pytest.mark.parametrize("name", KERNELS)
+def test_a_kernel_has_no_pmap_form_and_says_why(name):
+    recipe = cx.RECIPES[name]
+    mesh = cx.make_mesh((8,), "i")
+    assert "pmap" not in recipe.forms(mesh)
+    x = recipe.example_args(mesh)
+    with pytest.raises(NotImplementedError, match=r"only jax\.shard_map gives it"):
+        recipe.pmap(*x, mesh=mesh)
+
+
+@pytest.mark.parametrize("name", KERNELS)
+def test_a_kernel_over_two_mesh_axes_is_refused_with_the_fix(name):
+    recipe = cx.RECIPES[name]
+    mesh = cx.make_mesh((4, 2), ("i", "j"))
+    x = recipe.example_args(mesh, "i")
+    with pytest.raises(ValueError, match="axis=<one mesh axis name>"):
+        recipe.shard_map(*x, mesh=mesh, axis=("i", "j"))
+
+
+def test_check_skips_a_kernel_with_the_reason_where_this_jax_cannot_run_it(
+        monkeypatch):
+    monkeypatch.setattr(_compat, "HAS_INTERPRET_KERNELS", False)
+    rows = cx.check(["kernel_all_gather"], configs=[((8,), ("i",), None)])
+    assert [(row.ok, row.skipped) for row in rows] == [(True, True)]
+    assert "needs JAX 0.10.2 or newer" in rows[0].detail
+
+
+def test_check_family_kernel_checks_every_kernel(capsys):
+    from collectives._cli import main
+    main(["check", "--family", "kernel", "--mesh", "8"])
+    out = capsys.readouterr().out
+    for name in KERNELS:
+        assert f"\n{name} " in out, out
+    rows = [line for line in out.splitlines() if line.startswith("kernel_")]
+    assert len(rows) == len(KERNELS), out
+    if _compat.HAS_INTERPRET_KERNELS:
+        assert all(line.rstrip().endswith(" ok") for line in rows), out
+
+
+@needs_interpret
+def test_a_kernel_of_1_mib_a_device_finishes_under_check_without_pjrt_nproc(tmp_path):
+    # A fresh process, as a user's: no PJRT_NPROC in its environment. With
+    # XLA:CPU's default pool (the cores, at least the devices) interpret mode
+    # hangs on 1 MiB a device; the CLI's use_cpu_devices gives it the threads.
+    env = {key: value for key, value in os.environ.items()
+           if key not in ("PJRT_NPROC", "JAX_NUM_CPU_DEVICES")}
+    env["COLLECTIVES_KERNEL_TIMEOUT"] = "120"
+    env.setdefault("JAX_PLATFORMS", "cpu")
+    result = subprocess.run(
+        [sys.executable, "-m", "collectives", "check", "kernel_all_gather", "--mesh",
+         "8", "--dims", "256", "1024"], cwd=tmp_path, env=env, capture_output=True,
+        text=True, timeout=240)
+    assert "1 agree, 0 disagree" in result.stdout, result.stdout + result.stderr
+
+
+def test_use_cpu_devices_leaves_a_pjrt_nproc_the_user_set(monkeypatch):
+    monkeypatch.setenv("PJRT_NPROC", "3")
+    _kernels.cpu_threads_for(8)
+    assert os.environ["PJRT_NPROC"] == "3"
+    monkeypatch.delenv("PJRT_NPROC")
+    _kernels.cpu_threads_for(8)
+    assert int(os.environ["PJRT_NPROC"]) >= 2 * 8
+
+
+def test_a_bad_kernel_limit_names_the_variable(monkeypatch):
+    monkeypatch.setenv("COLLECTIVES_KERNEL_TIMEOUT", "soon")
+    with pytest.raises(ValueError, match="COLLECTIVES_KERNEL_TIMEOUT='soon'"):
+        _kernels.current_limit_s()
+
+
+@needs_interpret
+def test_a_kernel_inside_the_callers_jit_is_the_kernel_itself():
+    # Bounded calls wrap the placed form; traced inside a caller's jit it is
+    # the plain jitted function (no thread, no limit).
+    recipe = cx.RECIPES["kernel_all_gather"]
+    mesh = cx.make_mesh((8,), "i")
+    (x,) = recipe.example_args(mesh, exact=True)
+    axes = recipe.axes(mesh)
+    (placed,) = recipe.place(x, axes=axes)
+    fn = recipe.compiled("shard_map", axes)
+    np.testing.assert_array_equal(np.asarray(jax.jit(fn)(placed)), x)
