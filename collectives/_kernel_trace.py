@@ -113,6 +113,19 @@ class KernelTrace:
                        | {d.send_sem for d in self.dmas if not d.remote} - {None})
         return f"local[{local.index(sem)}]" if sem in local else f"sem {sem}"
 
+    def summary(self) -> str:
+        """A line a device of what it sends: the diagram in a few words."""
+        from collections import Counter
+
+        lines = [f"{self.name} on {self.n_devices} devices, {self.steps} steps."]
+        for device in range(self.n_devices):
+            sent = Counter((d.target, d.bytes) for d in self.remote_dmas()
+                           if d.device == device)
+            parts = [f"{count} x {size} bytes to device {target}"
+                     for (target, size), count in sorted(sent.items())]
+            lines.append(f"Device {device} sends {', '.join(parts) or 'nothing'}.")
+        return " ".join(lines)
+
     def text(self) -> str:
         """The trace in words, a line a device: what the diagram shows."""
         lines = [f"{self.name} on {self.n_devices} devices, {self.steps} steps"]
