@@ -110,3 +110,14 @@ def test_a_kernel_inside_the_callers_jit_is_the_kernel_itself():
     (placed,) = recipe.place(x, axes=axes)
     fn = recipe.compiled("shard_map", axes)
     np.testing.assert_array_equal(np.asarray(jax.jit(fn)(placed)), x)
+
+
+def test_bench_says_why_it_does_not_time_a_kernel_in_interpret_mode():
+    from collectives import bench
+
+    doc = bench.run(["all_gather"], ["kernel"], sizes=(1024,), samples=1,
+                    min_time=0.0)
+    assert not [row for row in doc["results"] if row["form"] == "kernel"]
+    (skip,) = [s for s in doc["skipped"] if s["form"] == "kernel"]
+    assert "interpret mode" in skip["reason"] and "not timed" in skip["reason"]
+    assert "check kernel_all_gather" in skip["reason"]

@@ -24,6 +24,10 @@ from collectives._recipe import Recipe
 from collectives._registry import register
 from collectives.hlo import Expectation
 
+KERNEL_OF: dict[str, str] = {}
+"""The kernel recipe that implements each core recipe, by name (``psum`` ->
+``kernel_psum``): same arguments, layouts and oracle."""
+
 
 @dataclasses.dataclass(frozen=True)
 class DmaCost:
@@ -55,11 +59,15 @@ def kernel_recipe(native: Recipe, *, name: str, summary: str,
     """Register ``native`` with ``body`` (a Pallas kernel under shard_map) as
     the kernel recipe ``name``: one mesh axis, the kernel's results typed
     varying (hence no VMA check; the tests prove them equal on every
-    device), no pmap form, not drawn, timed or planned."""
+    device), no pmap form, not drawn, timed or planned, and no complex
+    inputs (interpret mode fills memory with NaN first, and has no complex
+    NaN: ``NotImplementedError: nan + complex64``)."""
+    KERNEL_OF.setdefault(native.name, name)
     return register(dataclasses.replace(
         native, name=name, summary=summary, body=body, family="kernel",
         recipe_file=recipe_file, pmap_body=None, check_vma=False,
         program=program or native.program, oracle=oracle or native.oracle,
         unsupported_reason=_kernels.one_axis, form_reason=_kernels.form_reason,
         cost_model=_kernel_fact(native), diagram=None, bench=None, plan=None,
+        dtype_kinds=changes.pop("dtype_kinds", native.dtype_kinds - {"complex"}),
         **changes))

@@ -22,6 +22,7 @@ from jax.sharding import PartitionSpec as P
 from collectives import _compat
 from collectives import _layout
 from collectives._arrays import dtype_kind
+from collectives._facts._kernel import KERNEL_OF
 from collectives._facts.ring_algorithms import RING_OF
 from collectives._layout import Axes
 from collectives._recipe import Recipe
@@ -39,6 +40,12 @@ KIND: dict[str, str] = {
 BENCH_FORMS: tuple[str, ...] = ("pmap", "shard_map", "jit", "ring")
 """The forms ``bench`` times by default (``--forms``); ``ring`` is the
 collective built from ``ppermute`` steps (``collectives.ring_all_reduce`` etc.)."""
+
+KNOWN_FORMS: tuple[str, ...] = (*BENCH_FORMS, "kernel")
+"""Every form ``--forms`` takes: ``kernel`` is the collective as a Pallas
+remote-DMA kernel (``kernel_psum`` etc.), timed on a TPU only; elsewhere it
+runs in interpret mode, a simulator whose time is not the kernel's, and
+``bench`` says so instead of timing it."""
 DEFAULT_COLLECTIVES: tuple[str, ...] = tuple(
     name for name, recipe in RECIPES.items()
     if recipe.bench is not None and recipe.bench.default)
@@ -79,6 +86,8 @@ def recipe_for(collective: str, form: str) -> Recipe | str:
     if collective not in KIND:
         return (f"unknown collective {collective!r}; the benchmark runs "
                 f"{', '.join(KIND)}")
+    if form == "kernel":
+        return _kernel_recipe(collective)
     if form != "ring":
         return RECIPES[collective]
     name = RING_OF.get(collective)
@@ -86,6 +95,18 @@ def recipe_for(collective: str, form: str) -> Recipe | str:
         return f"no ring-from-ppermute variant of {collective}"
     if name not in RECIPES:
         return f"the {name} recipe is not registered"
+    return RECIPES[name]
+
+
+def _kernel_recipe(collective: str) -> Recipe | str:
+    name = KERNEL_OF.get(collective)
+    if name is None:
+        return f"no Pallas kernel recipe implements {collective}"
+    if jax.default_backend() != "tpu":
+        return (f"{name} runs in Pallas's TPU interpret mode on "
+                f"{jax.default_backend()} devices, a simulator whose time is not "
+                "the kernel's: not timed here (on a TPU it is). Its result is "
+                f"checked by `python -m collectives check {name}`")
     return RECIPES[name]
 
 
@@ -167,7 +188,7 @@ def _program(form: str, recipe: Recipe, axes: Axes) -> Callable[..., Any]:
 def _unscoped_program(form: str, recipe: Recipe, axes: Axes) -> Callable[..., Any]:
     (spec,) = recipe.in_specs(axes)
     out_specs = recipe.out_specs(axes)
-    if form in ("shard_map", "ring"):
+    if form in ("shard_map", "ring", "kernel"):
         body = functools.partial(recipe.body, axis=axes.axis)
         return jax.jit(jax.shard_map(
             looped(body), mesh=axes.mesh, in_specs=(spec, P()),
@@ -190,7 +211,7 @@ def _unscoped_program(form: str, recipe: Recipe, axes: Axes) -> Callable[..., An
         body = functools.partial(recipe.pmap_body or recipe.body, axis=axes.axis)
         return jax.pmap(looped(body), axis_name=axes.names[0], in_axes=(0, None),
                         devices=list(pmap_devices(axes)))
-    raise ValueError(f"form: expected one of {', '.join(BENCH_FORMS)}, got {form!r}.")
+    raise ValueError(f"form: expected one of {', '.join(KNOWN_FORMS)}, got {form!r}.")
 
 
 def bind(case: Case, x: np.ndarray) -> tuple[Callable[[int], Any], np.ndarray]:

@@ -60,7 +60,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--forms", nargs="+", default=list(BENCH_FORMS), metavar="FORM",
         help=f"forms to time (default: {' '.join(BENCH_FORMS)}; ring = the ring "
-        "built from ppermute, where one exists)")
+        "built from ppermute, where one exists; kernel = the Pallas remote-DMA "
+        "kernel, timed on a TPU only)")
     parser.add_argument("-d", "--dtype", default="float32", type=_args.dtype,
                         help="element type (default: %(default)s)")
     parser.add_argument("-b", "--minbytes", type=_size_arg, default=parse_size("1K"),

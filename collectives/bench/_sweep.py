@@ -17,6 +17,7 @@ from collectives.bench import _cases
 from collectives.bench import _report
 from collectives.bench._cases import BENCH_FORMS
 from collectives.bench._cases import DEFAULT_COLLECTIVES
+from collectives.bench._cases import KNOWN_FORMS
 from collectives.bench._fit import fit_rows
 from collectives.bench._fit import ring_vs_native
 from collectives.bench._progress import Progress
@@ -125,9 +126,9 @@ def dtype_name_of(dtype: Any) -> str:
 
 def _check_names(collectives: Sequence[str], forms: Sequence[str]) -> None:
     for form in forms:
-        if form not in BENCH_FORMS:
+        if form not in KNOWN_FORMS:
             raise ValueError(f"--forms: unknown form {form!r}; choose from "
-                             f"{', '.join(BENCH_FORMS)}.")
+                             f"{', '.join(KNOWN_FORMS)}.")
     for name in collectives:
         if name not in _cases.KIND:
             raise ValueError(f"--collectives: unknown collective {name!r}; choose "

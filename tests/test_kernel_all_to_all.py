@@ -1,0 +1,87 @@
+"""``kernel_all_to_all``: the Pallas kernel of ``recipes/kernel_all_to_all.py``
+against ``lax.all_to_all`` (the ``all_to_all`` recipe's shard_map form) and
+NumPy, bit for bit, with interpret mode's race detector on in both DMA modes
+(every form against the oracle: the registry-driven suites)."""
+
+import functools
+
+import jax
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+import collectives as cx
+from collectives import _compat
+from collectives import _kernels
+from collectives.recipes import kernel_all_to_all as file
+
+pytestmark = pytest.mark.skipif(
+    not _compat.HAS_INTERPRET_KERNELS,
+    reason=f"the kernels need JAX 0.10.2 or newer (this is {jax.__version__})")
+
+MODES = ("eager", "on_wait")
+CONFIGS = [((8,), ("i",), "i"), ((4, 2), ("i", "j"), "i"), ((4, 2), ("i", "j"), "j")]
+
+
+def run_detected(body, x, mesh, in_spec, out_spec, mode):
+    """``body`` under shard_map in interpret mode with
+    ``dma_execution_mode=mode``, race detection on and unwritten memory as
+    NaN, traced afresh and bounded in time; fails on a race."""
+    from jax.experimental.pallas import tpu as pltpu
+
+    params = pltpu.InterpretParams(dma_execution_mode=mode, detect_races=True,
+                                   uninitialized_memory="nan")
+    f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=in_spec, out_specs=out_spec,
+                              check_vma=False))
+
+    def run():  # in call_bounded's worker: the interpret context is per thread
+        with pltpu.force_tpu_interpret_mode(params):
+            return f(x)
+
+    out = np.asarray(_kernels.call_bounded(run, f"kernel_all_to_all ({mode})", 120))
+    assert not _compat.interpret_races_found(), f"a race in dma_execution_mode={mode!r}"
+    return out
+
+
+@pytest.mark.parametrize("shape, names, axis", CONFIGS,
+                         ids=["8-i", "4x2-i", "4x2-j"])
+def test_the_kernel_matches_lax_all_to_all_and_numpy_bit_for_bit(shape, names, axis):
+    mesh = cx.make_mesh(shape, names)
+    kernel, native = cx.RECIPES["kernel_all_to_all"], cx.RECIPES["all_to_all"]
+    (x,) = native.example_args(mesh, axis, exact=True)  # small integers
+    want = file.all_to_all_numpy(x)
+    np.testing.assert_array_equal(np.asarray(native.shard_map(x, mesh=mesh, axis=axis)),
+                                  want)
+    axes = kernel.axes(mesh, axis)
+    (in_spec,), out_spec = kernel.in_specs(axes), kernel.out_specs(axes)
+    body = functools.partial(file.kernel_all_to_all_body, axis=axis)
+    for mode in MODES:
+        np.testing.assert_array_equal(
+            run_detected(body, x, mesh, in_spec, out_spec, mode), want,
+            err_msg=f"dma_execution_mode={mode!r}")
+
+
+def test_a_64x128_float32_block_moves_bit_for_bit(mesh):
+    # each device: a [64, 128] row block, 8 chunks of [64, 16]
+    x = np.random.default_rng(0).standard_normal((8 * 64, 128)).astype(np.float32)
+    body = functools.partial(file.kernel_all_to_all_body, axis="i")
+    got = run_detected(body, x, mesh, P("i", None), P(None, "i"), "on_wait")
+    np.testing.assert_array_equal(got, file.all_to_all_numpy(x))
+
+
+def test_each_device_ends_with_its_column_block(mesh):
+    x = np.arange(16 * 24, dtype=np.int32).reshape(16, 24)
+    moved = cx.RECIPES["kernel_all_to_all"].shard_map(x, mesh=mesh, axis="i")
+    assert moved.sharding.spec == P(None, "i"), moved.sharding
+    for shard in moved.addressable_shards:
+        d = shard.index[1].start // 3
+        np.testing.assert_array_equal(np.asarray(shard.data), x[:, 3 * d:3 * d + 3])
+
+
+def test_a_block_whose_columns_do_not_split_is_refused_by_name(mesh):
+    f = jax.jit(jax.shard_map(file.kernel_all_to_all_body, mesh=mesh,
+                              in_specs=P("i", None), out_specs=P(None, "i"),
+                              check_vma=False))
+    with pytest.raises(ValueError, match=r"x: a block of 12 columns does not split "
+                                         r"into 8 equal chunks"):
+        f(np.zeros((16, 12), np.float32))
