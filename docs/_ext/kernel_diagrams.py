@@ -11,7 +11,9 @@
 * ``{kernel-costs}``: the same costs as one table: the ``lax`` collective's
   HLO op and bytes per device (its cost model), the kernel's steps and
   bytes (its facts module's ``dma_cost``), and what the recording counted.
-  A recording that disagrees with ``dma_cost`` is a build warning.
+  A recording whose bytes a device disagree with ``dma_cost`` is a build
+  warning (its steps may differ: ``dma_cost`` counts a kernel whose DMAs all
+  fly at once as one step a DMA).
 * ``{kernel-planted-bugs}``: ``tests/test_kernel_bugs.py``'s ``PLANTED``
   and ``NOT_CAUGHT``, read with ``ast`` (the test is the table's source).
 * ``{kernel-timeout-message}``: the message a hung kernel raises.
@@ -103,23 +105,29 @@ def costs(name: str, srcdir: str | Path) -> dict[str, str]:
     model = dma_cost_function(name)(axes, args)
     recorded, _ = trace(name, srcdir)
     remote = recorded.remote_dmas()
-    sent = [sum(d.bytes for d in remote if d.device == device)
-            for device in range(recorded.n_devices)]
-    rounds = [len({d.step for d in remote if d.device == device})
-              for device in range(recorded.n_devices)]
-    if max(rounds) != model.steps or max(sent) != model.sent:
+    devices = range(recorded.n_devices)
+    sent = {sum(d.bytes for d in remote if d.device == device) for device in devices}
+    count = {sum(d.device == device for d in remote) for device in devices}
+    rounds = {len({d.step for d in remote if d.device == device})
+              for device in devices}
+    if max(sent) != model.sent:
         logger.warning(
-            f"kernel-costs: {name}: the recorded run sent {max(sent):,} bytes in "
-            f"{max(rounds)} steps from one device; dma_cost says "
-            f"{model.sent:,.0f} in {model.steps}")
+            f"kernel-costs: {name}: the recorded run sent {max(sent):,} bytes from "
+            f"one device; dma_cost says {model.sent:,.0f}")
+    recorded_text = (f"{_counted(max(count), 'remote DMA')} in "
+                     f"{_counted(max(rounds), 'step')}, {size_text(max(sent))} "
+                     + ("a device" if len(sent) == 1 else "from the busiest device"))
     return {
         "kernel": name,
         "lax": lax_text,
         "model": (f"{model.steps} x {size_text(model.bytes_per_step)} = "
                   f"{size_text(model.sent)}"),
-        "recorded": (f"{max(rounds)} steps with remote DMAs, "
-                     f"{size_text(max(sent))} from the busiest device"),
+        "recorded": recorded_text,
     }
+
+
+def _counted(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
 def _table(header: list[str], rows: list[list[str]], code: tuple[int, ...] = (0,)
