@@ -4,9 +4,10 @@ Devices are rows, steps columns (see :mod:`collectives._kernel_trace`). In
 each step an arrow runs from every device that starts a remote DMA to the
 device it writes into, coloured by the sender; a dashed grey arrow is a
 semaphore signal to another device; a black bar at a column's right edge
-marks a device waiting on a semaphore before its next step; a grey square,
-a copy within the device. The bytes of the DMAs stand in the heading where
-every DMA carries the same, else over their column or on the arrow.
+marks a device waiting on a semaphore before its next step; a grey square
+(left in its column), a copy within the device. The bytes of the DMAs stand
+in the heading where every DMA carries the same, else over their column or
+on the arrow.
 
 Kept apart from ``_kernel_trace`` so that matplotlib (the ``docs`` extra) is
 imported only when a picture is asked for; saved through
@@ -60,7 +61,6 @@ def figure(trace: KernelTrace, width: str = "wide") -> Any:
     """The matplotlib ``Figure`` of ``trace`` for ``width``'s column."""
     from matplotlib.figure import Figure  # optional: the docs extra
     from matplotlib.patches import FancyArrowPatch
-    from matplotlib.patches import Rectangle
 
     _figure._check_width(width)
     pt = _figure.font_pt(width, 10)
@@ -80,8 +80,9 @@ def figure(trace: KernelTrace, width: str = "wide") -> Any:
     fig.text(0.01, 1 - 0.3 / fig_h, note or "bytes on each arrow", va="top",
              fontsize=pt, color="#333333")
     for device in range(n):
-        ax.text(-0.08, device, f"device {device}" if width == "wide" else str(device),
-                ha="right", va="center", fontsize=pt, color="#444444")
+        ax.text(-0.01, device, f"device {device}" if width == "wide" else str(device),
+                ha="right", va="center", fontsize=pt, color="#444444",
+                transform=ax.get_yaxis_transform())  # (x: of the axes' width)
         ax.axhline(device, color="#eeeeee", lw=0.8, zorder=0)
     for step in range(steps):
         ax.text(step + 0.5, -0.6, str(step), ha="center", va="bottom", fontsize=pt,
@@ -93,8 +94,8 @@ def figure(trace: KernelTrace, width: str = "wide") -> Any:
         per_step.setdefault(dma.step, set()).add(dma.bytes)
     for dma in trace.dmas:
         if not dma.remote:
-            ax.add_patch(Rectangle((dma.step + 0.4, dma.device - 0.13), 0.2, 0.26,
-                                   facecolor="#bbbbbb", edgecolor="none"))
+            ax.plot([dma.step + 0.06], [dma.device], marker="s", markersize=6,
+                    color="#aaaaaa", linestyle="none")
             continue
         ax.add_patch(FancyArrowPatch(
             (dma.step + 0.12, dma.device), (dma.step + 0.82, dma.target),
