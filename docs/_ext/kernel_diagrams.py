@@ -145,10 +145,11 @@ def _table(header: list[str], rows: list[list[str]], code: tuple[int, ...] = (0,
         row = nodes.row()
         for i, text in enumerate(cells):
             entry = nodes.entry()
-            para = nodes.paragraph()
-            para += (nodes.literal(text, text) if i in code and not is_head
-                     else nodes.Text(text))
-            entry += para
+            for line in text.split("\n"):  # (a line break: a paragraph a line)
+                para = nodes.paragraph()
+                para += (nodes.literal(line, line) if i in code and not is_head
+                         else nodes.Text(line))
+                entry += para
             row += entry
         part += row
     return table
@@ -267,11 +268,11 @@ class KernelPlantedBugs(SphinxDirective):
         except (OSError, LookupError, ValueError, SyntaxError) as error:
             return [self.state.document.reporter.warning(
                 f"kernel-planted-bugs: {error}", line=self.lineno)]
-        rows = [[Path(file).stem, bug, f"{old.strip()} -> {new.strip()}",
+        rows = [[f"{bug} ({file})", f"{old.strip()}\n{new.strip()}",
                  " or ".join(words)]
                 for file, bug, old, new, words in planted]
-        table = _table(["kernel file", "planted bug", "the edit",
-                        "check_kernel reports"], rows, code=(0, 2))
+        table = _table(["planted bug (file)", "the line, then its edit",
+                        "check_kernel reports"], rows, code=(1,))
         out: list[nodes.Node] = [table]
         if not_caught:
             para = nodes.paragraph()
