@@ -84,6 +84,36 @@ def dma_cost_function(name: str) -> Any:
     raise LookupError(f"kernel recipe {name!r}: no dma_cost in its facts module")
 
 
+def lax_recipe(name: str) -> Any:
+    """The recipe of the ``lax`` collective kernel ``name`` implements, by
+    name (``kernel_X`` or ``kernel_X_bidirectional``: ``X``, else
+    ``X_ring``), or None; the table then shows the kernel's jit form's
+    collective (the same global program)."""
+    import collectives as cx
+
+    stem = name.removeprefix("kernel_").removesuffix("_bidirectional")
+    for candidate in (stem, f"{stem}_ring"):
+        found = cx.RECIPES.get(candidate)
+        if found is not None and found.family != "kernel":
+            return found
+    return None
+
+
+def _literal(node: ast.AST) -> Any:
+    """``ast.literal_eval`` that also joins and repeats strings (``" " * 8 +
+    "x"``), as the planted-bug table writes indented lines."""
+    if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Mult)):
+        left, right = _literal(node.left), _literal(node.right)
+        return left + right if isinstance(node.op, ast.Add) else left * right
+    if isinstance(node, (ast.List, ast.Tuple)):
+        items = [_literal(item) for item in node.elts]
+        return items if isinstance(node, ast.List) else tuple(items)
+    if isinstance(node, ast.Dict):
+        return {_literal(k): _literal(v) for k, v in zip(node.keys, node.values,
+                                                          strict=True)}
+    return ast.literal_eval(node)
+
+
 def size_text(n_bytes: float) -> str:
     from collectives._kernel_trace_plot import size_text as text
     return text(n_bytes)
@@ -98,7 +128,9 @@ def costs(name: str, srcdir: str | Path) -> dict[str, str]:
     mesh = cx.make_mesh((N_DEVICES,), "i")
     axes = recipe.axes(mesh, "i")
     args = recipe.example_args(mesh, "i", dims=DIMS, exact=True)
-    lax = recipe.expected_costs("jit", axes, args)[0]
+    native = lax_recipe(name)
+    lax = (native.expected_costs("shard_map", axes, args)[0] if native is not None
+           else recipe.expected_costs("jit", axes, args)[0])
     lax_text = "; ".join(
         f"{kind}: {size_text(lax.bytes[kind])}" if kind in lax.bytes else kind
         for kind, count in lax.counts.items() if count) or "none"
@@ -251,7 +283,7 @@ def planted_bugs(path: Path = BUGS_FILE) -> tuple[list[tuple], dict[str, str]]:
         target = (node.targets[0] if isinstance(node, ast.Assign)
                   else node.target if isinstance(node, ast.AnnAssign) else None)
         if isinstance(target, ast.Name) and target.id in ("PLANTED", "NOT_CAUGHT"):
-            found[target.id] = ast.literal_eval(node.value)
+            found[target.id] = _literal(node.value)
     missing = {"PLANTED", "NOT_CAUGHT"} - set(found)
     if missing:
         raise LookupError(f"{path.name} no longer defines {', '.join(sorted(missing))}")
@@ -268,7 +300,7 @@ class KernelPlantedBugs(SphinxDirective):
         except (OSError, LookupError, ValueError, SyntaxError) as error:
             return [self.state.document.reporter.warning(
                 f"kernel-planted-bugs: {error}", line=self.lineno)]
-        rows = [[f"{bug} ({file})", f"{old.strip()}\n{new.strip()}",
+        rows = [[f"{bug} ({file})", f"{old.strip()}\n{new.strip() or '(deleted)'}",
                  " or ".join(words)]
                 for file, bug, old, new, words in planted]
         table = _table(["planted bug (file)", "the line, then its edit",
