@@ -601,3 +601,130 @@ def reset_interpret() -> None:
     """Clear interpret mode's global state; needed after a kernel failed."""
     from jax.experimental.pallas import tpu as pltpu
     pltpu.reset_tpu_interpret_mode_state()
+
+
+# -- Pallas TPU interpret mode: watching a kernel run -------------------------
+
+INTERPRET_EVENTS = ("dma_start", "dma_bytes", "dma_wait", "signal", "wait",
+                    "barrier")
+"""What :func:`interpret_events` reports, each with its fields:
+
+* ``dma_start``: ``device`` started DMA ``dma`` (an id) to ``target``,
+  signalling ``send_sem`` (None for a local copy with none) on ``device``
+  and ``recv_sem`` on ``target``;
+* ``dma_bytes``: DMA ``dma`` read its ``bytes`` (it may do so later, on the
+  receiver's wait, in interpret mode's ``on_wait`` DMA mode);
+* ``dma_wait``: ``device`` waits until ``bytes`` have reached semaphore
+  ``sem`` (one half of ``.wait()`` of an async copy);
+* ``signal``: ``device`` adds ``inc`` to semaphore ``sem`` of ``target``;
+* ``wait``: ``device`` waits for semaphore ``sem`` to reach ``value``;
+* ``barrier``: ``device`` took semaphore ``sem`` as its barrier semaphore.
+
+Semaphore ids are interpret mode's: scratch semaphores are numbered in the
+order the kernel declares them, the same on every device; a barrier's id is
+its ``collective_id``'s."""
+
+
+@contextlib.contextmanager
+def interpret_events(sink: Any) -> Iterator[None]:
+    """Call ``sink(kind, fields)`` for every DMA and semaphore operation of
+    the Pallas TPU kernels that interpret mode traces and runs inside the
+    block (see :data:`INTERPRET_EVENTS`), from the simulated device's own
+    thread, in its program order.
+
+    Interpret mode has no public hook. Its kernel interpreter turns each DMA
+    and semaphore primitive into an ``io_callback`` of a private function of
+    ``jax._src.pallas.mosaic.interpret.interpret_pallas_call`` looked up when
+    the kernel is traced (``dma_wait``, ``semaphore_signal``,
+    ``semaphore_wait``, ``get_barrier_semaphore``), and ``dma_start`` builds
+    a ``DMA`` object whose ``execute_read`` fetches the bytes. Those names
+    and their leading arguments are the same in JAX 0.10.2 and 0.12.0.1;
+    this wraps them for the duration of the block. JAX's caches are cleared
+    on entry, so a kernel compiled before is traced again with the wrappers;
+    a kernel compiled inside the block keeps them afterwards, reporting
+    nothing.
+
+    Raises:
+      RuntimeError: this JAX runs no kernels in interpret mode
+        (:data:`HAS_INTERPRET_KERNELS`), or its interpret mode lacks a name
+        wrapped here.
+    """
+    if not HAS_INTERPRET_KERNELS:
+        raise RuntimeError(
+            f"JAX {jax.__version__} does not run Pallas kernels in interpret mode "
+            "here. Fix: JAX 0.10.2 or newer.")
+    module = _interpret_module()
+    names = ("dma_wait", "semaphore_signal", "semaphore_wait",
+             "get_barrier_semaphore", "DMA")
+    missing = [name for name in names if not hasattr(module, name)]
+    if missing:
+        raise RuntimeError(
+            f"JAX {jax.__version__}'s interpret mode has no {', '.join(missing)}: "
+            "collectives._compat.interpret_events knows 0.10.2 to 0.12. Fix: "
+            "record on a JAX release it knows.")
+    active = [True]
+
+    def report(kind: str, **fields: Any) -> None:
+        if active[0]:
+            sink(kind, fields)
+
+    def sem_id(sem: Any) -> int | None:
+        return None if sem is None else int(sem.id)
+
+    originals = {name: getattr(module, name) for name in names}
+    dma_class = originals["DMA"]
+    execute_read = dma_class.execute_read
+
+    def make_dma(*args: Any, **kwargs: Any) -> Any:
+        dma = dma_class(*args, **kwargs)
+        report("dma_start", device=int(dma.src_device_id),
+               target=int(dma.dst_device_id), dma=int(dma.id),
+               send_sem=sem_id(dma.src_sem), recv_sem=sem_id(dma.dst_sem))
+        return dma
+
+    def read(self: Any) -> None:
+        execute_read(self)
+        if self.data is not None:
+            report("dma_bytes", dma=int(self.id), bytes=int(self.data_size))
+
+    def wrap(name: str, kind: str, fields: Any) -> Any:
+        original = originals[name]
+        signature = inspect.signature(original)
+
+        @functools.wraps(original)
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            bound = signature.bind(*args, **kwargs).arguments
+            result = original(*args, **kwargs)
+            report(kind, **fields(bound, result))
+            return result
+
+        return wrapped
+
+    def device(bound: Any) -> int:
+        return int(bound["device_id"])
+
+    wrappers = {
+        "dma_wait": wrap("dma_wait", "dma_wait", lambda a, _: dict(
+            device=device(a), sem=int(a["sem_id"]), bytes=int(a["size"]))),
+        "semaphore_signal": wrap("semaphore_signal", "signal", lambda a, _: dict(
+            device=device(a), sem=int(a["sem_id"]), inc=int(a["inc"]),
+            target=device(a) if a["target_device_id"] is None
+            else int(a["target_device_id"]))),
+        "semaphore_wait": wrap("semaphore_wait", "wait", lambda a, _: dict(
+            device=device(a), sem=int(a["sem_id"]), value=int(a["value"]))),
+        "get_barrier_semaphore": wrap(
+            "get_barrier_semaphore", "barrier",
+            lambda a, result: dict(device=device(a), sem=int(result[1]))),
+        "DMA": make_dma,
+    }
+    jax.clear_caches()
+    for name, wrapper in wrappers.items():
+        setattr(module, name, wrapper)
+    dma_class.execute_read = read
+    try:
+        yield
+    finally:
+        active[0] = False
+        dma_class.execute_read = execute_read
+        for name, original in originals.items():
+            setattr(module, name, original)

@@ -36,6 +36,7 @@ extensions = [
     "sphinx_design",
     "gallery",
     "collective_facts",
+    "kernel_diagrams",
     "strategy_facts",
     "plan_facts",
     "public_api",
