@@ -50,6 +50,9 @@ ALLOWED = (
             "no XLA:CPU implementation"),
     Allowed("tests/test_plan.py::test_a_topology_plan_reads_the_tpu_compilers_"
             "collectives", "*", "needs the TPU compiler, jax[tpu]'s libtpu"),
+    Allowed("*test_kernel_tpu*", "*",
+            "needs the TPU compiler, jax[tpu]'s libtpu (no TPU): compiles the "
+            "kernel recipes for TPU topologies"),
     Allowed("tests/test_conformance.py::*", "* accepts every dtype kind",
             "does not apply: a recipe that accepts every dtype kind has none "
             "to refuse"),
