@@ -234,3 +234,34 @@ def per_device(body, mesh, axes, x):
     f = jax.shard_map(functools.partial(body, axis=axes.axis), mesh=mesh,
                       in_specs=spec, out_specs=spec, check_vma=False)
     return jax.tree_util.tree_map(np.asarray, jax.jit(f)(x))
+
+
+# -- Pallas kernels in interpret mode -------------------------------------------
+
+
+def run_kernel_detected(body, x, mesh, in_spec, out_spec, mode):
+    """``body`` (which calls a Pallas kernel) under shard_map in interpret mode
+    with ``dma_execution_mode=mode``, race detection on and unwritten memory
+    as NaN, bounded in time; its result as a NumPy array. Fails on a race."""
+    import jax
+    import numpy as np
+    from jax.experimental.pallas import tpu as pltpu
+
+    from collectives import _compat
+    from collectives import _kernels
+
+    params = pltpu.InterpretParams(dma_execution_mode=mode, detect_races=True,
+                                   uninitialized_memory="nan")
+    f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=in_spec, out_specs=out_spec,
+                              check_vma=False))
+
+    def run():  # in call_bounded's worker: the interpret context is per thread
+        with pltpu.force_tpu_interpret_mode(params):
+            return f(x)
+
+    name = getattr(body, "__name__", None) or getattr(
+        getattr(body, "func", None), "__name__", "kernel")
+    out = np.asarray(_kernels.call_bounded(run, f"{name} ({mode})", 120))
+    assert not _compat.interpret_races_found(), (
+        f"{name}: a race in dma_execution_mode={mode!r}")
+    return out

@@ -12,8 +12,8 @@ from jax.sharding import PartitionSpec as P
 
 import collectives as cx
 from collectives import _compat
-from collectives import _kernels
 from collectives.recipes import kernel_all_to_all as file
+from helpers import run_kernel_detected
 
 pytestmark = pytest.mark.skipif(
     not _compat.HAS_INTERPRET_KERNELS,
@@ -23,24 +23,6 @@ MODES = ("eager", "on_wait")
 CONFIGS = [((8,), ("i",), "i"), ((4, 2), ("i", "j"), "i"), ((4, 2), ("i", "j"), "j")]
 
 
-def run_detected(body, x, mesh, in_spec, out_spec, mode):
-    """``body`` under shard_map in interpret mode with
-    ``dma_execution_mode=mode``, race detection on and unwritten memory as
-    NaN, traced afresh and bounded in time; fails on a race."""
-    from jax.experimental.pallas import tpu as pltpu
-
-    params = pltpu.InterpretParams(dma_execution_mode=mode, detect_races=True,
-                                   uninitialized_memory="nan")
-    f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=in_spec, out_specs=out_spec,
-                              check_vma=False))
-
-    def run():  # in call_bounded's worker: the interpret context is per thread
-        with pltpu.force_tpu_interpret_mode(params):
-            return f(x)
-
-    out = np.asarray(_kernels.call_bounded(run, f"kernel_all_to_all ({mode})", 120))
-    assert not _compat.interpret_races_found(), f"a race in dma_execution_mode={mode!r}"
-    return out
 
 
 @pytest.mark.parametrize("shape, names, axis", CONFIGS,
@@ -57,7 +39,7 @@ def test_the_kernel_matches_lax_all_to_all_and_numpy_bit_for_bit(shape, names, a
     body = functools.partial(file.kernel_all_to_all_body, axis=axis)
     for mode in MODES:
         np.testing.assert_array_equal(
-            run_detected(body, x, mesh, in_spec, out_spec, mode), want,
+            run_kernel_detected(body, x, mesh, in_spec, out_spec, mode), want,
             err_msg=f"dma_execution_mode={mode!r}")
 
 
@@ -65,7 +47,7 @@ def test_a_64x128_float32_block_moves_bit_for_bit(mesh):
     # each device: a [64, 128] row block, 8 chunks of [64, 16]
     x = np.random.default_rng(0).standard_normal((8 * 64, 128)).astype(np.float32)
     body = functools.partial(file.kernel_all_to_all_body, axis="i")
-    got = run_detected(body, x, mesh, P("i", None), P(None, "i"), "on_wait")
+    got = run_kernel_detected(body, x, mesh, P("i", None), P(None, "i"), "on_wait")
     np.testing.assert_array_equal(got, file.all_to_all_numpy(x))
 
 

@@ -19,8 +19,8 @@ from jax.sharding import PartitionSpec as P
 
 import collectives as cx
 from collectives import _compat
-from collectives import _kernels
 from collectives.recipes import kernel_ppermute as file
+from helpers import run_kernel_detected
 
 pytestmark = pytest.mark.skipif(
     not _compat.HAS_INTERPRET_KERNELS,
@@ -31,23 +31,8 @@ CONFIGS = [((8,), ("i",), "i"), ((4, 2), ("i", "j"), "i"), ((4, 2), ("i", "j"), 
 
 
 def run_detected(body, x, mesh, spec, mode):
-    """``body`` under shard_map (``spec`` in and out) in interpret mode with
-    ``dma_execution_mode=mode``, race detection on and unwritten memory as
-    NaN, traced afresh and bounded in time; fails on a race."""
-    from jax.experimental.pallas import tpu as pltpu
-
-    params = pltpu.InterpretParams(dma_execution_mode=mode, detect_races=True,
-                                   uninitialized_memory="nan")
-    f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec,
-                              check_vma=False))
-
-    def run():  # in call_bounded's worker: the interpret context is per thread
-        with pltpu.force_tpu_interpret_mode(params):
-            return f(x)
-
-    out = np.asarray(_kernels.call_bounded(run, f"kernel_ppermute ({mode})", 120))
-    assert not _compat.interpret_races_found(), f"a race in dma_execution_mode={mode!r}"
-    return out
+    """``body`` with ``spec`` in and out (helpers.run_kernel_detected)."""
+    return run_kernel_detected(body, x, mesh, spec, spec, mode)
 
 
 @pytest.mark.parametrize("shape, names, axis", CONFIGS,

@@ -18,9 +18,9 @@ from jax.sharding import PartitionSpec as P
 
 import collectives as cx
 from collectives import _compat
-from collectives import _kernels
 from collectives._facts import kernel_psum as facts
 from collectives.recipes import kernel_psum as file
+from helpers import run_kernel_detected
 
 pytestmark = pytest.mark.skipif(
     not _compat.HAS_INTERPRET_KERNELS,
@@ -30,29 +30,11 @@ MODES = ("eager", "on_wait")
 CONFIGS = [((8,), ("i",), "i"), ((4, 2), ("i", "j"), "i"), ((4, 2), ("i", "j"), "j")]
 
 
-def run_detected(body, x, mesh, in_spec, out_spec, mode):
-    """``body`` under shard_map in interpret mode with
-    ``dma_execution_mode=mode``, race detection on and unwritten memory as
-    NaN, traced afresh and bounded in time; fails on a race."""
-    from jax.experimental.pallas import tpu as pltpu
-
-    params = pltpu.InterpretParams(dma_execution_mode=mode, detect_races=True,
-                                   uninitialized_memory="nan")
-    f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=in_spec, out_specs=out_spec,
-                              check_vma=False))
-
-    def run():  # in call_bounded's worker: the interpret context is per thread
-        with pltpu.force_tpu_interpret_mode(params):
-            return f(x)
-
-    out = np.asarray(_kernels.call_bounded(run, f"kernel_psum ({mode})", 120))
-    assert not _compat.interpret_races_found(), f"a race in dma_execution_mode={mode!r}"
-    return out
 
 
 def run_on_8(x, mesh, mode):
     body = functools.partial(file.kernel_psum_body, axis="i")
-    return run_detected(body, x, mesh, P("i"), P(), mode)
+    return run_kernel_detected(body, x, mesh, P("i"), P(), mode)
 
 
 @pytest.mark.parametrize("shape, names, axis", CONFIGS,
@@ -68,7 +50,7 @@ def test_the_kernel_matches_lax_psum_and_numpy_bit_for_bit(shape, names, axis):
     (in_spec,), out_spec = kernel.in_specs(axes), kernel.out_specs(axes)
     body = functools.partial(file.kernel_psum_body, axis=axis)
     for mode in MODES:
-        got = run_detected(body, x, mesh, in_spec, out_spec, mode)
+        got = run_kernel_detected(body, x, mesh, in_spec, out_spec, mode)
         np.testing.assert_array_equal(got, want, err_msg=f"dma_execution_mode={mode!r}")
 
 
