@@ -26,8 +26,8 @@
 # Expected output, from rank 0 after its own table (checked by CI, which runs
 # this file on one machine with Open MPI 4.1.4):
 #   rank  host             status   exit  seconds  summary
-#   0     host0            ok          0     75.3  137 agree, 0 disagree
-#   1     host1            ok          0     75.3  137 agree, 0 disagree
+#   0     host0            ok          0     75.3  137 agree, 0 disagree, 21 skipped
+#   1     host1            ok          0     75.3  137 agree, 0 disagree, 21 skipped
 #   ok: all 2 ranks passed
 # and exit code 0 (non-zero from every rank if any rank failed). A rank that
 # is killed or sent SIGTERM ends the job within seconds, with an error naming
