@@ -566,7 +566,7 @@ def _build(recipe: Recipe, form: str, axes: Axes) -> Callable[..., Any]:
     in_specs = recipe.in_specs(axes)
     out_specs = recipe.out_specs(axes)
     mesh = form_mesh(form, axes.mesh)
-    if form == "shard_map" and recipe.family != "kernel":
+    if form == "shard_map":
         fn = jax.jit(jax.shard_map(
             functools.partial(recipe.body, axis=axes.axis), mesh=mesh,
             in_specs=in_specs, out_specs=out_specs, check_vma=recipe.check_vma))
@@ -575,11 +575,6 @@ def _build(recipe: Recipe, form: str, axes: Axes) -> Callable[..., Any]:
             functools.partial(recipe.program, axes=axes),
             in_shardings=_layout.shardings(mesh, in_specs),
             out_shardings=_layout.shardings(mesh, out_specs))
-    elif form == "shard_map":  # the shard_map form is the kernel: bounded in time
-        fn = jax.jit(jax.shard_map(
-            functools.partial(recipe.body, axis=axes.axis), mesh=mesh,
-            in_specs=in_specs, out_specs=out_specs, check_vma=recipe.check_vma))
-        return _kernels.Bounded(_compat.OnMesh(fn, mesh), recipe.name)
     else:  # explicit: the shardings are in the input types
         program = recipe.explicit_program or recipe.program
         axes_here = dataclasses.replace(axes, mesh=mesh)
@@ -589,6 +584,8 @@ def _build(recipe: Recipe, form: str, axes: Axes) -> Callable[..., Any]:
 
         explicit.__name__ = f"{recipe.name}_explicit"
         fn = jax.jit(explicit)
+    if form == "shard_map" and recipe.family == "kernel":  # bounded in time
+        return _kernels.Bounded(_compat.OnMesh(fn, mesh), recipe.name)
     return _compat.OnMesh(fn, mesh)
 
 
