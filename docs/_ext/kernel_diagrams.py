@@ -24,6 +24,7 @@ Each kernel is recorded and drawn once per build process (``_TRACES``).
 from __future__ import annotations
 
 import ast
+import contextlib
 import importlib
 import pkgutil
 import textwrap
@@ -99,18 +100,22 @@ def lax_recipe(name: str) -> Any:
     return None
 
 
-def _literal(node: ast.AST) -> Any:
+def _literal(node: ast.AST, names: dict[str, Any] | None = None) -> Any:
     """``ast.literal_eval`` that also joins and repeats strings (``" " * 8 +
-    "x"``), as the planted-bug table writes indented lines."""
+    "x"``), as the planted-bug table writes indented lines, and reads the
+    ``names`` given (constants the file defines earlier)."""
+    names = names or {}
+    if isinstance(node, ast.Name) and node.id in names:
+        return names[node.id]
     if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Mult)):
-        left, right = _literal(node.left), _literal(node.right)
+        left, right = _literal(node.left, names), _literal(node.right, names)
         return left + right if isinstance(node.op, ast.Add) else left * right
     if isinstance(node, (ast.List, ast.Tuple)):
-        items = [_literal(item) for item in node.elts]
+        items = [_literal(item, names) for item in node.elts]
         return items if isinstance(node, ast.List) else tuple(items)
     if isinstance(node, ast.Dict):
-        return {_literal(k): _literal(v) for k, v in zip(node.keys, node.values,
-                                                          strict=True)}
+        return {_literal(k, names): _literal(v, names)
+                for k, v in zip(node.keys, node.values, strict=True)}
     return ast.literal_eval(node)
 
 
@@ -279,11 +284,18 @@ def planted_bugs(path: Path = BUGS_FILE) -> tuple[list[tuple], dict[str, str]]:
     without importing it (the test imports pytest and the test helpers)."""
     tree = ast.parse(path.read_text())
     found: dict[str, Any] = {}
+    constants: dict[str, Any] = {}  # upper-case literals defined before the tables
     for node in tree.body:
         target = (node.targets[0] if isinstance(node, ast.Assign)
                   else node.target if isinstance(node, ast.AnnAssign) else None)
-        if isinstance(target, ast.Name) and target.id in ("PLANTED", "NOT_CAUGHT"):
-            found[target.id] = _literal(node.value)
+        if not isinstance(target, ast.Name) or node.value is None:
+            continue
+        if target.id in ("PLANTED", "NOT_CAUGHT"):
+            found[target.id] = _literal(node.value, constants)
+        elif target.id.isupper():
+            # (not a literal, a call or a path: not one the tables use)
+            with contextlib.suppress(ValueError):
+                constants[target.id] = _literal(node.value, constants)
     missing = {"PLANTED", "NOT_CAUGHT"} - set(found)
     if missing:
         raise LookupError(f"{path.name} no longer defines {', '.join(sorted(missing))}")
