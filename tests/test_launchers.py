@@ -232,9 +232,16 @@ def _assert_every_recipe_agrees(out):
         assert re.search(rf"^(\[p0\] )?{name} ", out, re.M), f"{name} did not run"
 
 
+TWO_BY_FOUR = pytest.mark.xdist_group("every recipe on 2 ranks x 4 devices")
+"""The runs of every recipe on 2 ranks of 4 devices (launch, mpirun, srun)
+compile the same programs: CI runs them one after another on one worker
+(``--dist loadgroup``), so that the later ones read the first one's programs
+from JAX's compilation cache."""
+
+
 @pytest.mark.launchers
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("n,devices", [(2, 4), (4, 2)])
+@pytest.mark.parametrize("n,devices", [pytest.param(2, 4, marks=TWO_BY_FOUR), (4, 2)])
 def test_every_recipe_agrees_under_launch(request, job, n, devices):
     _selected(request)
     code, out = job(command("launch", n, devices, ["check"])).wait(900)
@@ -266,6 +273,7 @@ def _run_template(launcher, job, tmp_path):
     return code, out + (output.read_text() if output.exists() else "")
 
 
+@TWO_BY_FOUR
 @pytest.mark.launchers
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("launcher,template", [("mpirun", "mpirun.sh"),
