@@ -162,9 +162,10 @@ def test_every_kernel_file_has_planted_bugs():
 
 
 def _in_default_suite(file_name, found):
-    """kernel_all_gather's bugs that end without a hang run in the default
-    suite; the others, whose cases mostly wait out a hang (both DMA modes,
-    seconds each) or a detector, in CI's slow step (once, on the newest JAX).
+    """kernel_all_gather's bugs whose report cannot be a hang run in the
+    default suite; the others, whose cases mostly wait out a hang (both DMA
+    modes, seconds each) or a detector, in CI's slow step (once, on the
+    newest JAX).
     (A hung kernel stopped under ``check`` is in the default suite below.)"""
     return file_name == "kernel_all_gather.py" and "hang" not in found
 
