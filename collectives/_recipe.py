@@ -566,18 +566,21 @@ def _build(recipe: Recipe, form: str, axes: Axes) -> Callable[..., Any]:
     in_specs = recipe.in_specs(axes)
     out_specs = recipe.out_specs(axes)
     mesh = form_mesh(form, axes.mesh)
+    # the jit and explicit programs see the mesh they run on (its axis
+    # types), not the caller's: a program that constrains an intermediate
+    # on an Explicit mesh from jax.make_mesh would otherwise fail under jit
+    axes_here = dataclasses.replace(axes, mesh=mesh)
     if form == "shard_map":
         fn = jax.jit(jax.shard_map(
             functools.partial(recipe.body, axis=axes.axis), mesh=mesh,
             in_specs=in_specs, out_specs=out_specs, check_vma=recipe.check_vma))
     elif form == "jit":
         fn = jax.jit(
-            functools.partial(recipe.program, axes=axes),
+            functools.partial(recipe.program, axes=axes_here),
             in_shardings=_layout.shardings(mesh, in_specs),
             out_shardings=_layout.shardings(mesh, out_specs))
     else:  # explicit: the shardings are in the input types
         program = recipe.explicit_program or recipe.program
-        axes_here = dataclasses.replace(axes, mesh=mesh)
 
         def explicit(*args: Any) -> Any:
             return _resharded(program(*args, axes=axes_here), out_specs)
