@@ -84,6 +84,57 @@ def test_on_a_global_explicit_mesh_everything_runs_and_agrees(request):
     assert set(ran_explicit) | set(skipped) == set(cx.RECIPES), out
 
 
+_MAKE_MESH_SCRIPT = """
+import jax
+import collectives as cx
+from collectives.testing import assert_forms_agree
+
+cx.use_cpu_devices(8)
+meshes = [jax.make_mesh((8,), ("i",)), jax.make_mesh((4, 2), ("X", "Y"))]
+if {global_mesh}:
+    jax.set_mesh(meshes[1])
+for mesh in meshes:
+    print("mesh:", dict(mesh.shape), mesh.axis_types)
+    for name, recipe in cx.RECIPES.items():
+        if recipe.unsupported_reason(recipe.axes(mesh)):
+            continue
+        expected = sorted(recipe.forms(mesh))  # the oracle included
+        try:
+            report = assert_forms_agree(recipe, *recipe.example_args(mesh), mesh=mesh)
+        except Exception as error:
+            print("FAIL:", name, dict(mesh.shape), type(error).__name__,
+                  str(error)[:400].replace(chr(10), " "))
+            continue
+        ran = sorted(report.forms)
+        print("agree:" if ran == expected else "FORMS:", name, len(mesh.shape),
+              "+".join(ran), "+".join(expected))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("global_mesh", [False, True], ids=["passed", "global"])
+def test_every_form_of_every_recipe_runs_on_meshes_from_jax_make_mesh(
+        request, global_mesh):
+    # The meshes users make (Explicit axes from JAX 0.9, whatever the
+    # release's default is before), passed to every form, with and without
+    # a global jax.set_mesh of one of them: every form the recipe has on the
+    # mesh runs and agrees with the oracle (the suite's own meshes come from
+    # cx.make_mesh, Auto on every release).
+    only_with_marker(request, "slow", SLOW)
+    script = _MAKE_MESH_SCRIPT.format(global_mesh=global_mesh)
+    out = run_python("-c", script, timeout=900, env={"JAX_PLATFORMS": "cpu"}).stdout
+    meshes = re.findall(r"^mesh: .*$", out, re.M)
+    assert len(meshes) == 2, out
+    if jax.__version_info__ >= (0, 9):
+        assert all("Explicit" in line and "Auto" not in line for line in meshes), out
+    assert "FAIL:" not in out and "FORMS:" not in out, out
+    agreed = re.findall(r"^agree: (\w+) (\d) (\S+) ", out, re.M)
+    # every recipe runs on at least one of the two meshes, most on both
+    assert {name for name, _, _ in agreed} == set(cx.RECIPES), out
+    assert sum(ndim == "2" for _, ndim, _ in agreed) > len(cx.RECIPES) // 2, out
+    assert any("explicit" in forms.split("+") for _, _, forms in agreed), out
+
+
 def test_bench_measures_memory_under_a_scoped_explicit_mesh():
     # bench's default (memory on) lowers the pmap form: it must not see the
     # caller's mesh either
