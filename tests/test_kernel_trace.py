@@ -49,6 +49,8 @@ def test_all_gather_waits_for_each_block_before_forwarding_it(all_gather_trace):
 
 
 def test_the_drawing_reads_in_both_columns(all_gather_trace, tmp_path):
+    pytest.importorskip("matplotlib", reason="the drawing needs matplotlib: "
+                        "pip install '.[bench]'")
     from collectives import _kernel_trace_plot
 
     records = _kernel_trace_plot.save(all_gather_trace, tmp_path / "ag.svg")
