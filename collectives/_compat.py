@@ -31,7 +31,9 @@ What differs across that span, and what each name here papers over:
     (0.8.1 to 0.8.3), :data:`PSUM_SCATTER_ACCEPTS_NEGATIVE_DIMENSION` (0.11+);
     of Explicit axes' unreduced values (``recipes/sharp_edges_explicit.py``):
     :data:`UNREDUCED_RESHARD_SCALES_BY_N` (0.8.0, 0.8.1),
-    :data:`UNREDUCED_OUTPUT_READS_ONE_DEVICE` (up to 0.10.0).
+    :data:`UNREDUCED_OUTPUT_READS_ONE_DEVICE` (up to 0.10.0); of shard_map
+    manual over part of an Explicit mesh:
+    :data:`PARTIAL_MANUAL_GATHERS_FREE_AXES` (0.10.1 to 0.11.1).
 
 Every boundary below is checked against the release matrix
 (``tools/jax_matrix.py``, ``docs/compat/results/``) by
@@ -185,6 +187,16 @@ from 0.10.1 reading it raises (``NotImplementedError: device_indices_map
 doesn't work with unreduced``; 0.12: ``JaxRuntimeError: ... Unreduced
 sharding does not support UniqueIndexDomains``). Measured on 0.8.0 to 0.10.2,
 0.11.2, 0.12.0.1 (pitfall 18). Fix: reshard to ``P()`` inside jit."""
+
+PARTIAL_MANUAL_GATHERS_FREE_AXES = (0, 10, 1) <= JAX_VERSION < (0, 11, 2)
+"""A shard_map manual over some axes of an Explicit mesh (``axis_names={"X"}``
+on a ``("X", "Y")`` mesh) whose input is sharded over a free axis too
+(``f32[8@X, 8@Y]``) all-gathers that free axis before the body, so its
+collectives carry the whole of it (twice the bytes of the all-reduce here);
+other releases keep the free axis sharded. Measured on every release 0.8.0
+to 0.12.0.1: 0.10.1, 0.10.2, 0.11.0, 0.11.1 gather (pitfall 19 of
+``recipes/sharp_edges_explicit.py``). Fix: a shard_map manual over every
+axis the input is sharded on."""
 
 AVAL_VARYING_IN_MAT = JAX_VERSION >= (0, 10, 0)
 """``jax.typeof(x).mat.varying`` replaces ``jax.typeof(x).vma`` (the axes a

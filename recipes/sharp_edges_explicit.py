@@ -28,6 +28,17 @@ real error or the wrong number) and the fix:
       (NotImplementedError "device_indices_map doesn't work with unreduced";
       0.12: JaxRuntimeError "Unreduced sharding does not support
       UniqueIndexDomains"). Fix: reshard to ``P()`` before returning.
+  19. A shard_map manual over one axis of a 2-D mesh (``axis_names={"X"}``,
+      ``"Y"`` left to the compiler), whose input is sharded over both
+      (``f32[8@X, 8@Y]``), all-gathers ``"Y"`` before the body on JAX 0.10.1
+      to 0.11.1: the compiled program has an all-gather over ``"Y"`` and an
+      all-reduce of twice the bytes, silently (other releases: the one
+      all-reduce). Fix: make the shard_map manual over both axes
+      (``in_specs=P("X", "Y")``), or the jit form.
+  20. After a global ``jax.set_mesh(mesh)``, a shard_map over another mesh
+      raises: "ValueError: The context mesh ... should match the mesh passed
+      to shard_map" (every release; ``jax.pmap`` too). Fix: ``with
+      jax.set_mesh(other):`` around the call (then ``mesh=`` may be left out).
 
 Which form when: the explicit form is the jit form with the shardings in the
 types, so every one of these is the compiler asking the program to say what
@@ -36,7 +47,8 @@ is written by hand; pmap has none of these types.
 
 Devices: 8 (simulated on CPU by ``main()``).
 JAX versions checked: 0.8.0, 0.8.1, 0.8.2, 0.9.2, 0.10.2, 0.12.0.1 (17 and 18
-also 0.8.3, 0.9.0, 0.9.1, 0.10.0, 0.10.1, 0.11.2).
+also 0.8.3, 0.9.0, 0.9.1, 0.10.0, 0.10.1, 0.11.2; 19 and 20 every release
+0.8.0 to 0.12.0.1).
 Run: ``python recipes/sharp_edges_explicit.py``
 """
 
@@ -46,6 +58,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 N_DEVICES = 8
@@ -84,6 +97,48 @@ def roll_shard_map(x, mesh):
         x = jax.device_put(x, P("i"))
         return jax.jit(jax.shard_map(per_device, in_specs=P("i"),
                                      out_specs=P("i")))(x)
+
+
+def sum_over_x_partial_manual(mesh):
+    # Pitfall 19: manual over "X" only ("Y" stays the compiler's). On x:
+    # f32[8@X, 8@Y] each "X" group's block is b: f32[2, 8@Y]; psum over "X".
+    # JAX 0.10.1 to 0.11.1 all-gather "Y" first: the psum moves f32[2, 8].
+    return jax.jit(jax.shard_map(lambda b: lax.psum(b, "X"), mesh=mesh,
+                                 in_specs=P("X"), out_specs=P(),
+                                 axis_names={"X"}))
+
+
+def sum_over_x_fully_manual(mesh):
+    # Fix 19: manual over both axes: b: f32[2, 4] on each device, the psum
+    # over "X" moves f32[2, 4], and "Y" stays sharded on every release.
+    return jax.jit(jax.shard_map(lambda b: lax.psum(b, "X"), mesh=mesh,
+                                 in_specs=P("X", "Y"), out_specs=P(None, "Y")))
+
+
+def total_shard_map(x, mesh):
+    # Pitfall 20: a shard_map over `mesh`, run where the context mesh (a
+    # global jax.set_mesh) is another one: ValueError before any tracing.
+    # x: f32[16]; each device sums its 2 elements, the psum adds them up.
+    axes = tuple(mesh.axis_names)
+    f = jax.shard_map(lambda b: lax.psum(b.sum(keepdims=True), axes), mesh=mesh,
+                      in_specs=P(axes), out_specs=P())
+    return jax.jit(f)(jax.device_put(x, NamedSharding(mesh, P(axes))))
+
+
+def total_shard_map_scoped(x, mesh):
+    # Fix 20: make `mesh` the context mesh for the call; the global one is
+    # back after the with.
+    with jax.set_mesh(mesh):
+        return total_shard_map(x, mesh)
+
+
+def total_shard_map_context_mesh(x, mesh):
+    # Fix 20, without mesh=: shard_map takes the context mesh.
+    axes = tuple(mesh.axis_names)
+    with jax.set_mesh(mesh):
+        f = jax.shard_map(lambda b: lax.psum(b.sum(keepdims=True), axes),
+                          in_specs=P(axes), out_specs=P())
+        return jax.jit(f)(jax.device_put(x, P(axes)))
 # [end:shard_map]
 
 
@@ -170,6 +225,35 @@ def partial_products_returned(a, b, mesh):
         a, b = jax.device_put(a, P(None, "i")), jax.device_put(b, P("i", None))
         return jax.jit(lambda a, b: jnp.matmul(
             a, b, out_sharding=P(None, None, unreduced={"i"})))(a, b)
+
+
+def sum_over_x_jit(mesh):
+    # Fix 19 without shard_map: x: f32[8@X, 8@Y] -> [4@X, 2, 8@Y] -> sum over
+    # the "X" blocks: one all-reduce of f32[2, 4], "Y" stays sharded.
+    n = mesh.shape["X"]
+    return jax.jit(lambda x: x.reshape(n, -1, x.shape[1]).sum(0))
+
+
+def on_both_axes(fn, x, mesh):
+    """Run ``fn`` (one of the ``sum_over_x_*`` programs) on x: f32[8@X, 8@Y]."""
+    return fn(jax.device_put(x, NamedSharding(mesh, P("X", "Y"))))
+
+
+def collectives_in(fn, x, mesh):
+    """The collectives of ``fn``'s compiled program on x: f32[8@X, 8@Y], in
+    order, as ``(kind, result shape)``: ``[("all-reduce", "f32[2,4]")]``."""
+    placed = jax.device_put(x, NamedSharding(mesh, P("X", "Y")))
+    text = fn.lower(placed).compile().as_text()
+    found = []
+    for line in text.splitlines():  # "%name = f32[2,4]{1,0} all-reduce(%x), ..."
+        rest = line.partition(" = ")[2]
+        for kind in ("all-gather", "all-reduce", "reduce-scatter", "all-to-all",
+                     "collective-permute"):
+            for opcode in (f" {kind}(", f" {kind}-start("):  # -start: async
+                if opcode in rest:
+                    result = rest.split(opcode)[0].lstrip("(")  # a tuple if async
+                    found.append((kind, result.split("{")[0]))
+    return found
 # [end:jit]
 
 
@@ -180,16 +264,22 @@ def roll_numpy(x):
 
 def matmul_numpy(a, b):
     return a.astype(np.float64) @ b.astype(np.float64)
+
+
+def sum_over_x_numpy(x, n_x):
+    # The sum of the n_x row blocks of x
+    return x.reshape(n_x, -1, x.shape[1]).sum(0)
 # [end:numpy]
 
 
-def error_line(fn, *args):
-    """The exception ``fn`` raises, as one short line; None when it runs."""
+def error_line(fn, *args, width=110):
+    """The exception ``fn`` raises, as one line of at most ``width``
+    characters of message; None when it runs."""
     try:
         np.asarray(fn(*args))
     except Exception as err:  # JAX's ShardingTypeError has no public name
         text = " ".join(str(err).split())
-        return f"{type(err).__name__}: {text[:110]}"
+        return f"{type(err).__name__}: {text[:width]}"
     return None
 
 
@@ -238,8 +328,39 @@ def main():
           or f"{np.asarray(returned)[:, 0].tolist()} (device 0's part; want "
           f"{want[:, 0].tolist()})")
     print("    reshard to P() before returning ->", want[:, 0].tolist())
+
+    mesh_2d = make_explicit_mesh((4, 2), ("X", "Y"))
+    y = np.arange(64.0, dtype=np.float32).reshape(8, 8)  # [8@X, 8@Y]
+    want = sum_over_x_numpy(y, 4)
+    partial = collectives_in(sum_over_x_partial_manual(mesh_2d), y, mesh_2d)
+    if any(kind == "all-gather" for kind, _ in partial):
+        note = "an all-gather of 'Y' first, then an all-reduce of twice the bytes"
+    else:
+        note = "no gather on this release; JAX 0.10.1 to 0.11.1 all-gather 'Y' first"
+    print("19. shard_map(axis_names={'X'}) on f32[8@X, 8@Y] compiles to",
+          partial, f"({note})")
+    for program in (sum_over_x_partial_manual, sum_over_x_fully_manual,
+                    sum_over_x_jit):
+        got = on_both_axes(program(mesh_2d), y, mesh_2d)
+        np.testing.assert_array_equal(np.asarray(got), want, err_msg=program.__name__)
+        assert got.sharding.spec == P(None, "Y"), (program.__name__, got.sharding)
+    for program in (sum_over_x_fully_manual, sum_over_x_jit):
+        fixed = collectives_in(program(mesh_2d), y, mesh_2d)
+        assert fixed == [("all-reduce", "f32[2,4]")], (program.__name__, fixed)
+    print("    manual over both axes, or jit ->", fixed, "; column 0:",
+          want[:, 0].tolist())
+
+    jax.set_mesh(mesh)  # global, for the rest of the program
+    print("20. after jax.set_mesh(mesh), a shard_map over a (4, 2) mesh ->",
+          error_line(total_shard_map, x, mesh_2d, width=240))
+    for fix in (total_shard_map_scoped, total_shard_map_context_mesh):
+        np.testing.assert_array_equal(np.asarray(fix(x, mesh_2d)), [x.sum()],
+                                      err_msg=fix.__name__)
+    assert jax.sharding.get_abstract_mesh() == mesh.abstract_mesh
+    print("    with jax.set_mesh(mesh_2d): ... ->", [float(x.sum())])
     print("ok: every fix agrees with NumPy on Explicit axes (auto_axes, "
-          "out_sharding, reshard, partial sums reduced before they leave jit)")
+          "out_sharding, reshard, partial sums reduced before they leave jit, "
+          "shard_maps manual over every sharded axis and run on their own mesh)")
 
 
 if __name__ == "__main__":

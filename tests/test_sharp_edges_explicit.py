@@ -1,5 +1,6 @@
 """The sharp edges of ``recipes/sharp_edges_explicit.py`` (Explicit mesh axes:
-rolls, ambiguous dots, with_sharding_constraint, unreduced values): the wrong
+rolls, ambiguous dots, with_sharding_constraint, unreduced values, shard_maps
+manual over part of a mesh or over another mesh than the context's): the wrong
 way fails as docs/sharp_edges.md says (the real exception, or the exact wrong
 number) and the fix agrees with NumPy. Where a pitfall behaves differently
 across JAX versions the test branches on a named flag in collectives._compat.
@@ -12,12 +13,14 @@ from jax._src.core import ShardingTypeError  # no public name in any release
 from jax.sharding import PartitionSpec as P
 
 from collectives import _compat
+from collectives.hlo import collective_stats
 from helpers import load_recipe
 
 N = 8
 X = np.arange(2.0 * N, dtype=np.float32)  # [16]
 A = np.arange(4.0 * N, dtype=np.float32).reshape(2, -1)  # [2, 16]
 B = np.ones((2 * N, 3), dtype=np.float32)  # [16, 3]
+Y = np.arange(8.0 * N, dtype=np.float32).reshape(8, 8)  # [8@X, 8@Y] on mesh_2d
 
 
 @pytest.fixture(scope="module")
@@ -93,6 +96,81 @@ def test_pitfall_18_unreduced_array_out_of_jit(edges, mesh):
             np.asarray(out)
     np.testing.assert_array_equal(
         np.asarray(edges.partial_products_reduced(A, B, mesh)), want)
+
+
+@pytest.fixture(scope="module")
+def mesh_2d(edges):
+    return edges.make_explicit_mesh((4, 2), ("X", "Y"))
+
+
+def test_pitfall_19_partial_manual_shard_map_gathers_the_free_axis(edges, mesh_2d):
+    want = edges.sum_over_x_numpy(Y, 4)
+    assert want[:, 0].tolist() == [96.0, 128.0]
+    partial = edges.sum_over_x_partial_manual(mesh_2d)
+    placed = jax.device_put(Y, jax.sharding.NamedSharding(mesh_2d, P("X", "Y")))
+    stats = collective_stats(partial, placed)
+    (reduce,) = [op for op in stats.ops if op.kind == "all-reduce"]
+    assert reduce.mesh_axes(mesh_2d) == ("X",)
+    if _compat.PARTIAL_MANUAL_GATHERS_FREE_AXES:  # JAX 0.10.1 to 0.11.1
+        assert stats.nonzero() == {"all-gather": 1, "all-reduce": 1}
+        (gather,) = [op for op in stats.ops if op.kind == "all-gather"]
+        assert gather.mesh_axes(mesh_2d) == ("Y",)
+        assert stats.ops.index(gather) < stats.ops.index(reduce)
+        assert reduce.operand_bytes == 2 * 8 * 4  # f32[2, 8]: "Y" gathered
+        assert edges.collectives_in(partial, Y, mesh_2d) == [
+            ("all-gather", "f32[2,8]"), ("all-reduce", "f32[2,8]")]
+    else:
+        assert stats.nonzero() == {"all-reduce": 1}
+        assert reduce.operand_bytes == 2 * 4 * 4  # f32[2, 4]: "Y" kept sharded
+        assert edges.collectives_in(partial, Y, mesh_2d) == [
+            ("all-reduce", "f32[2,4]")]
+    for fix in (edges.sum_over_x_fully_manual, edges.sum_over_x_jit):
+        fixed = collective_stats(fix(mesh_2d), placed)
+        assert fixed.nonzero() == {"all-reduce": 1}, fix.__name__
+        assert fixed.ops[0].mesh_axes(mesh_2d) == ("X",)
+        assert fixed.ops[0].operand_bytes == 2 * 4 * 4, fix.__name__
+        assert edges.collectives_in(fix(mesh_2d), Y, mesh_2d) == [
+            ("all-reduce", "f32[2,4]")]
+    for program in (partial, edges.sum_over_x_fully_manual(mesh_2d),
+                    edges.sum_over_x_jit(mesh_2d)):
+        got = edges.on_both_axes(program, Y, mesh_2d)
+        np.testing.assert_array_equal(np.asarray(got), want)
+        assert got.sharding.spec == P(None, "Y")
+
+
+@pytest.fixture
+def global_mesh(mesh):
+    # What a program that begins with jax.set_mesh(mesh) runs under; undone
+    # after the test.
+    setting = jax.set_mesh(mesh)
+    yield mesh
+    setting.__exit__(None, None, None)
+
+
+def test_pitfall_20_shard_map_over_another_mesh_than_the_global_one(
+        edges, mesh_2d, global_mesh):
+    with pytest.raises(ValueError, match="should match the mesh passed to shard_map"
+                       ) as info:
+        edges.total_shard_map(X, mesh_2d)
+    message = str(info.value)
+    assert "The context mesh AbstractMesh('i': 8" in message
+    assert "Mesh('X': 4, 'Y': 2" in message
+    for fix in (edges.total_shard_map_scoped, edges.total_shard_map_context_mesh):
+        got = fix(X, mesh_2d)
+        np.testing.assert_array_equal(np.asarray(got), [X.sum()])
+        assert got.sharding.mesh.shape == mesh_2d.shape
+        # the global mesh is the context again after the with
+        assert jax.sharding.get_abstract_mesh() == global_mesh.abstract_mesh
+    # over the global mesh itself there is nothing to match
+    np.testing.assert_array_equal(np.asarray(edges.total_shard_map(X, global_mesh)),
+                                  [X.sum()])
+
+
+def test_pitfall_20_needs_a_context_mesh(edges, mesh_2d):
+    # No mesh set: the same call runs (the pitfall is the mismatch).
+    assert jax.sharding.get_abstract_mesh().empty
+    np.testing.assert_array_equal(np.asarray(edges.total_shard_map(X, mesh_2d)),
+                                  [X.sum()])
 
 
 def test_error_line_names_the_exception(edges, mesh):
