@@ -12,7 +12,10 @@ file as disagreeing. The regions are read from the files, not listed here.
 """
 
 import ast
+import functools
 import importlib
+import inspect
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -102,6 +105,32 @@ def _dtype(recipe):
 def test_every_registered_recipe_file_has_an_explicit_region():
     files = {recipe.recipe_file for recipe in cx.RECIPES.values()}
     assert files <= {path.name for path in FILES}, files - {p.name for p in FILES}
+
+
+def _defined_at(fn):
+    """``(file, first line)`` of the function ``fn`` adapts (through partials,
+    wrappers and the training recipes' lazy ``__wrapped__``)."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    fn = inspect.unwrap(fn)
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    return fn.__code__.co_filename, fn.__code__.co_firstlineno
+
+
+@pytest.mark.parametrize("name", list(cx.RECIPES))
+def test_every_explicit_program_is_defined_in_its_files_explicit_region(name):
+    recipe = cx.RECIPES[name]
+    assert recipe.explicit_program is not None, (
+        f"{name}: explicit_program=None runs the jit form's program, outside the "
+        f"explicit region of recipes/{recipe.recipe_file}. Fix: define "
+        f"{name}_explicit_program there (it may call the jit program) and register it")
+    filename, line = _defined_at(recipe.explicit_program)
+    path = next(p for p in FILES if p.name == recipe.recipe_file)
+    assert Path(filename).resolve() == path.resolve() and any(
+        first < line <= last for first, last in explicit_regions(path)), (
+        f"{name}: its explicit_program is defined at {filename}:{line}, not in "
+        f"the explicit region of recipes/{recipe.recipe_file}")
 
 
 @pytest.mark.parametrize("path", FILES, ids=lambda p: p.stem)
