@@ -186,20 +186,52 @@ def _check_row(recipe: Recipe, shape: tuple[int, ...], mesh: Any, axis: Any,
         axis=",".join(recipe.axes(mesh, axis).names), dtype=str(dtype),
         forms=done, max_error=error, ok=ok, detail=detail,
         seconds=time.perf_counter() - start, skipped=skipped,
-        explicit=_explicit_status(recipe, mesh, axis, done, ok, skipped))
+        explicit=_explicit_status(
+            recipe, mesh, axis, done, ok, skipped,
+            alone=lambda: _explicit_alone(recipe, mesh, axis, dtype, seed=seed,
+                                          exact=exact, forms_for=forms_for,
+                                          dims=dims)))
     return row, args, report
 
 
 def _explicit_status(recipe: Recipe, mesh: Any, axis: Any, done: Sequence[str],
-                     ok: bool, skipped: bool) -> str:
-    """The row's ``explicit`` column: ``ok``, ``FAIL``, ``skipped: why``, or
-    ``-`` (the row did not run, or the forms compared were chosen without it)."""
+                     ok: bool, skipped: bool, alone: Callable[[], str]) -> str:
+    """The row's ``explicit`` column, the explicit form's own result: ``ok``
+    (it ran and agreed), ``FAIL`` (it disagreed or raised), ``skipped: why``,
+    or ``-`` (the row was skipped, or the forms compared were chosen without
+    it). Where the row failed before the explicit form's result was known (an
+    earlier form raised or disagreed), ``alone()`` compares it by itself."""
     if "explicit" in done:
         return "ok"
     reason = recipe.unrunnable_form("explicit", recipe.axes(mesh, axis))
     if reason:
         return f"skipped: {reason}"
-    return "FAIL" if not ok and not skipped and not done else "-"
+    if ok or skipped:
+        return "-"
+    return alone()
+
+
+def _explicit_alone(recipe: Recipe, mesh: Any, axis: Any, dtype: Any, *,
+                    seed: int, exact: bool, forms_for: FormsFor,
+                    dims: Sequence[int] | None) -> str:
+    """The explicit form of a failed row compared with the oracle by itself:
+    ``ok``, ``FAIL``, or ``-`` where the row's forms do not include it."""
+    chosen: list[str] = []
+
+    def explicit_only(recipe: Recipe, axes: Axes) -> dict[str, Callable[..., Any]]:
+        forms = {form: fn for form, fn in forms_for(recipe, axes).items()
+                 if form in ("explicit", "reference")}
+        chosen.extend(forms)
+        if "explicit" not in forms:
+            raise LookupError("no explicit form among the row's forms")
+        return forms
+
+    try:
+        _agreement(recipe, mesh, axis, dtype, seed=seed, exact=exact,
+                   forms_for=explicit_only, dims=dims)
+    except Exception:  # the row says why; the column says whose result
+        return "FAIL" if "explicit" in chosen or not chosen else "-"
+    return "ok"
 
 
 def _agreement(recipe: Recipe, mesh: Any, axis: Any, dtype: Any, *, seed: int,

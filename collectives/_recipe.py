@@ -135,8 +135,9 @@ class Recipe:
       explicit_program: the global-view function of the explicit form,
         ``explicit_program(*arrays, axes=...)``, traced on a mesh whose axes
         are all ``Explicit`` (shardings in the types: ``reshard``,
-        ``out_sharding=``, ``auto_axes``); ``None``: ``program`` itself, where
-        the global program is already right in Explicit mode. Its outputs are
+        ``out_sharding=``, ``auto_axes``): the recipe file's
+        ``<name>_explicit_program``, from its explicit region (it may call the
+        jit form's program); ``None``: ``program`` itself. Its outputs are
         resharded to ``out_specs``.
       explicit_reason: ``explicit_reason(axes)`` says why the explicit form
         does not run on these axes (on this JAX), or ``None`` where it runs;

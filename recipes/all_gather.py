@@ -166,6 +166,25 @@ def all_gather_jit(x, mesh):
 
 
 # [start:explicit]
+def whole_rows(x):
+    # x: int32[n*k@i, m] -> the layout with dim 0 whole on every device (any
+    # other dim keeps its split): resharding to it is the all-gather
+    _, *rest = jax.typeof(x).sharding.spec
+    return P(None, *rest)
+
+
+def all_gather_explicit_program(x):
+    # the jit form's program (x itself), resharded: int32[n*k, m] everywhere
+    return jax.sharding.reshard(all_gather_program(x), whole_rows(x))
+
+
+def all_gather_stacked_explicit_program(x, n):
+    # the jit form's program (x split into its n blocks: no data moves),
+    # resharded: int32[n, k, m] on every device
+    return jax.sharding.reshard(all_gather_stacked_program(x, n),
+                                P(None, *whole_rows(x)))
+
+
 def all_gather_explicit(x, n_devices):
     mesh = make_explicit_mesh(n_devices)
     with jax.set_mesh(mesh):
@@ -173,11 +192,9 @@ def all_gather_explicit(x, n_devices):
 
         @jax.jit
         def global_program(x):
-            # resharding to replicated is the gather: int32[16,3] and
-            # int32[8,2,3], whole on every device
-            return (jax.sharding.reshard(all_gather_program(x), P()),
-                    jax.sharding.reshard(all_gather_stacked_program(x, n_devices),
-                                         P()))
+            # int32[16,3] and int32[8,2,3], whole on every device
+            return (all_gather_explicit_program(x),
+                    all_gather_stacked_explicit_program(x, n_devices))
 
         return global_program(x)
 # [end:explicit]

@@ -98,17 +98,21 @@ def all_to_all_jit(x, mesh):
 
 
 # [start:explicit]
+def all_to_all_explicit_program(x):
+    # x: int32[n*k@i, n*c, ...]: the jit form's program (x itself), with its
+    # split moved from rows to columns in the type: int32[n*k, n*c@i, ...],
+    # one all-to-all (the one the jit form compiles to)
+    rows, _, *rest = tuple(jax.typeof(x).sharding.spec) + (None,) * x.ndim
+    return jax.sharding.reshard(all_to_all_program(x),
+                                P(None, rows, *rest[:x.ndim - 2]))
+
+
 def all_to_all_explicit(x, n_devices):
     mesh = make_explicit_mesh(n_devices)
     with jax.set_mesh(mesh):
         x = jax.device_put(x, P(AXIS, None))  # jax.typeof(x): int32[16@i,24]
-
-        @jax.jit
-        def global_program(x):
-            # rows -> columns in the type: int32[16,24@i], one all-to-all
-            return jax.sharding.reshard(all_to_all_program(x), P(None, AXIS))
-
-        return global_program(x)
+        # rows -> columns in the type: int32[16,24@i]
+        return jax.jit(all_to_all_explicit_program)(x)
 # [end:explicit]
 
 

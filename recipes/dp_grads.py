@@ -15,11 +15,14 @@ Which form when:
     returns gradients n times too large; ``sharp_edges_grads.py`` shows why.
   * jit: ``jax.grad`` of the global loss with the batch sharded; XLA inserts
     the all-reduce of the partial gradients.
-  * explicit: the same program on Explicit axes, where the types show the
+  * explicit: the global program on Explicit axes, where the types show the
     sum: a replicated parameter's gradient is replicated, so ``jax.grad``
     sums it over the batch axis. Parameters resharded to ``reduced`` over
     that axis get ``unreduced`` gradients instead: accumulate microbatches
-    without communicating and sum once (``dp_grads_deferred_program``).
+    without communicating and sum once (``dp_grads_deferred_program``, from
+    JAX 0.9.1; the registered explicit form runs it on the whole batch as
+    one microbatch, and ``jax.grad``'s own sum before 0.9.1). One
+    all-reduce, as in the jit form.
 
 Exactness: with integer-valued data and a batch size times output width that
 is a power of two, every scaling is a power of two and every sum an exact
@@ -35,6 +38,7 @@ JAX versions checked: 0.8.0, 0.10.2, 0.12.0.
 Run: ``python recipes/dp_grads.py``
 """
 
+import functools
 import os
 
 import jax
@@ -136,16 +140,28 @@ def dp_grads_jit(params, x, y, mesh):
 
 
 # [start:explicit]
+def dp_grads_explicit_program(params, x, y, axis=AXIS, deferred=True):
+    # The types say where the sum happens: x: f32[b@i, d], params["w"]:
+    # f32[d, o] (replicated). The whole batch is one microbatch of the
+    # programs below. deferred (JAX >= 0.9.1): params typed reduced over
+    # `axis`, the gradient unreduced until one reshard sums it. Else
+    # jax.grad of replicated params: a cotangent has its primal's type, so
+    # the gradient of w is f32[d, o], replicated too, and jax.grad itself
+    # sums the per-device partial gradients over `axis`, as in
+    # dp_grads_program. Either way one all-reduce, as the jit form's.
+    if deferred:
+        return dp_grads_deferred_program(params, x[None], y[None], axis)
+    return dp_grads_microbatches_program(params, x[None], y[None])
+
+
 def dp_grads_explicit(params, x, y, mesh):
-    # mesh: Explicit axes; the program is dp_grads_program, unchanged. The
-    # types say where the sum happens: x: f32[b@i, d], params["w"]: f32[d, o]
-    # (replicated). A cotangent has its primal's type, so jax.typeof of the
-    # gradient of w is f32[d, o], replicated too: jax.grad itself sums the
-    # per-device partial gradients over i (one all-reduce).
+    # mesh: Explicit axes
     with jax.set_mesh(mesh):
         params = jax.sharding.reshard(params, P())
         x, y = jax.sharding.reshard((x, y), P(AXIS))
-        return jax.jit(dp_grads_program)(params, x, y)
+        deferred = jax.__version_info__[:3] >= DEFERRED_SUM_SINCE
+        return jax.jit(functools.partial(dp_grads_explicit_program,
+                                         deferred=deferred))(params, x, y)
 
 
 def mse_of_reduced_params(params, x, y):
@@ -172,8 +188,9 @@ def dp_grads_deferred_program(params, xs, ys, axis=AXIS):
     # f32[d, o]{U:i}: this device's rows' share, not yet summed. Adding the
     # microbatches' shares needs no communication; one reshard to P() sums
     # them over `axis`: one all-reduce of one gradient's size.
+    names = {axis} if isinstance(axis, str) else set(axis)  # a name, or a tuple
     held = jax.tree_util.tree_map(
-        lambda p: jax.sharding.reshard(p, P(*[None] * p.ndim, reduced={axis})),
+        lambda p: jax.sharding.reshard(p, P(*[None] * p.ndim, reduced=names)),
         params)
     shares = [jax.grad(mse_of_reduced_params)(held, xs[k], ys[k])
               for k in range(len(xs))]

@@ -33,7 +33,8 @@ kernel to control the exact DMAs, to overlap them with compute in the same
 kernel (see ``kernel_collective_matmul.py``), or to learn what the collective
 costs: ``n - 1`` steps, each sending one block. The jit and explicit forms
 below are the global program XLA partitions (what the kernel is compared
-with), as in ``all_gather.py``.
+with), as in ``all_gather.py``: the explicit form reuses the jit form's
+program, with no kernel in it, and compiles to XLA's all-gather.
 
 The kernel, the global programs and the NumPy oracle below are the ones
 ``collectives.RECIPES["kernel_all_gather"]`` runs (one mesh axis; on a 2-D
@@ -163,11 +164,18 @@ def all_gather_jit(x, mesh):
 
 
 # [start:explicit]
+def all_gather_explicit_program(x):
+    # x: f32[n*k@i, m]: the jit form's program (x itself), no kernel,
+    # resharded to whole rows on every device: XLA's all-gather
+    _, *rest = jax.typeof(x).sharding.spec
+    return jax.sharding.reshard(all_gather_program(x), P(None, *rest))
+
+
 def all_gather_explicit(x, n_devices):
     mesh = make_explicit_mesh(n_devices)
     with jax.set_mesh(mesh):
         x = jax.device_put(x, P(AXIS))  # float32[8192@i,128]
-        return jax.jit(lambda x: jax.sharding.reshard(all_gather_program(x), P()))(x)
+        return jax.jit(all_gather_explicit_program)(x)  # float32[8192,128]
 # [end:explicit]
 
 

@@ -39,7 +39,8 @@ compute in the same kernel (an MoE layer can start on the tokens that have
 arrived). It costs ``n - 1`` DMAs per device, one ``[k, c]`` chunk each
 (``1/n`` of the block), all in flight together. The jit and explicit forms
 below are the global program XLA partitions (what the kernel is compared
-with), as in ``all_to_all.py``.
+with), as in ``all_to_all.py``: the explicit form reuses the jit form's
+program, with no kernel in it, and compiles to XLA's all-to-all.
 
 The kernel, the global programs and the NumPy oracle below are the ones
 ``collectives.RECIPES["kernel_all_to_all"]`` runs (one mesh axis; on a 2-D
@@ -194,13 +195,19 @@ def all_to_all_jit(x, mesh):
 
 
 # [start:explicit]
+def all_to_all_explicit_program(x):
+    # x: f32[n*k@i, n*c]: the jit form's program (x itself), no kernel, with
+    # its split moved from rows to columns in the type: XLA's all-to-all
+    rows, _, *rest = tuple(jax.typeof(x).sharding.spec) + (None,) * x.ndim
+    return jax.sharding.reshard(all_to_all_program(x),
+                                P(None, rows, *rest[:x.ndim - 2]))
+
+
 def all_to_all_explicit(x, n_devices):
     mesh = make_explicit_mesh(n_devices)
     with jax.set_mesh(mesh):
         x = jax.device_put(x, P(AXIS, None))  # float32[2048@i,1024]
-        # rows -> columns in the type: float32[2048,1024@i], one all-to-all
-        return jax.jit(lambda x: jax.sharding.reshard(all_to_all_program(x),
-                                                      P(None, AXIS)))(x)
+        return jax.jit(all_to_all_explicit_program)(x)  # float32[2048,1024@i]
 # [end:explicit]
 
 

@@ -47,7 +47,9 @@ to control the exact DMAs, or to overlap them with compute in the same
 kernel. The sums add the same numbers in another order than ``lax.psum``
 may, so floats can differ in the last bits; on small integers they are
 exact. The jit and explicit forms below are the global program XLA
-partitions (what the kernel is compared with), as in ``reductions.py``.
+partitions (what the kernel is compared with), as in ``reductions.py``: the
+explicit form reuses the jit form's program, with no kernel in it, and
+compiles to XLA's all-reduce.
 
 The kernel, the global programs and the NumPy oracle below are the ones
 ``collectives.RECIPES["kernel_psum"]`` runs (one mesh axis; on a 2-D mesh,
@@ -226,18 +228,19 @@ def psum_jit(x, mesh):
 
 
 # [start:explicit]
+def psum_explicit_program(x, n):
+    # x: f32[n*k@i, m]: the jit form's program, unchanged, no kernel: the sum
+    # over the sharded blocks is XLA's all-reduce, f32[k, m] on every device
+    return psum_program(x, n)
+
+
 def psum_explicit(x, n_devices):
     mesh = make_explicit_mesh(n_devices)
     with jax.set_mesh(mesh):
         x = jax.device_put(x, P(AXIS))  # float32[2048@i,1024]
-
-        @jax.jit
-        def global_program(x):
-            # the reduction over the sharded blocks is the all-reduce; the
-            # result's type says it is on every device: float32[256,1024]
-            return jax.sharding.reshard(psum_program(x, n_devices), P())
-
-        return global_program(x)
+        # reshard says where the result lives: float32[256,1024], everywhere
+        return jax.jit(lambda x: jax.sharding.reshard(
+            psum_explicit_program(x, n_devices), P()))(x)
 # [end:explicit]
 
 

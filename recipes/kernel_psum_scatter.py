@@ -46,7 +46,9 @@ same kernel (reduce a gradient chunk while the next one travels). The sums
 add the same numbers in another order than ``lax.psum_scatter`` may, so
 floats can differ in the last bits; on small integers they are exact. The
 jit and explicit forms below are the global program XLA partitions (what
-the kernel is compared with), as in ``psum_scatter.py``.
+the kernel is compared with), as in ``psum_scatter.py``: the explicit form
+reuses the jit form's program, with no kernel in it, and compiles to XLA's
+reduce-scatter (an all-reduce and a slice on XLA:CPU).
 
 The kernels, the global programs and the NumPy oracle below are the ones
 ``collectives.RECIPES["kernel_psum_scatter"]`` and
@@ -248,18 +250,19 @@ def psum_scatter_jit(x, mesh):
 
 
 # [start:explicit]
+def psum_scatter_explicit_program(x, n):
+    # x: f32[n*n*c@i, m]: the jit form's program, no kernel, its sum over the
+    # sharded blocks resharded to x's own split of rows: f32[n*c@i, m]
+    return jax.sharding.reshard(psum_scatter_program(x, n),
+                                jax.typeof(x).sharding.spec)
+
+
 def psum_scatter_explicit(x, n_devices):
     mesh = make_explicit_mesh(n_devices)
     with jax.set_mesh(mesh):
         x = jax.device_put(x, P(AXIS))  # float32[2048@i,1024]
-
-        @jax.jit
-        def global_program(x):
-            # the sum over the sharded blocks, kept sharded by rows:
-            # float32[256@i,1024]
-            return jax.sharding.reshard(psum_scatter_program(x, n_devices), P(AXIS))
-
-        return global_program(x)
+        # float32[256@i,1024]
+        return jax.jit(lambda x: psum_scatter_explicit_program(x, n_devices))(x)
 # [end:explicit]
 
 

@@ -169,13 +169,20 @@ def train_one_device(params, x, y, n_steps=N_STEPS):
 
 
 # [start:explicit]
+def train_explicit_program(params, x, y, n_steps=N_STEPS, lr=LR):
+    # x, y: f32[b@i, ...], params replicated: the jit form's global step,
+    # unchanged; the gradient of a replicated parameter is replicated, so
+    # jax.grad sums it over i: one all-reduce per step, as in the jit form
+    return train_program(params, x, y, n_steps=n_steps, lr=lr)
+
+
 def train_explicit(params, x, y, n_devices, n_steps=N_STEPS):
     mesh = make_explicit_mesh(n_devices)
     with jax.set_mesh(mesh):
         # the layout in the types: params float32[4,2], x float32[128@i,4]
         params = jax.device_put(params, P())
         x, y = jax.device_put(x, P(AXIS)), jax.device_put(y, P(AXIS))
-        losses, trained = jax.jit(functools.partial(train_program,
+        losses, trained = jax.jit(functools.partial(train_explicit_program,
                                                     n_steps=n_steps))(params, x, y)
         return losses, jax.tree_util.tree_map(np.asarray, trained)
 # [end:explicit]

@@ -125,17 +125,19 @@ def psum_scatter_jit(x, mesh):
 
 
 # [start:explicit]
+def psum_scatter_explicit_program(x, n):
+    # x: int32[n*n*c@i, m]: the jit form's program, its sum over the sharded
+    # blocks resharded to x's own split of rows: int32[n*c@i, m]
+    return jax.sharding.reshard(psum_scatter_program(x, n),
+                                jax.typeof(x).sharding.spec)
+
+
 def psum_scatter_explicit(x, n_devices):
     mesh = make_explicit_mesh(n_devices)
     with jax.set_mesh(mesh):
         x = jax.device_put(x, P(AXIS))  # jax.typeof(x): int32[64@i,2]
-
-        @jax.jit
-        def global_program(x):
-            # the sum over the sharded blocks, kept sharded by rows: int32[8@i,2]
-            return jax.sharding.reshard(psum_scatter_program(x, n_devices), P(AXIS))
-
-        return global_program(x)
+        # the sum, kept sharded by rows: int32[8@i,2]
+        return jax.jit(lambda x: psum_scatter_explicit_program(x, n_devices))(x)
 # [end:explicit]
 
 

@@ -10,11 +10,12 @@ Which form when:
     communication.
   * jit: you write the global program (``x.reshape(n, k, m).sum(0)``) and
     say how inputs and outputs are laid out; XLA inserts the all-reduce.
-  * explicit: the same global program on a mesh whose axes are Explicit
-    (JAX's default from 0.9): the sharding is part of each array's type
-    (``jax.typeof(x)`` is ``float32[16@i,3]``), the reduction over the
-    sharded blocks is the all-reduce, and ``jax.sharding.reshard`` says where
-    the result lives. It compiles to the same all-reduce as shard_map.
+  * explicit: the jit form's global program, unchanged, on a mesh whose
+    axes are Explicit (JAX's default from 0.9): the sharding is part of each
+    array's type (``jax.typeof(x)`` is ``float32[16@i,3]``), the reduction
+    over the sharded blocks is the all-reduce, and ``jax.sharding.reshard``
+    says where the result lives. It compiles to the same all-reduce as the
+    jit and shard_map forms.
   * pmap: the legacy form, shown as the "before" of a migration.
 
 The per-device bodies, the global programs and the NumPy oracles below are
@@ -148,6 +149,26 @@ def reductions_jit(x, mesh):
 
 
 # [start:explicit]
+# The jit form's programs, unchanged, on Explicit axes: x: f32[n*k@i, m], the
+# rows' split in its type. A reduction over the sharded blocks is the
+# all-reduce (the same one the jit and shard_map forms compile to), and the
+# result's type says it is on every device: f32[k, m].
+def psum_explicit_program(x, n):
+    return psum_program(x, n)
+
+
+def pmean_explicit_program(x, n):
+    return pmean_program(x, n)
+
+
+def pmax_explicit_program(x, n):
+    return pmax_program(x, n)
+
+
+def pmin_explicit_program(x, n):
+    return pmin_program(x, n)
+
+
 def reductions_explicit(x, n_devices):
     mesh = make_explicit_mesh(n_devices)
     with jax.set_mesh(mesh):
@@ -155,11 +176,10 @@ def reductions_explicit(x, n_devices):
 
         @jax.jit
         def global_program(x):
-            # each program reduces over the sharded blocks: the all-reduce;
-            # the result's type says it is on every device: float32[2,3]
+            # reshard says where each result lives: float32[2,3], everywhere
             return tuple(jax.sharding.reshard(program(x, n_devices), P())
-                         for program in (psum_program, pmean_program, pmax_program,
-                                         pmin_program))
+                         for program in (psum_explicit_program, pmean_explicit_program,
+                                         pmax_explicit_program, pmin_explicit_program))
 
         return global_program(x)
 # [end:explicit]

@@ -17,8 +17,10 @@ algorithms. Write a ring yourself to overlap its steps with computation (see
 collective_matmul.py) or to control the exact communication pattern. There
 is no jit form of a hand-written ring: the global program of a jit form is
 ``x.sum(...)`` and XLA chooses the collective, shown here for comparison;
-the explicit form (Explicit mesh axes) is that global program with the
-layouts in the types, and compiles to the native collectives too.
+the explicit form (Explicit mesh axes) reuses that global program
+unchanged, with the layouts in the types: it has no ring either, and
+compiles to the native collectives (an all-reduce, an all-gather, a
+reduce-scatter or XLA:CPU's all-reduce and slice).
 A ring result is the same on every device, but shard_map types ppermute
 results as varying, so a replicated out_specs needs ``check_vma=False``.
 
@@ -230,6 +232,25 @@ def rings_jit(x, mesh):
 
 
 # [start:explicit]
+# No ring here either: the jit form's global programs, unchanged, on Explicit
+# axes (x: f32[n*k@i, m]), each result resharded to where it lives. They
+# compile to the native collectives, as the jit form does.
+def all_reduce_explicit_program(x, n):
+    return all_reduce_program(x, n)  # the sum: f32[k, m], on every device
+
+
+def all_gather_explicit_program(x, n):
+    # whole rows on every device, f32[n*k, m]: the reshard is the all-gather
+    _, *rest = jax.typeof(x).sharding.spec
+    return jax.sharding.reshard(all_gather_program(x, n), P(None, *rest))
+
+
+def reduce_scatter_explicit_program(x, n):
+    # the sum, split by rows as x is: f32[k@i, m]
+    return jax.sharding.reshard(reduce_scatter_program(x, n),
+                                jax.typeof(x).sharding.spec)
+
+
 def rings_explicit(x, n_devices):
     mesh = make_explicit_mesh(n_devices)
     with jax.set_mesh(mesh):
@@ -237,12 +258,11 @@ def rings_explicit(x, n_devices):
 
         @jax.jit
         def program(x):
-            # the global programs; each reshard names where a result lives
-            # (replicated: float32[8,3] and float32[64,3]; by rows: [8@i,3])
-            return (jax.sharding.reshard(all_reduce_program(x, n_devices), P()),
-                    jax.sharding.reshard(all_gather_program(x, n_devices), P()),
-                    jax.sharding.reshard(reduce_scatter_program(x, n_devices),
-                                         P(AXIS)))
+            # replicated: float32[8,3] and float32[64,3]; by rows: [8@i,3]
+            return (jax.sharding.reshard(all_reduce_explicit_program(x, n_devices),
+                                         P()),
+                    all_gather_explicit_program(x, n_devices),
+                    reduce_scatter_explicit_program(x, n_devices))
 
         return program(x)
 # [end:explicit]

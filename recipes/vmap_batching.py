@@ -17,9 +17,10 @@ The same body runs as
     a plain ``sum`` first (shown too);
   * vmap of vmap on ONE device: the device axis is just another named vmap;
   * jit: the global program ``x.sum(0)``, no names at all.
-  * explicit: the same global program on Explicit mesh axes; the example
-    axis is just the rows of ``float32[32@i,3]``, and ``reshard`` says where
-    each result lives.
+  * explicit: the jit form's global program, unchanged, on Explicit mesh
+    axes; the example axis is just the rows of ``float32[32@i,3]``,
+    ``reshard`` says where each result lives, and it compiles to the jit
+    form's one all-reduce.
 And the other way round: ``vmap`` of a shard_map adds a batch dimension to
 it; ``spmd_axis_name="i"`` splits that batch over mesh axis "i" instead of
 repeating it on every device.
@@ -173,6 +174,16 @@ def batching_jit(x, mesh):
 
 
 # [start:explicit]
+# The jit form's programs, unchanged, on Explicit axes: x: f32[n*k@i, m]; the
+# example axis is just the rows. Each compiles to the jit form's all-reduce.
+def vmap_psum_explicit_program(x):
+    return vmap_psum_program(x)  # the total: f32[m], on every device
+
+
+def vmap_center_explicit_program(x):
+    return vmap_center_program(x)  # the centred rows, where they are: f32[n*k@i, m]
+
+
 def batching_explicit(x, n_devices):
     mesh = make_explicit_mesh((n_devices,), (AXIS,))
     with jax.set_mesh(mesh):
@@ -180,10 +191,10 @@ def batching_explicit(x, n_devices):
 
         @jax.jit
         def global_program(x):
-            # the total on every device (float32[3]), the centred rows kept
-            # where they are (float32[32@i,3])
-            return (jax.sharding.reshard(vmap_psum_program(x), P()),
-                    jax.sharding.reshard(vmap_center_program(x), P(AXIS)))
+            # reshard says where each result lives: float32[3] on every
+            # device, float32[32@i,3] by rows
+            return (jax.sharding.reshard(vmap_psum_explicit_program(x), P()),
+                    jax.sharding.reshard(vmap_center_explicit_program(x), P(AXIS)))
 
         return global_program(x)
 # [end:explicit]

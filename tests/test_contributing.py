@@ -103,8 +103,11 @@ _SKELETON = '''
 
 def _recipe_file(**fields):
     # each field's continuation lines take the indentation of where it goes
-    fields.setdefault("explicit", f"{fields['stem']}_explicit_program = "
-                                  f"{fields['stem']}_program  # right as it is")
+    stem, args = fields["stem"], fields["args"]
+    fields.setdefault("explicit", f"""
+        def {stem}_explicit_program({args}, n):
+            # the jit form's program, right as it is on Explicit axes
+            return {stem}_program({args}, n)""")
     for key, indent in (("body", 4), ("program", 4), ("explicit", 4), ("numpy", 4),
                         ("inputs", 8)):
         fields[key] = textwrap.dedent(fields[key]).strip().replace(
@@ -201,6 +204,7 @@ FACTS = {
             summary="2 * psum, a recipe added in a test",
             recipe_file="double_psum.py", body=file.double_psum_body,
             program=by_axis_size(file.double_psum_program),
+            explicit_program=by_axis_size(file.double_psum_explicit_program),
             oracle=by_axis_size(file.double_psum_numpy),
             in_specs=one_input(rows_on_axes), out_specs=rows_replicated,
             example_shapes=one_grid, n_terms=lambda axes: axes.size + 1,
@@ -224,6 +228,7 @@ FACTS = {
             summary="each block minus the mean block, a recipe added in a test",
             recipe_file="centre.py", body=file.centre_body,
             program=by_axis_size(file.centre_program),
+            explicit_program=by_axis_size(file.centre_explicit_program),
             oracle=by_axis_size(file.centre_numpy),
             in_specs=one_input(rows_on_axes), out_specs=rows_on_axes,
             example_shapes=one_grid, n_terms=lambda axes: axes.size + 2,
@@ -379,6 +384,7 @@ REGISTRY_DRIVEN = (
     "tests/test_conformance.py", "tests/test_one_implementation.py",
     "tests/test_recipe_files.py", "tests/test_core_properties.py",
     "tests/test_bad_input.py", "tests/test_hlo.py", "tests/test_compat_results.py",
+    "tests/test_explicit_regions.py",
 )
 """The suite's files that iterate the registry (the rest test named recipes)."""
 

@@ -212,3 +212,34 @@ def test_explicit_is_a_form_of_every_recipe_or_skipped_with_a_reason():
                 recipe.explicit(*recipe.example_args(mesh), mesh=mesh)
 
 
+
+
+@pytest.mark.parametrize(("broken", "left_out", "ok", "explicit"), [
+    (None, None, True, "ok"),
+    ("pmap", None, False, "ok"),          # another form disagreed: not explicit's
+    ("shard_map", "explicit", False, "-"),  # not compared
+    ("explicit", None, False, "FAIL"),
+])
+def test_the_explicit_column_is_the_explicit_forms_own_result(broken, left_out, ok,
+                                                               explicit):
+    def wrong(x):
+        return x + 1
+
+    def raises(*args):
+        raise RuntimeError("planted")
+
+    def forms_for(recipe, axes):
+        forms = dict(recipe.bound_forms(axes))
+        if broken is not None:
+            form = forms[broken]
+            forms[broken] = lambda *args: jax.tree_util.tree_map(wrong, form(*args))
+        forms.pop(left_out, None)
+        return forms
+
+    (row,) = cx.check(["psum"], configs=[((8,), ("i",), None)], forms=forms_for)
+    assert (row.ok, row.explicit) == (ok, explicit), row
+    if broken == "pmap":  # a form that raises before explicit runs: still its own
+        def raising(recipe, axes):
+            return {**recipe.bound_forms(axes), "pmap": raises}
+        (row,) = cx.check(["psum"], configs=[((8,), ("i",), None)], forms=raising)
+        assert not row.ok and "planted" in row.detail and row.explicit == "ok", row

@@ -53,6 +53,7 @@ def _kernel_fact(native: Recipe) -> CostModel:
 
 def kernel_recipe(native: Recipe, *, name: str, summary: str,
                   body: Callable[..., Any], recipe_file: str,
+                  explicit_program: Callable[..., Any],
                   program: Callable[..., Any] | None = None,
                   oracle: Callable[..., Any] | None = None,
                   **changes: Any) -> Recipe:
@@ -61,12 +62,14 @@ def kernel_recipe(native: Recipe, *, name: str, summary: str,
     varying (hence no VMA check; the tests prove them equal on every
     device), no pmap form, not drawn, timed or planned, and no complex
     inputs (interpret mode fills memory with NaN first, and has no complex
-    NaN: ``NotImplementedError: nan + complex64``)."""
+    NaN: ``NotImplementedError: nan + complex64``). ``explicit_program`` is
+    the kernel file's own (its explicit region), never ``native``'s."""
     KERNEL_OF.setdefault(native.name, name)
     return register(dataclasses.replace(
         native, name=name, summary=summary, body=body, family="kernel",
         recipe_file=recipe_file, pmap_body=None, check_vma=False,
-        program=program or native.program, oracle=oracle or native.oracle,
+        program=program or native.program, explicit_program=explicit_program,
+        oracle=oracle or native.oracle,
         unsupported_reason=_kernels.one_axis, form_reason=_kernels.form_reason,
         cost_model=_kernel_fact(native), diagram=None, bench=None, plan=None,
         dtype_kinds=changes.pop("dtype_kinds", native.dtype_kinds - {"complex"}),

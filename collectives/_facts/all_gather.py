@@ -42,6 +42,7 @@ all_gather = register(Recipe(
     summary="every device gets the whole array (tiled)",
     body=gather_file.all_gather_body,
     program=on_axes(gather_file.all_gather_program),
+    explicit_program=on_axes(gather_file.all_gather_explicit_program),
     oracle=on_axes(gather_file.all_gather_numpy),
     in_specs=one_input(rows_on_axes), out_specs=rows_replicated,
     example_shapes=one_grid, pmap_body=gather_file.all_gather_pmap_body))
@@ -55,6 +56,8 @@ all_gather_stacked = register(Recipe(
     summary="every device gets all blocks stacked on a new axis (untiled)",
     body=gather_file.all_gather_stacked_body,
     program=by_axis_size(gather_file.all_gather_stacked_program),
+    explicit_program=by_axis_size(
+        gather_file.all_gather_stacked_explicit_program),
     oracle=by_axis_size(gather_file.all_gather_stacked_numpy),
     in_specs=one_input(rows_on_axes), out_specs=_stacked_out_specs,
     example_shapes=one_grid,

@@ -66,6 +66,7 @@ all_to_all = register(Recipe(
     cost_model=one_collective("all-to-all"),
     summary="rows-sharded to columns-sharded: each device swaps chunks with all",
     body=file.all_to_all_body, program=on_axes(file.all_to_all_program),
+    explicit_program=on_axes(file.all_to_all_explicit_program),
     oracle=on_axes(file.all_to_all_numpy),
     in_specs=_in_specs, out_specs=_out_specs, example_shapes=_shapes,
     validate=_check))

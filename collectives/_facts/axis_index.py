@@ -27,6 +27,7 @@ axis_index = register(Recipe(
     cost_model=no_collectives, summary="each device adds its index along the axis",
     body=index_file.axis_index_body,
     program=by_axis_size(index_file.axis_index_program),
+    explicit_program=by_axis_size(index_file.axis_index_explicit_program),
     oracle=by_axis_size(index_file.axis_index_numpy),
     in_specs=one_input(rows_on_axes), out_specs=rows_on_axes,
     example_shapes=one_grid,

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
+from collectives import _compat
 from collectives._costs import fixed
 from collectives._layout import Axes
 from collectives._layout import make_spec
@@ -121,6 +122,10 @@ dp_grads = register(Recipe(
     name="dp_grads", recipe_file="dp_grads.py", cost_model=fixed({"all-reduce": 1}),
     summary="data-parallel gradient of a linear model's MSE: grads averaged by pmean",
     body=file.dp_grads_body, program=on_axes(file.dp_grads_program),
+    # the deferred sum where JAX sums unreduced gradients, else jax.grad's own
+    explicit_program=on_axes(file.dp_grads_explicit_program,
+                             lambda axes: axes.entry,
+                             deferred=_compat.UNREDUCED_GRADIENTS_CHECKED),
     oracle=on_axes(file.dp_grads_numpy),
     in_specs=lambda axes: (make_spec(), make_spec(axes.entry), make_spec(axes.entry)),
     out_specs=lambda axes: make_spec(),

@@ -29,4 +29,5 @@ kernel_all_gather = kernel_recipe(
     _all_gather.all_gather, name="kernel_all_gather",
     summary="all_gather as a Pallas kernel: n-1 ring steps of remote DMAs",
     body=file.kernel_all_gather_body, recipe_file="kernel_all_gather.py",
+    explicit_program=on_axes(file.all_gather_explicit_program),
     program=on_axes(file.all_gather_program), oracle=on_axes(file.all_gather_numpy))

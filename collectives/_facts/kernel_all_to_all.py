@@ -32,4 +32,6 @@ kernel_all_to_all = kernel_recipe(
     _all_to_all.all_to_all, name="kernel_all_to_all",
     summary="all_to_all as a Pallas kernel: n-1 chunk DMAs per device, one to each",
     body=file.kernel_all_to_all_body, recipe_file="kernel_all_to_all.py",
-    program=on_axes(file.all_to_all_program), oracle=on_axes(file.all_to_all_numpy))
+    program=on_axes(file.all_to_all_program),
+    explicit_program=on_axes(file.all_to_all_explicit_program),
+    oracle=on_axes(file.all_to_all_numpy))

@@ -34,5 +34,6 @@ kernel_psum = kernel_recipe(
     _reductions.psum, name="kernel_psum",
     summary="psum as a Pallas kernel: ring reduce-scatter, then ring all-gather",
     body=file.kernel_psum_body, recipe_file="kernel_psum.py",
+    explicit_program=by_axis_size(file.psum_explicit_program),
     program=by_axis_size(file.psum_program),
     oracle=by_axis_size(file.psum_numpy))

@@ -33,6 +33,7 @@ kernel_psum_scatter = kernel_recipe(
     summary="psum_scatter as a Pallas kernel: n-1 ring steps of partial sums",
     body=file.kernel_psum_scatter_body, recipe_file="kernel_psum_scatter.py",
     program=by_axis_size(file.psum_scatter_program),
+    explicit_program=by_axis_size(file.psum_scatter_explicit_program),
     oracle=by_axis_size(file.psum_scatter_numpy))
 
 kernel_psum_scatter_bidirectional = kernel_recipe(
@@ -41,4 +42,5 @@ kernel_psum_scatter_bidirectional = kernel_recipe(
     body=file.kernel_psum_scatter_bidirectional_body,
     recipe_file="kernel_psum_scatter.py",
     program=by_axis_size(file.psum_scatter_program),
+    explicit_program=by_axis_size(file.psum_scatter_explicit_program),
     oracle=by_axis_size(file.psum_scatter_numpy))

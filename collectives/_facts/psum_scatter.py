@@ -46,6 +46,7 @@ psum_scatter = register(Recipe(
     summary="sum over devices, each device keeps its slice (reduce-scatter)",
     body=scatter_file.psum_scatter_body,
     program=by_axis_size(scatter_file.psum_scatter_program),
+    explicit_program=by_axis_size(scatter_file.psum_scatter_explicit_program),
     oracle=by_axis_size(scatter_file.psum_scatter_numpy),
     in_specs=one_input(rows_on_axes), out_specs=rows_on_axes,
     example_shapes=one_scatter_grid, n_terms=lambda axes: axes.size,

@@ -189,15 +189,17 @@ def ring_all_reduce(x, axis):
 
 
 def _mirror(native: Recipe, name: str, summary: str, ring: Callable[..., Any],
-            program: Callable[..., Any], oracle: Callable[..., Any]) -> Recipe:
-    """``native`` with the file's ring as its body (and its program and oracle):
+            program: Callable[..., Any], explicit_program: Callable[..., Any],
+            oracle: Callable[..., Any]) -> Recipe:
+    """``native`` with the file's ring as its body (and its programs and oracle):
     the same specs, shapes and checks, so the two compare directly. The ring's
     results are varying by type (they come from ppermute), hence no VMA check;
     the tests prove them equal on every device."""
     return register(dataclasses.replace(
         native, name=name, summary=summary, body=ring,
         pmap_body=functools.partial(ring, shift=file.stepwise_shift),
-        program=by_axis_size(program), oracle=by_axis_size(oracle),
+        program=by_axis_size(program),
+        explicit_program=by_axis_size(explicit_program), oracle=by_axis_size(oracle),
         check_vma=False, family="pattern", recipe_file="ring_algorithms.py",
         diagram=None,
         # timed as the native collective's ``ring`` form, not on its own
@@ -227,14 +229,18 @@ def _ring_fact(native: Recipe) -> CostModel:
 ring_all_reduce_recipe = _mirror(
     _reductions.psum, "ring_all_reduce",
     "psum as ring reduce-scatter + all-gather, 2(n-1) ppermutes (mirrors psum)",
-    file.ring_all_reduce, file.all_reduce_program, file.all_reduce_numpy)
+    file.ring_all_reduce, file.all_reduce_program, file.all_reduce_explicit_program,
+    file.all_reduce_numpy)
 
 ring_all_gather_recipe = _mirror(
     _all_gather.all_gather, "ring_all_gather",
     "all_gather from n-1 ring ppermutes (mirrors all_gather)",
-    file.ring_all_gather, file.all_gather_program, file.all_gather_numpy)
+    file.ring_all_gather, file.all_gather_program, file.all_gather_explicit_program,
+    file.all_gather_numpy)
 
 ring_reduce_scatter_recipe = _mirror(
     _psum_scatter.psum_scatter, "ring_reduce_scatter",
     "psum_scatter from n-1 ring ppermutes (mirrors psum_scatter)",
-    file.ring_reduce_scatter, file.reduce_scatter_program, file.reduce_scatter_numpy)
+    file.ring_reduce_scatter, file.reduce_scatter_program,
+    file.reduce_scatter_explicit_program,
+    file.reduce_scatter_numpy)

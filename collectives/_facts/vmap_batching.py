@@ -160,6 +160,7 @@ vmap_psum = register(Recipe(
     summary="one psum over the device axes and a vmapped batch axis at once",
     # x: [k, m] on each device -> [m], the sum of every row of every device
     body=file.vmap_psum_body, program=on_axes(file.vmap_psum_program),
+    explicit_program=on_axes(file.vmap_psum_explicit_program),
     oracle=on_axes(file.vmap_psum_numpy),
     out_specs=lambda axes: make_spec(axes.others_entry),
     dtype_kinds=frozenset({"float", "int"}), **_COMMON))
@@ -170,6 +171,7 @@ vmap_center = register(Recipe(
     summary="each row minus the mean row over devices and a vmapped batch axis",
     # x: [k, m] on each device -> [k, m], each row minus the global mean row
     body=file.vmap_center_body, program=on_axes(file.vmap_center_program),
+    explicit_program=on_axes(file.vmap_center_explicit_program),
     oracle=on_axes(file.vmap_center_numpy),
     out_specs=rows_on_axes,
     dtype_kinds=frozenset({"float"}), **_COMMON))
