@@ -217,6 +217,93 @@ def value_and_grad_explicit(mesh, model_axis):
             return program(params, x, y)
 
     return run
+
+
+def microbatches(a, m):
+    # a: f32[b@data, ...] -> m microbatches f32[b/m@data, ...]: microbatch k
+    # holds rows k*c .. (k+1)*c - 1 of every device's block of c*m rows, so
+    # the split moves nothing
+    split = jax.typeof(a).sharding
+    entry = split.spec[0]
+    n = int(np.prod([split.mesh.shape[name] for name in
+                     (entry if isinstance(entry, tuple) else (entry,))]))
+    blocks = a.reshape(n, m, -1, *a.shape[1:])  # f32[n@data, m, c, ...]
+    return [blocks[:, k].reshape(-1, *a.shape[1:]) for k in range(m)]
+
+
+def value_and_grad_microbatches_explicit_program(params, x, y, data_axis=DATA,
+                                                 model_axis=None, n_micro=2):
+    # Gradient accumulation over n_micro microbatches, each gradient typed
+    # like params and so summed over data_axis as it is taken: n_micro
+    # all-reduces of the gradients (XLA may combine them into one of
+    # n_micro gradients' size)
+    xs, ys = microbatches(x, n_micro), microbatches(y, n_micro)
+    taken = [value_and_grad_explicit_program(params, xk, yk, data_axis, model_axis)
+             for xk, yk in zip(xs, ys, strict=True)]
+    return jax.tree_util.tree_map(lambda *v: sum(v) / n_micro, *taken)
+
+
+def value_and_grad_deferred_explicit_program(params, x, y, data_axis=DATA,
+                                             model_axis=None, n_micro=2):
+    # The same, the sum over data_axis deferred: params resharded to
+    # "reduced" over it (w2: f32[h1@model, h2]{R:data}, its layout and
+    # replicated over data, its gradient allowed to stay a per-device
+    # partial sum), so each microbatch's gradient comes back unreduced
+    # (f32[h1@model, h2]{U:data}: this device's rows' share). The shares
+    # add up with no communication; one reshard to params' layout sums them
+    # over data_axis: one all-reduce of one gradient's size. The loss's
+    # per-row terms (f32[b/m@data]) are added up the same way.
+    data = set(data_axis if isinstance(data_axis, tuple) else (data_axis,))
+    batch = x.shape[0]  # the whole batch's rows: the shares add up to the mean
+    specs = {k: jax.typeof(v).sharding.spec for k, v in params.items()}
+    held = {k: jax.sharding.reshard(v, P(*specs[k], reduced=data))
+            for k, v in params.items()}
+
+    def dense(a, w, b, columns):
+        # JAX adds no reduced value to a sharded one: the bias, broadcast to
+        # every row, is resharded to the rows' split first
+        z = jnp.matmul(a, w, out_sharding=P(data_axis, columns))
+        return z + jax.sharding.reshard(jnp.broadcast_to(b, z.shape),
+                                        P(data_axis, columns))
+
+    def loss_terms(p, x, y):
+        # -> (the microbatch's share of the loss, its per-row terms)
+        a1 = jax.nn.relu(dense(x, p["w1"], p["b1"], model_axis))
+        a2 = jax.nn.relu(dense(a1, p["w2"], p["b2"], None))  # sums over model
+        a3 = jax.nn.relu(dense(a2, p["w3"], p["b3"], model_axis))
+        out = dense(a3, p["w4"], p["b4"], None)  # f32[b/m@data, d_out]
+        terms = jnp.sum((out - y) ** 2, axis=1) / batch  # f32[b/m@data]
+        return jnp.sum(terms), terms
+
+    shares, terms = [], []
+    xs, ys = microbatches(x, n_micro), microbatches(y, n_micro)
+    for xk, yk in zip(xs, ys, strict=True):
+        share, rows = jax.grad(loss_terms, has_aux=True)(held, xk, yk)
+        shares.append(share)  # {"w2": f32[h1@model, h2]{U:data}, ...}
+        terms.append(rows)
+    # unreduced values add only to each other (sum() would start from 0)
+    total = jax.tree_util.tree_map(lambda *g: functools.reduce(jnp.add, g),
+                                   *shares)  # still {U:data}: no communication
+    grads = {k: jax.sharding.reshard(g, specs[k]) for k, g in total.items()}
+    return jnp.sum(functools.reduce(jnp.add, terms)), grads
+
+
+def value_and_grad_deferred_explicit(mesh, model_axis, n_micro=2):
+    # mesh: the same devices and names with every axis Explicit
+    mesh = jax.sharding.Mesh(mesh.devices, mesh.axis_names, axis_types=(
+        jax.sharding.AxisType.Explicit,) * len(mesh.axis_names))
+    specs = param_specs(model_axis)
+    program = jax.jit(functools.partial(value_and_grad_deferred_explicit_program,
+                                        data_axis=DATA, model_axis=model_axis,
+                                        n_micro=n_micro))
+
+    def run(params, x, y):
+        with jax.set_mesh(mesh):
+            params = jax.sharding.reshard(params, specs)
+            x, y = jax.sharding.reshard((x, y), P(DATA))
+            return program(params, x, y)
+
+    return run
 # [end:explicit]
 
 

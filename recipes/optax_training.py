@@ -178,6 +178,96 @@ def train_explicit(params, x, y, n_devices, n_steps=N_STEPS):
         losses, trained = jax.jit(functools.partial(train_program,
                                                     n_steps=n_steps))(params, x, y)
         return losses, jax.tree_util.tree_map(np.asarray, trained)
+
+
+def microbatches(a, m):
+    # a: f32[b@i, ...] -> m microbatches f32[b/m@i, ...]: microbatch k holds
+    # rows k*c .. (k+1)*c - 1 of every device's block of c*m rows, so the
+    # split moves nothing
+    split = jax.typeof(a).sharding
+    entry = split.spec[0]
+    n = int(np.prod([split.mesh.shape[name] for name in
+                     (entry if isinstance(entry, tuple) else (entry,))]))
+    blocks = a.reshape(n, m, -1, *a.shape[1:])  # f32[n@i, m, c, ...]
+    return [blocks[:, k].reshape(-1, *a.shape[1:]) for k in range(m)]
+
+
+def adam_loop(value_and_grad, params, n_steps, lr):
+    # n_steps Adam steps of value_and_grad(params) -> (loss, grads), as
+    # train_program's loop -> (losses [n_steps], params)
+    optimizer = optax.adam(lr)
+
+    def step(carry, _):
+        params, opt_state = carry
+        loss, grads = value_and_grad(params)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return (optax.apply_updates(params, updates), opt_state), loss
+
+    start = (params, optimizer.init(params))
+    (params, _), losses = lax.scan(step, start, None, length=n_steps)
+    return losses, params
+
+
+def train_microbatches_program(params, x, y, n_steps=N_STEPS, lr=LR, n_micro=2):
+    # Each step accumulates n_micro microbatches' gradients; each is
+    # replicated, so summed over the rows' axis as it is taken: n_micro
+    # all-reduces a step (XLA may combine them into one of n_micro
+    # gradients' size)
+    xs, ys = microbatches(x, n_micro), microbatches(y, n_micro)
+
+    def value_and_grad(params):
+        taken = [jax.value_and_grad(mse)(params, xk, yk)
+                 for xk, yk in zip(xs, ys, strict=True)]
+        return jax.tree_util.tree_map(lambda *v: sum(v) / n_micro, *taken)
+
+    return adam_loop(value_and_grad, params, n_steps, lr)
+
+
+def train_deferred_program(params, x, y, n_steps=N_STEPS, lr=LR, n_micro=2):
+    # The same with the sum deferred: each step reshards params to
+    # "reduced" over the rows' axis (w: f32[4,2]{R:i}), so each
+    # microbatch's gradient comes back unreduced (f32[4,2]{U:i}: this
+    # device's rows' share); the shares add up with no communication and
+    # one reshard to P() sums them: one all-reduce a step, whatever n_micro.
+    # The loss's per-row terms (f32[b/m@i]) are added up the same way.
+    entry = jax.typeof(x).sharding.spec[0]  # the rows' axis (or axes)
+    rows = set(entry if isinstance(entry, tuple) else (entry,))
+    xs, ys = microbatches(x, n_micro), microbatches(y, n_micro)
+    size = y.size  # the whole batch's: the shares add up to the mean
+
+    def loss_terms(params, x, y):
+        # mse with params reduced over the rows' axis: JAX adds no reduced
+        # value to a sharded one, so the bias, broadcast to every row, is
+        # resharded to the rows' split first
+        bias = jax.sharding.reshard(jnp.broadcast_to(params["b"], y.shape), P(entry))
+        terms = jnp.sum((x @ params["w"] + bias - y) ** 2, axis=1) / size
+        return jnp.sum(terms), terms  # f32[b/m@i]
+
+    def value_and_grad(params):
+        held = jax.tree_util.tree_map(
+            lambda p: jax.sharding.reshard(p, P(reduced=rows)), params)
+        shares, terms = [], []
+        for xk, yk in zip(xs, ys, strict=True):
+            share, per_row = jax.grad(loss_terms, has_aux=True)(held, xk, yk)
+            shares.append(share)  # {"w": f32[4,2]{U:i}, "b": f32[2]{U:i}}
+            terms.append(per_row)
+        # unreduced values add only to each other (sum() would start from 0)
+        total = jax.tree_util.tree_map(lambda *g: functools.reduce(jnp.add, g),
+                                       *shares)  # still {U:i}: no communication
+        grads = jax.tree_util.tree_map(lambda g: jax.sharding.reshard(g, P()), total)
+        return jnp.sum(functools.reduce(jnp.add, terms)), grads
+
+    return adam_loop(value_and_grad, params, n_steps, lr)
+
+
+def train_deferred_explicit(params, x, y, n_devices, n_steps=N_STEPS, n_micro=2):
+    mesh = make_explicit_mesh(n_devices)
+    with jax.set_mesh(mesh):
+        params = jax.device_put(params, P())
+        x, y = jax.device_put(x, P(AXIS)), jax.device_put(y, P(AXIS))
+        losses, trained = jax.jit(functools.partial(
+            train_deferred_program, n_steps=n_steps, n_micro=n_micro))(params, x, y)
+        return losses, jax.tree_util.tree_map(np.asarray, trained)
 # [end:explicit]
 
 
