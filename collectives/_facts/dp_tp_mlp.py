@@ -48,6 +48,8 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from collectives._costs import per_device_bytes
+from collectives._facts.dp_grads import deferred_sum_reason
+from collectives._facts.dp_grads import microbatch_count
 from collectives._layout import Axes
 from collectives._layout import axis_tuple
 from collectives._layout import body_axis_size
@@ -375,6 +377,21 @@ def program_of(value_and_grad_program: Callable[..., Any], model: bool,
     return program
 
 
+def deferred_program_of(deferred_program: Callable[..., Any], model: bool
+                        ) -> Callable[..., Any]:
+    """A recipe file's ``value_and_grad_deferred_explicit_program(params, x,
+    y, data_axis, model_axis, n_micro)`` as a recipe's explicit program over
+    ``axes``: two microbatches where each device's rows halve (else one),
+    their gradient sum over the data axis deferred to one ``reshard``."""
+    @functools.wraps(deferred_program)
+    def program(params, x, y, *, axes: Axes):
+        data, model_axis = data_and_model_axes(axes, model)
+        n = math.prod(axes.mesh.shape[name] for name in axis_tuple(data))
+        return deferred_program(params, x, y, data, model_axis,
+                                n_micro=microbatch_count(np.shape(x)[0] // n))
+    return program
+
+
 mlp_oracle = on_axes(file.value_and_grad_numpy)
 
 
@@ -521,8 +538,9 @@ dp_tp_mlp = register(Recipe(
             "Megatron TP on both layer pairs over model",
     body=body_of(file.value_and_grad_per_device, model=True),
     program=program_of(file.value_and_grad_program, model=True), oracle=mlp_oracle,
-    explicit_program=program_of(file.value_and_grad_explicit_program, model=True,
-                                with_mesh=False),
+    explicit_program=deferred_program_of(
+        file.value_and_grad_deferred_explicit_program, model=True),
+    explicit_reason=deferred_sum_reason,
     in_specs=_specs(model=True)[0], out_specs=_specs(model=True)[1],
     example_shapes=_shapes(model=True), arg_names=("params", "x", "y"),
     n_terms=mlp_n_terms, dtype_kinds=_FLOAT, unsupported_reason=_needs_two_axes,

@@ -44,9 +44,11 @@ from jax.sharding import PartitionSpec as P
 
 from collectives._costs import compiled_for
 from collectives._costs import per_device_bytes
+from collectives._facts.dp_grads import deferred_sum_reason
 from collectives._facts.dp_tp_mlp import Params
 from collectives._facts.dp_tp_mlp import body_of
 from collectives._facts.dp_tp_mlp import data_and_model_axes
+from collectives._facts.dp_tp_mlp import deferred_program_of
 from collectives._facts.dp_tp_mlp import loss_and_grads_specs
 from collectives._facts.dp_tp_mlp import magnitudes_of
 from collectives._facts.dp_tp_mlp import mlp_n_terms
@@ -282,8 +284,9 @@ def _recipe(name: str, summary: str, model: bool, label: str) -> Recipe:
         body=body_of(file.value_and_grad_per_device, model, False),
         pmap_body=body_of(file.value_and_grad_per_device, model, True),
         program=program_of(file.value_and_grad_program, model),
-        explicit_program=program_of(file.value_and_grad_explicit_program, model,
-                                    with_mesh=False),
+        explicit_program=deferred_program_of(
+            file.value_and_grad_deferred_explicit_program, model),
+        explicit_reason=deferred_sum_reason,
         oracle=on_axes(file.value_and_grad_numpy),
         in_specs=in_specs, out_specs=out_specs, example_shapes=_shapes(model),
         arg_names=("params", "x", "y"), n_terms=mlp_n_terms, dtype_kinds=_FLOAT,
