@@ -67,6 +67,7 @@ try:
 except ImportError:  # the loss and gradients need only jax
     optax = None
 
+DEFERRED_SUM_SINCE = (0, 9, 1)  # summing unreduced gradients: refused before
 N_DEVICES = 8
 SIZES, BATCH, LR, STEPS = (16, 64, 64, 64, 8), 64, 0.003, 10
 DATA, MODEL = "data", "model"
@@ -512,6 +513,15 @@ def main():
              "jit FSDP x TP": value_and_grad_jit(tp_mesh, MODEL),
              "explicit": value_and_grad_explicit(mesh),
              "explicit FSDP x TP": value_and_grad_explicit(tp_mesh, MODEL)}
+    if jax.__version_info__[:3] >= DEFERRED_SUM_SINCE:
+        forms["explicit, 2 microbatches, one deferred scatter"] = (
+            value_and_grad_deferred_explicit(mesh))
+        forms["explicit FSDP x TP, 2 microbatches, one deferred scatter"] = (
+            value_and_grad_deferred_explicit(tp_mesh, MODEL))
+    else:
+        print(f"(the deferred reduce-scatter needs JAX >= 0.9.1; this is "
+              f"{jax.__version__}: a reduce_sum of an unreduced value is refused "
+              "there)")
     for form, f in forms.items():
         got_loss, got = f(params, x, y)
         np.testing.assert_allclose(float(got_loss), loss, rtol=1e-5, err_msg=form)
@@ -554,8 +564,9 @@ def main():
     print(f"params + Adam moments: {total} bytes in all, {mine} bytes per device "
           f"(1/{N_DEVICES})")
     print("ok: loss and gradients of FSDP and FSDP x TP (shard_map, jit, "
-          "explicit) equal NumPy; shard_map, jit and pmap FSDP training equal "
-          "NumPy Adam; params and optimiser state stay sharded")
+          "explicit: one batch, and two microbatches scattered once) equal NumPy; "
+          "shard_map, jit and pmap FSDP training equal NumPy Adam; params and "
+          "optimiser state stay sharded")
 
 
 if __name__ == "__main__":
