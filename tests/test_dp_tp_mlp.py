@@ -244,7 +244,8 @@ def test_deferred_sum_all_reduces_half_the_bytes_of_two_microbatches(shape):
     # sums over "model" are the microbatches' own: the same in both.
     names = ("data", "model")[:len(shape)]
     model_axis = "model" if len(shape) == 2 else None
-    mesh = jax.make_mesh(shape, names, axis_types=_compat.explicit_axis_types(len(shape)))
+    mesh = jax.make_mesh(shape, names,
+                         axis_types=_compat.explicit_axis_types(len(shape)))
     params = cx.init_mlp((3, 8, 8, 8, 2), seed=2)
     rng = np.random.default_rng(3)
     x = rng.standard_normal((16, 3)).astype(np.float32)
