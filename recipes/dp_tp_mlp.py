@@ -30,7 +30,14 @@ Which form when:
   * explicit: the global model on Explicit axes, shardings in the types:
     no constraints; the two ambiguous products (W2's and W4's input
     dimension split over "model") name their output sharding with
-    ``out_sharding=``.
+    ``out_sharding=``. Accumulating microbatches, each one's gradient is
+    all-reduced over "data" as it is taken
+    (``value_and_grad_microbatches_explicit_program``); parameters
+    resharded to ``reduced`` over "data" get ``unreduced`` gradients, which
+    add up on each device and one ``reshard`` sums: one all-reduce over
+    "data" for all microbatches, half the bytes for two
+    (``value_and_grad_deferred_explicit_program``,
+    ``collectives.RECIPES["dp_tp_mlp"]``'s explicit form; JAX >= 0.9.1).
   * pmap: the legacy data-parallel form (grads then ``psum``). It has no
     second device axis: the model axis can only be ``vmap``ped on each device,
     which computes the same numbers but does not spread the model.

@@ -35,6 +35,17 @@ Which form when:
     ``P("data")``: ``reshard`` to each weight's layout as used is the
     gather, its transpose the gradient's way back; ``out_sharding=`` on each
     product (W2's and W4's contractions over "model" need one).
+    Accumulating microbatches the FSDP way gathers every weight and
+    reduce-scatters every gradient per microbatch
+    (``value_and_grad_microbatches_explicit_program``). Deferred
+    (``value_and_grad_deferred_explicit_program``,
+    ``collectives.RECIPES["fsdp_mlp"]``'s explicit form; JAX >= 0.9.1):
+    each weight is gathered once, typed ``reduced`` over "data", its
+    ``unreduced`` gradient shares add up on each device, and one
+    ``reshard`` to ``P("data")`` reduce-scatters the total: half the
+    gradient bytes for two microbatches, one gather of each block, for
+    whole weights and gradients held through the step (PyTorch FSDP's
+    ``no_sync``).
   * pmap (legacy): the per-device body over stacked blocks; the blocks stay
     stacked between steps.
 

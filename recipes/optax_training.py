@@ -24,6 +24,12 @@ Which form when:
     ``float32[128@i,4]``, the parameters ``float32[4,2]`` (replicated), and
     the gradient of a replicated parameter is replicated too, so the sum
     over ``i`` happens where the types meet, one all-reduce per step.
+    Accumulating microbatches, that is one all-reduce per microbatch
+    (``train_microbatches_program``); parameters resharded to ``reduced``
+    over ``i`` get ``unreduced`` gradients instead, which add up on each
+    device and one ``reshard`` sums: one all-reduce a step whatever the
+    number of microbatches (``train_deferred_program``; with two, half the
+    bytes; ``collectives.RECIPES["dp_adam"]``'s explicit form; JAX >= 0.9.1).
 
 The per-device bodies, the global program and the NumPy oracle below are the
 ones ``collectives.RECIPES["dp_adam"]`` runs (with its own ``n_steps`` and

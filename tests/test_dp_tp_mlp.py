@@ -31,6 +31,7 @@ from collectives.recipes.dp_tp_mlp import value_and_grad_numpy
 from collectives.testing import assert_forms_agree
 from collectives.testing import compare_arrays
 from collectives.testing.strategies import recipe_cases
+from helpers import documented_deferred_bytes
 from helpers import examples
 from helpers import load_recipe
 
@@ -275,6 +276,9 @@ def test_deferred_sum_all_reduces_half_the_bytes_of_two_microbatches(shape):
     assert over["deferred"][("data",)] == (1 + blocks) * 4  # loss + gradients
     assert over["each"][("data",)] == 2 * over["deferred"][("data",)], over
     assert over["each"][("model",)] == over["deferred"][("model",)], over
+    layout = "8-way data" if len(shape) == 1 else "4 data x 2 model"
+    assert documented_deferred_bytes("`dp_tp_mlp`", layout) == (
+        over["each"][("data",)], over["deferred"][("data",)]), over
 
 
 def test_the_library_explicit_form_is_the_deferred_program():

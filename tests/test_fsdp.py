@@ -22,6 +22,7 @@ from collectives.testing import assert_forms_agree
 from collectives.testing import tolerance
 from collectives.testing.strategies import recipe_cases
 from helpers import assert_loss_and_grads_match
+from helpers import documented_deferred_bytes
 from helpers import examples
 from helpers import jit_form_replaced
 
@@ -365,6 +366,12 @@ def test_deferred_scatter_sums_half_the_bytes_of_two_microbatches(shape):
     assert summed in (blocks + 4, n * blocks + 4), over  # scattered; the loss
     assert summed_each == 2 * summed, over
     assert over["each"][("model",)] == over["deferred"][("model",)], over
+    name, layout = (("`fsdp_mlp`", "8-way data") if len(shape) == 1
+                    else ("`fsdp_tp_mlp`", "4 data x 2 model"))
+    assert documented_deferred_bytes(f"{name}, gradients", layout) == (
+        summed_each, summed), over
+    assert documented_deferred_bytes(f"{name}, gathers", layout) == (
+        gathered_each, gathered), over
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -22,6 +22,7 @@ from collectives.recipes import optax_training as file
 from collectives.testing import assert_forms_agree
 from collectives.testing import compare_arrays
 from collectives.testing import tolerance
+from helpers import documented_deferred_bytes
 from helpers import run_python
 
 RECIPE = cx.RECIPES["dp_adam"]
@@ -190,6 +191,8 @@ def test_deferred_sum_all_reduces_half_the_bytes_of_two_microbatches_a_step():
             assert set(stats.nonzero()) == {"all-reduce"}, (name, stats.nonzero())
             sent[name] = sum(op.operand_bytes for op in stats.ops)
     assert sent == {"each": 2 * step_bytes, "deferred": step_bytes}, sent
+    assert documented_deferred_bytes("`dp_adam`", "8-way data") == (
+        sent["each"], sent["deferred"])
 
 
 def test_the_library_explicit_form_is_the_deferred_program():
