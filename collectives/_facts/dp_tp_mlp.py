@@ -22,6 +22,13 @@ Layouts, on a mesh with a *data* axis and a *model* axis:
   layer needs the matching ``psum`` (Megatron's ``f``); none is needed before
   ``W1``, as no gradient flows into ``x``.
 
+The explicit form of ``dp_tp_mlp`` accumulates two microbatches (where each
+device's rows halve) with the data axis's sum deferred: the parameters
+typed ``reduced`` over it, their ``unreduced`` gradient shares added on each
+device and summed by one ``reshard`` (one all-reduce over the data axis for
+all microbatches; JAX >= 0.9.1, ``check`` skips it before). ``dp_mlp``'s
+runs the one-batch program.
+
 The bodies, global programs and NumPy oracle are ``recipes/dp_tp_mlp.py``'s;
 this module adds the facts the library needs about them, and the public
 helpers (:func:`init_mlp`, :func:`mlp_loss`, :func:`mlp_specs`,

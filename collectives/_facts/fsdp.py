@@ -29,6 +29,14 @@ only ``w3``'s runs, as no gradient flows into ``x``;
 backward sum by hand, so the same body runs under pmap, where the model
 axis is ``vmap``\\ ped.
 
+The explicit form accumulates two microbatches (where each device's rows
+halve) with the reduce-scatter deferred: each weight gathered once to its
+layout as used, typed ``reduced`` over the data axis, the ``unreduced``
+gradient shares of the microbatches added on each device, and one
+``reshard`` to the stored layout scattering the total (JAX >= 0.9.1,
+``check`` skips it before). It holds whole weights and gradient shares
+through the step, as data parallelism does.
+
 The bodies, global programs and NumPy oracle are ``recipes/fsdp.py``'s (which
 shares nothing with ``recipes/dp_tp_mlp.py``: each file stands alone); this
 module adds the facts the library needs about them, and the public helpers
