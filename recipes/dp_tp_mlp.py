@@ -30,7 +30,14 @@ Which form when:
   * explicit: the global model on Explicit axes, shardings in the types:
     no constraints; the two ambiguous products (W2's and W4's input
     dimension split over "model") name their output sharding with
-    ``out_sharding=``.
+    ``out_sharding=``. Accumulating microbatches, each one's gradient is
+    all-reduced over "data" as it is taken
+    (``value_and_grad_microbatches_explicit_program``); parameters
+    resharded to ``reduced`` over "data" get ``unreduced`` gradients, which
+    add up on each device and one ``reshard`` sums: one all-reduce over
+    "data" for all microbatches, half the bytes for two
+    (``value_and_grad_deferred_explicit_program``,
+    ``collectives.RECIPES["dp_tp_mlp"]``'s explicit form; JAX >= 0.9.1).
   * pmap: the legacy data-parallel form (grads then ``psum``). It has no
     second device axis: the model axis can only be ``vmap``ped on each device,
     which computes the same numbers but does not spread the model.
@@ -56,6 +63,7 @@ from jax import lax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+DEFERRED_SUM_SINCE = (0, 9, 1)  # summing unreduced gradients: refused before
 N_DEVICES = 8
 TUTORIAL_SIZES, TUTORIAL_BATCH = (784, 8192, 8192, 8192, 10), 8192  # lr 1e-5
 SIZES, BATCH, LR, STEPS = (16, 64, 64, 64, 4), 64, 0.03, 10
@@ -217,6 +225,96 @@ def value_and_grad_explicit(mesh, model_axis):
             return program(params, x, y)
 
     return run
+
+
+def microbatches(a, m):
+    # a: f32[b@data, ...] -> m microbatches f32[b/m@data, ...]: microbatch k
+    # holds rows k*c .. (k+1)*c - 1 of every device's block of c*m rows, so
+    # the split moves nothing. out_sharding keeps the rows on the axis (a
+    # reshape may move the split off a dimension of size 1)
+    split = jax.typeof(a).sharding
+    entry = split.spec[0]  # the rows' axis (or axes)
+    n = int(np.prod([split.mesh.shape[name] for name in
+                     (entry if isinstance(entry, tuple) else (entry,))]))
+    blocks = jnp.reshape(a, (n, m, -1, *a.shape[1:]),
+                         out_sharding=P(entry))  # f32[n@data, m, c, ...]
+    return [jnp.reshape(blocks[:, k], (-1, *a.shape[1:]), out_sharding=P(entry))
+            for k in range(m)]
+
+
+def value_and_grad_microbatches_explicit_program(params, x, y, data_axis=DATA,
+                                                 model_axis=None, n_micro=2):
+    # Gradient accumulation over n_micro microbatches, each gradient typed
+    # like params and so summed over data_axis as it is taken: n_micro
+    # all-reduces of the gradients (XLA may combine them into one of
+    # n_micro gradients' size)
+    xs, ys = microbatches(x, n_micro), microbatches(y, n_micro)
+    taken = [value_and_grad_explicit_program(params, xk, yk, data_axis, model_axis)
+             for xk, yk in zip(xs, ys, strict=True)]
+    return jax.tree_util.tree_map(lambda *v: sum(v) / n_micro, *taken)
+
+
+def value_and_grad_deferred_explicit_program(params, x, y, data_axis=DATA,
+                                             model_axis=None, n_micro=2):
+    # The same, the sum over data_axis deferred: params resharded to
+    # "reduced" over it (w2: f32[h1@model, h2]{R:data}, its layout and
+    # replicated over data, its gradient allowed to stay a per-device
+    # partial sum), so each microbatch's gradient comes back unreduced
+    # (f32[h1@model, h2]{U:data}: this device's rows' share). The shares
+    # add up with no communication; one reshard to params' layout sums them
+    # over data_axis: one all-reduce of one gradient's size. The loss's
+    # per-row terms (f32[b/m@data]) are added up the same way.
+    data = set(data_axis if isinstance(data_axis, tuple) else (data_axis,))
+    batch = x.shape[0]  # the whole batch's rows: the shares add up to the mean
+    specs = {k: jax.typeof(v).sharding.spec for k, v in params.items()}
+    held = {k: jax.sharding.reshard(v, P(*specs[k], reduced=data))
+            for k, v in params.items()}
+
+    def dense(a, w, b, columns):
+        # JAX adds no reduced value to a sharded one: the bias, broadcast to
+        # every row, is resharded to the rows' split first
+        z = jnp.matmul(a, w, out_sharding=P(data_axis, columns))
+        return z + jax.sharding.reshard(jnp.broadcast_to(b, z.shape),
+                                        P(data_axis, columns))
+
+    def loss_terms(p, x, y):
+        # -> (the microbatch's share of the loss, its per-row terms)
+        a1 = jax.nn.relu(dense(x, p["w1"], p["b1"], model_axis))
+        a2 = jax.nn.relu(dense(a1, p["w2"], p["b2"], None))  # sums over model
+        a3 = jax.nn.relu(dense(a2, p["w3"], p["b3"], model_axis))
+        out = dense(a3, p["w4"], p["b4"], None)  # f32[b/m@data, d_out]
+        terms = jnp.sum((out - y) ** 2, axis=1) / batch  # f32[b/m@data]
+        return jnp.sum(terms), terms
+
+    shares, terms = [], []
+    xs, ys = microbatches(x, n_micro), microbatches(y, n_micro)
+    for xk, yk in zip(xs, ys, strict=True):
+        share, rows = jax.grad(loss_terms, has_aux=True)(held, xk, yk)
+        shares.append(share)  # {"w2": f32[h1@model, h2]{U:data}, ...}
+        terms.append(rows)
+    # unreduced values add only to each other (sum() would start from 0)
+    total = jax.tree_util.tree_map(lambda *g: functools.reduce(jnp.add, g),
+                                   *shares)  # still {U:data}: no communication
+    grads = {k: jax.sharding.reshard(g, specs[k]) for k, g in total.items()}
+    return jnp.sum(functools.reduce(jnp.add, terms)), grads
+
+
+def value_and_grad_deferred_explicit(mesh, model_axis, n_micro=2):
+    # mesh: the same devices and names with every axis Explicit
+    mesh = jax.sharding.Mesh(mesh.devices, mesh.axis_names, axis_types=(
+        jax.sharding.AxisType.Explicit,) * len(mesh.axis_names))
+    specs = param_specs(model_axis)
+    program = jax.jit(functools.partial(value_and_grad_deferred_explicit_program,
+                                        data_axis=DATA, model_axis=model_axis,
+                                        n_micro=n_micro))
+
+    def run(params, x, y):
+        with jax.set_mesh(mesh):
+            params = jax.sharding.reshard(params, specs)
+            x, y = jax.sharding.reshard((x, y), P(DATA))
+            return program(params, x, y)
+
+    return run
 # [end:explicit]
 
 
@@ -312,6 +410,14 @@ def main():
              "dp+tp shard_map": jax.jit(value_and_grad_shard_map(tp_mesh, MODEL)),
              "dp explicit": value_and_grad_explicit(dp_mesh, None),
              "dp+tp explicit": value_and_grad_explicit(tp_mesh, MODEL)}
+    if jax.__version_info__[:3] >= DEFERRED_SUM_SINCE:
+        forms["dp explicit, 2 microbatches, one deferred sum"] = (
+            value_and_grad_deferred_explicit(dp_mesh, None))
+        forms["dp+tp explicit, 2 microbatches, one deferred sum"] = (
+            value_and_grad_deferred_explicit(tp_mesh, MODEL))
+    else:
+        print(f"(the deferred sum needs JAX >= 0.9.1; this is {jax.__version__}: "
+              "a reduce_sum of an unreduced value is refused there)")
     for what, f in forms.items():
         assert_close(f(params, x, y), want, what)
     assert_close(value_and_grad_pmap(params, x, y, N_DEVICES), want, "dp pmap")
@@ -352,8 +458,9 @@ def main():
           [round(float(v), 4) for v in 2 * err.mean(0)])
     print(f"loss over {STEPS} SGD steps (lr {LR}):",
           " ".join(f"{v:.3f}" for v in numpy_losses))
-    print("ok: loss and gradients agree with NumPy in jit, shard_map, explicit and "
-          "pmap form (8-way data and 4x2 data x model), and SGD lowers the loss")
+    print("ok: loss and gradients agree with NumPy in jit, shard_map, explicit (one "
+          "batch; two microbatches, summed once) and pmap form (8-way data and "
+          "4x2 data x model), and SGD lowers the loss")
 
 
 if __name__ == "__main__":

@@ -35,6 +35,17 @@ Which form when:
     ``P("data")``: ``reshard`` to each weight's layout as used is the
     gather, its transpose the gradient's way back; ``out_sharding=`` on each
     product (W2's and W4's contractions over "model" need one).
+    Accumulating microbatches the FSDP way gathers every weight and
+    reduce-scatters every gradient per microbatch
+    (``value_and_grad_microbatches_explicit_program``). Deferred
+    (``value_and_grad_deferred_explicit_program``,
+    ``collectives.RECIPES["fsdp_mlp"]``'s explicit form; JAX >= 0.9.1):
+    each weight is gathered once, typed ``reduced`` over "data", its
+    ``unreduced`` gradient shares add up on each device, and one
+    ``reshard`` to ``P("data")`` reduce-scatters the total: half the
+    gradient bytes for two microbatches, one gather of each block, for
+    whole weights and gradients held through the step (PyTorch FSDP's
+    ``no_sync``).
   * pmap (legacy): the per-device body over stacked blocks; the blocks stay
     stacked between steps.
 
@@ -67,6 +78,7 @@ try:
 except ImportError:  # the loss and gradients need only jax
     optax = None
 
+DEFERRED_SUM_SINCE = (0, 9, 1)  # summing unreduced gradients: refused before
 N_DEVICES = 8
 SIZES, BATCH, LR, STEPS = (16, 64, 64, 64, 8), 64, 0.003, 10
 DATA, MODEL = "data", "model"
@@ -341,6 +353,97 @@ def value_and_grad_explicit(mesh, model_axis=None):
             return program(params, x, y)
 
     return run
+
+
+def microbatches(a, m):
+    # a: f32[b@data, ...] -> m microbatches f32[b/m@data, ...]: microbatch k
+    # holds rows k*c .. (k+1)*c - 1 of every device's block of c*m rows, so
+    # the split moves nothing. out_sharding keeps the rows on the axis (a
+    # reshape may move the split off a dimension of size 1)
+    split = jax.typeof(a).sharding
+    entry = split.spec[0]  # the rows' axis (or axes)
+    n = int(np.prod([split.mesh.shape[name] for name in names(entry)]))
+    blocks = jnp.reshape(a, (n, m, -1, *a.shape[1:]),
+                         out_sharding=P(entry))  # f32[n@data, m, c, ...]
+    return [jnp.reshape(blocks[:, k], (-1, *a.shape[1:]), out_sharding=P(entry))
+            for k in range(m)]
+
+
+def value_and_grad_microbatches_explicit_program(params, x, y, data_axis=DATA,
+                                                 model_axis=None, n_micro=2):
+    # Gradient accumulation over n_micro microbatches, the FSDP way: each
+    # microbatch gathers every weight (forward, and again backward) and
+    # reduce-scatters its gradient to the stored layout: n_micro of each
+    xs, ys = microbatches(x, n_micro), microbatches(y, n_micro)
+    taken = [value_and_grad_explicit_program(params, xk, yk, data_axis, model_axis)
+             for xk, yk in zip(xs, ys, strict=True)]
+    return jax.tree_util.tree_map(lambda *v: sum(v) / n_micro, *taken)
+
+
+def value_and_grad_deferred_explicit_program(params, x, y, data_axis=DATA,
+                                             model_axis=None, n_micro=2):
+    # The same with the reduce-scatter deferred across the microbatches:
+    # each weight is gathered once, to its layout as used, typed reduced
+    # over data_axis (w2: f32[h1@model, h2]{R:data}), so each microbatch's
+    # gradient comes back unreduced (f32[h1@model, h2]{U:data}: this
+    # device's rows' share of the whole weight's gradient). The shares add
+    # up with no communication; one reshard to the stored layout (w2:
+    # P(model, data)) reduce-scatters the total: one gather and one
+    # reduce-scatter per parameter for all n_micro microbatches. The price
+    # is memory: for the step every device holds whole weights (of its
+    # model block) and their whole gradient shares, as data parallelism
+    # does (PyTorch FSDP's no_sync); between steps, parameters and Adam
+    # state stay sharded.
+    data = set(names(data_axis))
+    batch = x.shape[0]  # the whole batch's rows: the shares add up to the mean
+    used = used_specs(model_axis)
+    held = {k: jax.sharding.reshard(v, P(*used[k], reduced=data))  # the gathers
+            for k, v in params.items()}
+
+    def loss_terms(p, x, y):
+        # -> (the microbatch's share of the loss, its per-row terms)
+        a = x
+        for layer in range(1, N_LAYERS + 1):
+            columns = model_axis if layer % 2 == 1 else None  # W1's, W3's columns
+            z = jnp.matmul(a, p[f"w{layer}"], out_sharding=P(data_axis, columns))
+            # JAX adds no reduced value to a sharded one: the bias, broadcast
+            # to every row, is resharded to the rows' split first
+            z = z + jax.sharding.reshard(jnp.broadcast_to(p[f"b{layer}"], z.shape),
+                                         P(data_axis, columns))
+            a = z if layer == N_LAYERS else jax.nn.relu(z)
+        terms = jnp.sum((a - y) ** 2, axis=1) / batch  # f32[b/m@data]
+        return jnp.sum(terms), terms
+
+    shares, terms = [], []
+    xs, ys = microbatches(x, n_micro), microbatches(y, n_micro)
+    for xk, yk in zip(xs, ys, strict=True):
+        share, rows = jax.grad(loss_terms, has_aux=True)(held, xk, yk)
+        shares.append(share)  # {"w2": f32[h1@model, h2]{U:data}, ...}
+        terms.append(rows)
+    # unreduced values add only to each other (sum() would start from 0)
+    total = jax.tree_util.tree_map(lambda *g: functools.reduce(jnp.add, g),
+                                   *shares)  # still {U:data}: no communication
+    stored = fsdp_specs(data_axis, model_axis)
+    grads = {k: jax.sharding.reshard(g, stored[k])  # the reduce-scatters
+             for k, g in total.items()}
+    return jnp.sum(functools.reduce(jnp.add, terms)), grads
+
+
+def value_and_grad_deferred_explicit(mesh, model_axis=None, n_micro=2):
+    # mesh: the same devices and names with every axis Explicit
+    mesh = jax.sharding.Mesh(mesh.devices, mesh.axis_names, axis_types=(
+        jax.sharding.AxisType.Explicit,) * len(mesh.axis_names))
+    specs = fsdp_specs(DATA, model_axis)
+    program = jax.jit(functools.partial(value_and_grad_deferred_explicit_program,
+                                        model_axis=model_axis, n_micro=n_micro))
+
+    def run(params, x, y):
+        with jax.set_mesh(mesh):
+            params = jax.sharding.reshard(params, specs)
+            x, y = jax.sharding.reshard((x, y), P(DATA))
+            return program(params, x, y)
+
+    return run
 # [end:explicit]
 
 
@@ -425,6 +528,15 @@ def main():
              "jit FSDP x TP": value_and_grad_jit(tp_mesh, MODEL),
              "explicit": value_and_grad_explicit(mesh),
              "explicit FSDP x TP": value_and_grad_explicit(tp_mesh, MODEL)}
+    if jax.__version_info__[:3] >= DEFERRED_SUM_SINCE:
+        forms["explicit, 2 microbatches, one deferred scatter"] = (
+            value_and_grad_deferred_explicit(mesh))
+        forms["explicit FSDP x TP, 2 microbatches, one deferred scatter"] = (
+            value_and_grad_deferred_explicit(tp_mesh, MODEL))
+    else:
+        print(f"(the deferred reduce-scatter needs JAX >= 0.9.1; this is "
+              f"{jax.__version__}: a reduce_sum of an unreduced value is refused "
+              "there)")
     for form, f in forms.items():
         got_loss, got = f(params, x, y)
         np.testing.assert_allclose(float(got_loss), loss, rtol=1e-5, err_msg=form)
@@ -467,8 +579,9 @@ def main():
     print(f"params + Adam moments: {total} bytes in all, {mine} bytes per device "
           f"(1/{N_DEVICES})")
     print("ok: loss and gradients of FSDP and FSDP x TP (shard_map, jit, "
-          "explicit) equal NumPy; shard_map, jit and pmap FSDP training equal "
-          "NumPy Adam; params and optimiser state stay sharded")
+          "explicit: one batch, and two microbatches scattered once) equal NumPy; "
+          "shard_map, jit and pmap FSDP training equal NumPy Adam; params and "
+          "optimiser state stay sharded")
 
 
 if __name__ == "__main__":

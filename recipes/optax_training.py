@@ -24,6 +24,12 @@ Which form when:
     ``float32[128@i,4]``, the parameters ``float32[4,2]`` (replicated), and
     the gradient of a replicated parameter is replicated too, so the sum
     over ``i`` happens where the types meet, one all-reduce per step.
+    Accumulating microbatches, that is one all-reduce per microbatch
+    (``train_microbatches_program``); parameters resharded to ``reduced``
+    over ``i`` get ``unreduced`` gradients instead, which add up on each
+    device and one ``reshard`` sums: one all-reduce a step whatever the
+    number of microbatches (``train_deferred_program``; with two, half the
+    bytes; ``collectives.RECIPES["dp_adam"]``'s explicit form; JAX >= 0.9.1).
 
 The per-device bodies, the global program and the NumPy oracle below are the
 ones ``collectives.RECIPES["dp_adam"]`` runs (with its own ``n_steps`` and
@@ -52,6 +58,7 @@ from jax import lax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+DEFERRED_SUM_SINCE = (0, 9, 1)  # summing unreduced gradients: refused before
 N_DEVICES = 8
 N_STEPS = 20
 LR = 0.05
@@ -185,6 +192,99 @@ def train_explicit(params, x, y, n_devices, n_steps=N_STEPS):
         losses, trained = jax.jit(functools.partial(train_explicit_program,
                                                     n_steps=n_steps))(params, x, y)
         return losses, jax.tree_util.tree_map(np.asarray, trained)
+
+
+def microbatches(a, m):
+    # a: f32[b@i, ...] -> m microbatches f32[b/m@i, ...]: microbatch k
+    # holds rows k*c .. (k+1)*c - 1 of every device's block of c*m rows, so
+    # the split moves nothing. out_sharding keeps the rows on the axis (a
+    # reshape may move the split off a dimension of size 1)
+    split = jax.typeof(a).sharding
+    entry = split.spec[0]  # the rows' axis (or axes)
+    n = int(np.prod([split.mesh.shape[name] for name in
+                     (entry if isinstance(entry, tuple) else (entry,))]))
+    blocks = jnp.reshape(a, (n, m, -1, *a.shape[1:]),
+                         out_sharding=P(entry))  # f32[n@i, m, c, ...]
+    return [jnp.reshape(blocks[:, k], (-1, *a.shape[1:]), out_sharding=P(entry))
+            for k in range(m)]
+
+
+def adam_loop(value_and_grad, params, n_steps, lr):
+    # n_steps Adam steps of value_and_grad(params) -> (loss, grads), as
+    # train_program's loop -> (losses [n_steps], params)
+    optimizer = optax.adam(lr)
+
+    def step(carry, _):
+        params, opt_state = carry
+        loss, grads = value_and_grad(params)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return (optax.apply_updates(params, updates), opt_state), loss
+
+    start = (params, optimizer.init(params))
+    (params, _), losses = lax.scan(step, start, None, length=n_steps)
+    return losses, params
+
+
+def train_microbatches_program(params, x, y, n_steps=N_STEPS, lr=LR, n_micro=2):
+    # Each step accumulates n_micro microbatches' gradients; each is
+    # replicated, so summed over the rows' axis as it is taken: n_micro
+    # all-reduces a step (XLA may combine them into one of n_micro
+    # gradients' size)
+    xs, ys = microbatches(x, n_micro), microbatches(y, n_micro)
+
+    def value_and_grad(params):
+        taken = [jax.value_and_grad(mse)(params, xk, yk)
+                 for xk, yk in zip(xs, ys, strict=True)]
+        return jax.tree_util.tree_map(lambda *v: sum(v) / n_micro, *taken)
+
+    return adam_loop(value_and_grad, params, n_steps, lr)
+
+
+def train_deferred_program(params, x, y, n_steps=N_STEPS, lr=LR, n_micro=2):
+    # The same with the sum deferred: each step reshards params to
+    # "reduced" over the rows' axis (w: f32[4,2]{R:i}), so each
+    # microbatch's gradient comes back unreduced (f32[4,2]{U:i}: this
+    # device's rows' share); the shares add up with no communication and
+    # one reshard to P() sums them: one all-reduce a step, whatever n_micro.
+    # The loss's per-row terms (f32[b/m@i]) are added up the same way.
+    entry = jax.typeof(x).sharding.spec[0]  # the rows' axis (or axes)
+    rows = set(entry if isinstance(entry, tuple) else (entry,))
+    xs, ys = microbatches(x, n_micro), microbatches(y, n_micro)
+    size = y.size  # the whole batch's: the shares add up to the mean
+
+    def loss_terms(params, x, y):
+        # mse with params reduced over the rows' axis: JAX adds no reduced
+        # value to a sharded one, so the bias, broadcast to every row, is
+        # resharded to the rows' split first
+        bias = jax.sharding.reshard(jnp.broadcast_to(params["b"], y.shape), P(entry))
+        terms = jnp.sum((x @ params["w"] + bias - y) ** 2, axis=1) / size
+        return jnp.sum(terms), terms  # f32[b/m@i]
+
+    def value_and_grad(params):
+        held = jax.tree_util.tree_map(
+            lambda p: jax.sharding.reshard(p, P(reduced=rows)), params)
+        shares, terms = [], []
+        for xk, yk in zip(xs, ys, strict=True):
+            share, per_row = jax.grad(loss_terms, has_aux=True)(held, xk, yk)
+            shares.append(share)  # {"w": f32[4,2]{U:i}, "b": f32[2]{U:i}}
+            terms.append(per_row)
+        # unreduced values add only to each other (sum() would start from 0)
+        total = jax.tree_util.tree_map(lambda *g: functools.reduce(jnp.add, g),
+                                       *shares)  # still {U:i}: no communication
+        grads = jax.tree_util.tree_map(lambda g: jax.sharding.reshard(g, P()), total)
+        return jnp.sum(functools.reduce(jnp.add, terms)), grads
+
+    return adam_loop(value_and_grad, params, n_steps, lr)
+
+
+def train_deferred_explicit(params, x, y, n_devices, n_steps=N_STEPS, n_micro=2):
+    mesh = make_explicit_mesh(n_devices)
+    with jax.set_mesh(mesh):
+        params = jax.device_put(params, P())
+        x, y = jax.device_put(x, P(AXIS)), jax.device_put(y, P(AXIS))
+        losses, trained = jax.jit(functools.partial(
+            train_deferred_program, n_steps=n_steps, n_micro=n_micro))(params, x, y)
+        return losses, jax.tree_util.tree_map(np.asarray, trained)
 # [end:explicit]
 
 
@@ -234,6 +334,12 @@ def main():
                "shard_map": train_shard_map(params, x, y, mesh),
                "jit": train_jit(params, x, y, mesh),
                "explicit": train_explicit(params, x, y, N_DEVICES)}
+    if jax.__version_info__[:3] >= DEFERRED_SUM_SINCE:
+        results["explicit, 2 microbatches, one deferred sum"] = (
+            train_deferred_explicit(params, x, y, N_DEVICES))
+    else:
+        print(f"(the deferred sum needs JAX >= 0.9.1; this is {jax.__version__}: "
+              "a reduce_sum of an unreduced value is refused there)")
     for form, (losses, trained) in results.items():
         for got, ref, what in ((losses, one[0], "losses"), (losses, want[0], "losses"),
                                *((trained[k], one[1][k], k) for k in ("w", "b")),
@@ -255,9 +361,9 @@ def main():
     print(f"n x gradient trap (grad at invariant params, then pmean): the "
           f"gradients are {N_DEVICES}x too large, yet Adam's parameters move "
           f"only {drift:.1e}: Adam is blind to the gradient's scale")
-    print(f"ok: pmap, shard_map, jit and explicit equal single-device training and "
-          f"NumPy "
-          f"within {tol:.2g}")
+    print(f"ok: pmap, shard_map, jit and explicit (one batch; two microbatches a "
+          f"step, summed once) equal single-device training and NumPy within "
+          f"{tol:.2g}")
 
 
 if __name__ == "__main__":

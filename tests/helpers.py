@@ -265,3 +265,17 @@ def run_kernel_detected(body, x, mesh, in_spec, out_spec, mode):
     assert not _compat.interpret_races_found(), (
         f"{name}: a race in dma_execution_mode={mode!r}")
     return out
+
+
+def documented_deferred_bytes(recipe, layout):
+    """``(summed per microbatch, deferred)``: the row ``recipe``, ``layout``
+    (e.g. ``"`fsdp_mlp`, gathers"``, ``"8-way data"``) of the strategies
+    page's table of deferred gradient sums."""
+    text = (ROOT / "docs" / "strategies.md").read_text()
+    section = text[text.index("## Gradient accumulation: the sum deferred"):]
+    for line in section.splitlines():
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        if len(cells) == 4 and cells[:2] == [recipe, layout]:
+            return int(cells[2]), int(cells[3])
+    raise AssertionError(
+        f"docs/strategies.md has no deferred-sum row {recipe} | {layout}")

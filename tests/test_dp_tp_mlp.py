@@ -12,6 +12,8 @@ comparing. float32 follows the tolerance policy, float64 (x64) much tighter.
 """
 
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -22,11 +24,14 @@ from hypothesis import strategies as st
 from jax import lax
 
 import collectives as cx
+from collectives import _compat
 from collectives.hlo import collective_stats
+from collectives.recipes import dp_tp_mlp as file
 from collectives.recipes.dp_tp_mlp import value_and_grad_numpy
 from collectives.testing import assert_forms_agree
 from collectives.testing import compare_arrays
 from collectives.testing.strategies import recipe_cases
+from helpers import documented_deferred_bytes
 from helpers import examples
 from helpers import load_recipe
 
@@ -220,3 +225,72 @@ def test_recipe_file_agrees_with_the_library():
     want = cx.RECIPES["dp_tp_mlp"].reference(params, x, y, mesh=mesh)
     assert_forms_agree({"file": lambda *a: got, "reference": lambda *a: want},
                        params, x, y, rtol=1e-5, atol=1e-6)
+
+
+# -- the explicit form: the data axis's gradient sum deferred --------------------
+
+_DEFERRED = pytest.mark.skipif(
+    not _compat.UNREDUCED_GRADIENTS_CHECKED,
+    reason=f"JAX {jax.__version__}: reduced/unreduced gradient types are not "
+           "checked on this release (checked from "
+           f"{'.'.join(map(str, _compat.UNREDUCED_GRADIENTS_CHECKED_SINCE))})")
+
+
+@_DEFERRED
+@pytest.mark.parametrize("shape", [(8,), (4, 2)])
+def test_deferred_sum_all_reduces_half_the_bytes_of_two_microbatches(shape):
+    # Two microbatches: summed over "data" as each gradient is taken, the
+    # loss and the gradient blocks are all-reduced twice; deferred
+    # (unreduced shares added on each device), once. Megatron's activation
+    # sums over "model" are the microbatches' own: the same in both.
+    names = ("data", "model")[:len(shape)]
+    model_axis = "model" if len(shape) == 2 else None
+    mesh = jax.make_mesh(shape, names,
+                         axis_types=_compat.explicit_axis_types(len(shape)))
+    params = cx.init_mlp((3, 8, 8, 8, 2), seed=2)
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((16, 3)).astype(np.float32)
+    y = rng.standard_normal((16, 2)).astype(np.float32)
+    want = value_and_grad_numpy(params, x, y)
+    specs = file.param_specs(model_axis)
+    blocks = sum(v.size // (1 if specs[k] == jax.P() else shape[-1])
+                 for k, v in params.items())
+    with jax.set_mesh(mesh):
+        placed = (jax.sharding.reshard(params, specs),
+                  *jax.sharding.reshard((x, y), jax.P("data")))
+        over = {}
+        for name, program in (
+                ("each", file.value_and_grad_microbatches_explicit_program),
+                ("deferred", file.value_and_grad_deferred_explicit_program)):
+            fn = jax.jit(functools.partial(program, model_axis=model_axis, n_micro=2))
+            loss, grads = fn(*placed)
+            np.testing.assert_allclose(float(loss), want[0], rtol=1e-5)
+            for k in want[1]:
+                np.testing.assert_allclose(np.asarray(grads[k]), want[1][k],
+                                           rtol=1e-4, atol=1e-6, err_msg=f"{name} {k}")
+            stats = collective_stats(fn, *placed)
+            assert set(stats.nonzero()) == {"all-reduce"}, (name, stats.nonzero())
+            over[name] = {axes: sum(op.operand_bytes for op in stats.ops
+                                    if op.mesh_axes(mesh) == axes)
+                          for axes in (("data",), ("model",))}
+    assert over["deferred"][("data",)] == (1 + blocks) * 4  # loss + gradients
+    assert over["each"][("data",)] == 2 * over["deferred"][("data",)], over
+    assert over["each"][("model",)] == over["deferred"][("model",)], over
+    layout = "8-way data" if len(shape) == 1 else "4 data x 2 model"
+    assert documented_deferred_bytes("`dp_tp_mlp`", layout) == (
+        over["each"][("data",)], over["deferred"][("data",)]), over
+
+
+def test_the_library_explicit_form_is_the_deferred_program():
+    recipe = cx.RECIPES["dp_tp_mlp"]
+    assert (recipe.explicit_program.__wrapped__.__code__
+            is file.value_and_grad_deferred_explicit_program.__code__)
+    assert file.DEFERRED_SUM_SINCE == _compat.UNREDUCED_GRADIENTS_CHECKED_SINCE
+    mesh = cx.make_mesh((4, 2), ("i", "j"))
+    args = recipe.example_args(mesh)
+    if _compat.UNREDUCED_GRADIENTS_CHECKED:
+        assert_forms_agree(recipe, *args, mesh=mesh)
+    else:
+        with pytest.raises(NotImplementedError, match=r"deferred gradient sum .*"
+                           r"needs JAX >= 0\.9\.1"):
+            recipe.explicit(*args, mesh=mesh)

@@ -2,6 +2,7 @@
 ``jax.value_and_grad`` and the NumPy oracle, come back sharded like the
 parameters, and compile to per-layer all-gathers and reduce-scatters."""
 
+import functools
 import re
 
 import jax
@@ -12,13 +13,16 @@ from hypothesis import settings
 from hypothesis import strategies as st
 
 import collectives as cx
+from collectives import _compat
 from collectives._facts.fsdp import N_LAYERS
 from collectives._facts.fsdp import fsdp_term_norms
 from collectives.hlo import collective_stats
+from collectives.recipes import fsdp as file
 from collectives.testing import assert_forms_agree
 from collectives.testing import tolerance
 from collectives.testing.strategies import recipe_cases
 from helpers import assert_loss_and_grads_match
+from helpers import documented_deferred_bytes
 from helpers import examples
 from helpers import jit_form_replaced
 
@@ -297,3 +301,90 @@ def test_compiled_collectives_meet_the_cost_model(form, name, shape, axis):
         biggest = max(v.nbytes for v in args[0].values())
         assert all(op.operand_bytes < biggest for op in stats.ops
                    if op.kind == "all-reduce"), stats
+
+
+# -- the explicit form: the reduce-scatter deferred across microbatches -----------
+
+_DEFERRED = pytest.mark.skipif(
+    not _compat.UNREDUCED_GRADIENTS_CHECKED,
+    reason=f"JAX {jax.__version__}: reduced/unreduced gradient types are not "
+           "checked on this release (checked from "
+           f"{'.'.join(map(str, _compat.UNREDUCED_GRADIENTS_CHECKED_SINCE))})")
+
+
+def _sums_over(stats, mesh, axes):
+    # operand bytes of the sums (all-reduce, reduce-scatter) and of the
+    # gathers over `axes`: XLA:CPU writes a reduce-scatter as an all-reduce
+    # and a slice, other backends keep it
+    ops = [op for op in stats.ops if op.mesh_axes(mesh) == axes]
+    return (sum(op.operand_bytes for op in ops
+                if op.kind in ("all-reduce", "reduce-scatter")),
+            sum(op.operand_bytes for op in ops if op.kind == "all-gather"))
+
+
+@_DEFERRED
+@pytest.mark.parametrize("shape", [(8,), (4, 2)])
+def test_deferred_scatter_sums_half_the_bytes_of_two_microbatches(shape):
+    # Two microbatches the FSDP way gather every weight and reduce-scatter
+    # every gradient per microbatch; deferred, each weight is gathered once
+    # (typed reduced over "data") and the summed unreduced shares are
+    # scattered once: half the gradient bytes, one gather of each block.
+    names = ("data", "model")[:len(shape)]
+    model_axis = "model" if len(shape) == 2 else None
+    mesh = jax.make_mesh(shape, names,
+                         axis_types=_compat.explicit_axis_types(len(shape)))
+    params = file.init_params((8, 16, 16, 16, 8), seed=2)
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((32, 8)).astype(np.float32)
+    y = rng.standard_normal((32, 8)).astype(np.float32)
+    want_loss, want = file.value_and_grad_numpy(params, x, y)
+    stored = file.fsdp_specs("data", model_axis)
+    with jax.set_mesh(mesh):
+        placed = (jax.sharding.reshard(params, stored),
+                  *jax.sharding.reshard((x, y), jax.P("data")))
+        blocks = sum(v.addressable_shards[0].data.nbytes for v in placed[0].values())
+        over = {}
+        for name, program in (
+                ("each", file.value_and_grad_microbatches_explicit_program),
+                ("deferred", file.value_and_grad_deferred_explicit_program)):
+            fn = jax.jit(functools.partial(program, model_axis=model_axis, n_micro=2))
+            loss, grads = fn(*placed)
+            np.testing.assert_allclose(float(loss), want_loss, rtol=RTOL)
+            for k in want:
+                np.testing.assert_allclose(np.asarray(grads[k]), want[k], rtol=RTOL,
+                                           atol=ATOL, err_msg=f"{name} {k}")
+                assert grads[k].sharding.is_equivalent_to(
+                    jax.NamedSharding(mesh, stored[k]), 2), (name, k)
+            stats = collective_stats(fn, *placed)
+            over[name] = {axes: _sums_over(stats, mesh, axes)
+                          for axes in (("data",), ("model",))}
+    n = shape[0]
+    (summed, gathered), (summed_each, gathered_each) = (
+        over["deferred"][("data",)], over["each"][("data",)])
+    assert gathered == blocks, over  # each parameter's block, once
+    assert gathered_each >= 2 * gathered, over  # per microbatch, or more
+    assert summed in (blocks + 4, n * blocks + 4), over  # scattered; the loss
+    assert summed_each == 2 * summed, over
+    assert over["each"][("model",)] == over["deferred"][("model",)], over
+    name, layout = (("`fsdp_mlp`", "8-way data") if len(shape) == 1
+                    else ("`fsdp_tp_mlp`", "4 data x 2 model"))
+    assert documented_deferred_bytes(f"{name}, gradients", layout) == (
+        summed_each, summed), over
+    assert documented_deferred_bytes(f"{name}, gathers", layout) == (
+        gathered_each, gathered), over
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_library_explicit_form_is_the_deferred_program(name):
+    recipe = cx.RECIPES[name]
+    assert (recipe.explicit_program.__wrapped__.__code__
+            is file.value_and_grad_deferred_explicit_program.__code__)
+    assert file.DEFERRED_SUM_SINCE == _compat.UNREDUCED_GRADIENTS_CHECKED_SINCE
+    mesh = cx.make_mesh((4, 2), ("i", "j"))
+    args = recipe.example_args(mesh)
+    if _compat.UNREDUCED_GRADIENTS_CHECKED:
+        assert_forms_agree(recipe, *args, mesh=mesh)
+    else:
+        with pytest.raises(NotImplementedError, match=r"deferred gradient sum .*"
+                           r"needs JAX >= 0\.9\.1"):
+            recipe.explicit(*args, mesh=mesh)

@@ -12,14 +12,17 @@ import pytest
 from jax import lax
 
 import collectives as cx
+from collectives import _compat
 from collectives._compat import pvary
 from collectives._facts.dp_grads import mse
 from collectives._facts.optax_training import LR
 from collectives._facts.optax_training import N_STEPS
+from collectives.hlo import collective_stats
 from collectives.recipes import optax_training as file
 from collectives.testing import assert_forms_agree
 from collectives.testing import compare_arrays
 from collectives.testing import tolerance
+from helpers import documented_deferred_bytes
 from helpers import run_python
 
 RECIPE = cx.RECIPES["dp_adam"]
@@ -111,11 +114,13 @@ def test_float16_params_are_refused_where_adam_would_give_nan():
     assert np.isnan(np.asarray(nan["w"])).all()
     mesh = cx.make_mesh((8,), ("i",))
     params, x, y = RECIPE.example_args(mesh, "i", dtype="float16")
-    for form in (*cx.FORMS, "reference"):
+    forms = RECIPE.forms(mesh, "i")  # every form that runs on this JAX
+    assert set(forms) >= {"pmap", "shard_map", "jit", "reference"}
+    for form in forms.values():
         with pytest.raises(cx.UnsupportedDtypeError,
                            match=r"params has dtype float16.*eps.*NaN.*Fix: keep "
                                  r"params .* in float32"):
-            RECIPE.forms(mesh, "i")[form](params, x, y)
+            form(params, x, y)
     # check lists the refusal as a skipped row, with the reason.
     (row,) = cx.check(["dp_adam"], dtypes=("float16",), configs=[((8,), ("i",), None)])
     assert row.ok and row.skipped and "eps" in row.detail
@@ -148,3 +153,56 @@ def test_without_optax_import_works_and_check_skips(tmp_path):
     result = run_python(str(script), env={"PYTHONPATH": ":".join(sys.path)})
     assert result.stdout.startswith("True True"), result.stdout
     assert "pip install optax (jax-collectives' 'train' extra" in result.stdout
+
+
+# -- the explicit form: one deferred sum a step ------------------------------------
+
+@pytest.mark.skipif(
+    not _compat.UNREDUCED_GRADIENTS_CHECKED,
+    reason=f"JAX {jax.__version__}: reduced/unreduced gradient types are not "
+           "checked on this release (checked from "
+           f"{'.'.join(map(str, _compat.UNREDUCED_GRADIENTS_CHECKED_SINCE))})")
+def test_deferred_sum_all_reduces_half_the_bytes_of_two_microbatches_a_step():
+    # Each Adam step on two microbatches: summed over "i" as each gradient is
+    # taken, the losses and gradients are all-reduced twice a step; deferred
+    # (unreduced shares added on each device), once. The scan's body holds
+    # one step's collectives.
+    mesh = jax.make_mesh((8,), ("i",), axis_types=_compat.explicit_axis_types(1))
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((32, 5)).astype(np.float32)
+    y = rng.standard_normal((32, 4)).astype(np.float32)
+    params = {"w": np.zeros((5, 4), np.float32), "b": np.zeros(4, np.float32)}
+    want = file.train_numpy(params, x, y, N_STEPS, LR)
+    tol = file.tolerance(*x.shape, n_steps=N_STEPS)
+    step_bytes = 4 * (1 + 5 * 4 + 4)  # the loss, dw [5, 4] and db [4], float32
+    with jax.set_mesh(mesh):
+        placed = (jax.sharding.reshard(params, jax.P()),
+                  *jax.sharding.reshard((x, y), jax.P("i")))
+        sent = {}
+        for name, program in (("each", file.train_microbatches_program),
+                              ("deferred", file.train_deferred_program)):
+            fn = jax.jit(functools.partial(program, n_steps=N_STEPS, lr=LR, n_micro=2))
+            losses, trained = fn(*placed)
+            pairs = [(losses, want[0])] + [(trained[k], want[1][k]) for k in "wb"]
+            for got, ref in pairs:
+                np.testing.assert_allclose(np.asarray(got), ref, rtol=tol, atol=tol,
+                                           err_msg=name)
+            stats = collective_stats(fn, *placed)
+            assert set(stats.nonzero()) == {"all-reduce"}, (name, stats.nonzero())
+            sent[name] = sum(op.operand_bytes for op in stats.ops)
+    assert sent == {"each": 2 * step_bytes, "deferred": step_bytes}, sent
+    assert documented_deferred_bytes("`dp_adam`", "8-way data") == (
+        sent["each"], sent["deferred"])
+
+
+def test_the_library_explicit_form_is_the_deferred_program():
+    assert RECIPE.explicit_program.__wrapped__ is file.train_deferred_program
+    assert file.DEFERRED_SUM_SINCE == _compat.UNREDUCED_GRADIENTS_CHECKED_SINCE
+    mesh = cx.make_mesh((8,), ("i",))
+    args = RECIPE.example_args(mesh, dims=(3, 3, 2))
+    if _compat.UNREDUCED_GRADIENTS_CHECKED:
+        assert_forms_agree(RECIPE, *args, mesh=mesh)
+    else:
+        with pytest.raises(NotImplementedError, match=r"deferred gradient sum .*"
+                           r"needs JAX >= 0\.9\.1"):
+            RECIPE.explicit(*args, mesh=mesh)

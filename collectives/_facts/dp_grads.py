@@ -28,6 +28,7 @@ this module adds the facts the library needs about them.
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 
 from collectives import _compat
@@ -74,6 +75,36 @@ def tree_pmean(tree, axis):
       {'b': [1.0], 'w': [1.5]}
     """
     return file.tree_pmean(tree, axis)
+
+
+# -- the deferred gradient sum of the training recipes' explicit forms --------
+
+DEFERRED_MICROBATCHES = 2
+"""How many microbatches the explicit forms of ``dp_adam``, ``dp_tp_mlp``,
+``fsdp_mlp`` and ``fsdp_tp_mlp`` split the batch into (each device's rows
+halved), their gradient shares summed over the data axis once."""
+
+
+def microbatch_count(rows_per_device: int) -> int:
+    """:data:`DEFERRED_MICROBATCHES` where it divides ``rows_per_device``,
+    else 1 (one batch: the sum is still left to one ``reshard``)."""
+    if rows_per_device % DEFERRED_MICROBATCHES == 0:
+        return DEFERRED_MICROBATCHES
+    return 1
+
+
+def deferred_sum_reason(axes: Axes) -> str | None:
+    """``explicit_reason`` of the recipes whose explicit form defers the
+    gradient sum over the data axis (parameters resharded to ``reduced``,
+    their ``unreduced`` gradients summed by one ``reshard``): ``None`` where
+    this JAX gets it right (:data:`collectives._compat.UNREDUCED_GRADIENTS_CHECKED`)."""
+    del axes
+    if _compat.UNREDUCED_GRADIENTS_CHECKED:
+        return None
+    since = ".".join(map(str, _compat.UNREDUCED_GRADIENTS_CHECKED_SINCE))
+    return (f"the deferred gradient sum (parameters typed reduced over the data "
+            f"axis, unreduced gradients) needs JAX >= {since}; JAX "
+            f"{jax.__version__} refuses a reduce_sum of an unreduced value")
 
 
 # -- dp_grads -------------------------------------------------------------------

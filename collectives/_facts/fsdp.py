@@ -29,6 +29,14 @@ only ``w3``'s runs, as no gradient flows into ``x``;
 backward sum by hand, so the same body runs under pmap, where the model
 axis is ``vmap``\\ ped.
 
+The explicit form accumulates two microbatches (where each device's rows
+halve) with the reduce-scatter deferred: each weight gathered once to its
+layout as used, typed ``reduced`` over the data axis, the ``unreduced``
+gradient shares of the microbatches added on each device, and one
+``reshard`` to the stored layout scattering the total (JAX >= 0.9.1,
+``check`` skips it before). It holds whole weights and gradient shares
+through the step, as data parallelism does.
+
 The bodies, global programs and NumPy oracle are ``recipes/fsdp.py``'s (which
 shares nothing with ``recipes/dp_tp_mlp.py``: each file stands alone); this
 module adds the facts the library needs about them, and the public helpers
@@ -44,9 +52,12 @@ from jax.sharding import PartitionSpec as P
 
 from collectives._costs import compiled_for
 from collectives._costs import per_device_bytes
+from collectives._facts.dp_grads import deferred_sum_reason
+from collectives._facts.dp_grads import microbatch_count
 from collectives._facts.dp_tp_mlp import Params
 from collectives._facts.dp_tp_mlp import body_of
 from collectives._facts.dp_tp_mlp import data_and_model_axes
+from collectives._facts.dp_tp_mlp import deferred_program_of
 from collectives._facts.dp_tp_mlp import loss_and_grads_specs
 from collectives._facts.dp_tp_mlp import magnitudes_of
 from collectives._facts.dp_tp_mlp import mlp_n_terms
@@ -224,7 +235,8 @@ def _cost_model(model: bool):
     and merges the shard_map form's backward re-gathers into the forward
     ones (JAX 0.12's keeps them, and the jit form keeps them in both); it
     writes the jit form's reduce-scatters as one combined all-reduce of
-    the gradient blocks plus dynamic-slices.
+    the gradient blocks plus dynamic-slices. The explicit form defers the
+    reduce-scatter across microbatches (:func:`_deferred_expectations`).
     """
 
     def fact(axes: Axes, args, form: str):
@@ -248,6 +260,9 @@ def _cost_model(model: bool):
         scatter = sum(per_device_bytes("reduce-scatter", b * n, n, whole=True)
                       for b in gathered[0])
         loss = per_device_bytes("all-reduce", x.itemsize, n)
+        if form == "explicit":
+            return _deferred_expectations(blocks, n, len(over_model),
+                                          microbatch_count(rows), x.itemsize, tp)
         as_written = Expectation(
             {"all-gather": len(gathered[0]) + len(gathered[1]),
              "reduce-scatter": len(gathered[0]), "all-reduce": 1 + len(over_model)},
@@ -272,6 +287,32 @@ def _cost_model(model: bool):
     return fact
 
 
+def _deferred_expectations(blocks: dict[str, int], n: int, sums: int, m: int,
+                           itemsize: int, tp: float) -> tuple[Expectation, ...]:
+    """The explicit form, the reduce-scatter deferred across ``m``
+    microbatches: one all-gather of each parameter's block (to its layout as
+    used, typed reduced over the data axis) and one reduce-scatter of each
+    gradient for all microbatches, one all-reduce of the loss; Megatron's
+    ``sums`` activation all-reduces over the model axis per microbatch (as
+    many bytes in all, in ``sums`` to ``m * sums`` ops as XLA combines
+    them). XLA:CPU writes the reduce-scatters, with the loss, as one
+    all-reduce of the whole gradients plus dynamic-slices."""
+    gathers = sum(per_device_bytes("all-gather", b, n) for b in blocks.values())
+    counts = range(sums, m * sums + 1)
+    if compiled_for() == "cpu":
+        grads = per_device_bytes("all-reduce", itemsize + n * sum(blocks.values()), n)
+        return tuple(Expectation(
+            {"all-gather": len(blocks), "all-reduce": 1 + k},
+            {"all-gather": gathers, "all-reduce": grads + tp}) for k in counts)
+    scatter = sum(per_device_bytes("reduce-scatter", b * n, n, whole=True)
+                  for b in blocks.values())
+    loss = per_device_bytes("all-reduce", itemsize, n)
+    return tuple(Expectation(
+        {"all-gather": len(blocks), "reduce-scatter": len(blocks), "all-reduce": 1 + k},
+        {"all-gather": gathers, "reduce-scatter": scatter, "all-reduce": loss + tp})
+        for k in counts)
+
+
 _FLOAT = frozenset({"float"})
 
 
@@ -282,8 +323,9 @@ def _recipe(name: str, summary: str, model: bool, label: str) -> Recipe:
         body=body_of(file.value_and_grad_per_device, model, False),
         pmap_body=body_of(file.value_and_grad_per_device, model, True),
         program=program_of(file.value_and_grad_program, model),
-        explicit_program=program_of(file.value_and_grad_explicit_program, model,
-                                    with_mesh=False),
+        explicit_program=deferred_program_of(
+            file.value_and_grad_deferred_explicit_program, model),
+        explicit_reason=deferred_sum_reason,
         oracle=on_axes(file.value_and_grad_numpy),
         in_specs=in_specs, out_specs=out_specs, example_shapes=_shapes(model),
         arg_names=("params", "x", "y"), n_terms=mlp_n_terms, dtype_kinds=_FLOAT,
