@@ -75,6 +75,7 @@ import jax
 from jax import lax
 from jax._src import clusters as _clusters
 from jax._src import distributed as _distributed
+from jax._src import mesh as _mesh_lib  # no public name for the mesh in context
 from jax._src import xla_bridge as _xla_bridge
 from jax._src.lib import _jax as _jaxlib
 
@@ -249,25 +250,59 @@ class OnMesh:
     """A jitted (or pmapped) callable that traces and runs with ``mesh`` in
     scope (``None``: no mesh, as ``jax.pmap`` needs), so a mesh the caller
     set globally with ``jax.set_mesh`` does not reach it; inside a caller's
-    ``jax.jit`` it runs under the caller's mesh."""
+    ``jax.jit`` it runs under the caller's mesh.
 
-    def __init__(self, fn: Any, mesh: jax.sharding.Mesh | None) -> None:
+    A scope is entered only where the caller's differs from the one the
+    program needs: entering and leaving one changes JAX's context, and the
+    next dispatch of any jitted program pays for the change (some 20 us, near
+    a tenth of a small program's call on simulated CPU devices). A program that
+    names its mesh itself (``shard_map``'s ``mesh=``, ``NamedSharding``
+    in/out, pmap's devices) traces the same with no mesh in context as with
+    its own, so it runs as it is there, as the bare primitive does;
+    ``reads_context_mesh=True`` marks a program that takes its mesh from
+    the context (a ``reshard`` to a bare ``PartitionSpec``), which always
+    runs with ``mesh`` in scope.
+    """
+
+    def __init__(self, fn: Any, mesh: jax.sharding.Mesh | None, *,
+                 reads_context_mesh: bool = False) -> None:
         self._fn, self._mesh = fn, mesh
+        self._empty_context_suffices = mesh is None or not reads_context_mesh
         # names and docstring only: copying fn's __dict__ (updated=) would put
         # pmap's own ``lower`` on the instance, over the scoped one below
         functools.update_wrapper(self, fn, updated=())
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if tracing():
+        if self._empty_context_suffices and no_context_mesh():
+            return self._fn(*args, **kwargs)  # as the bare primitive runs
+        if tracing() or context_mesh_is(self._mesh):
             return self._fn(*args, **kwargs)
         with mesh_scope(self._mesh):
             return self._fn(*args, **kwargs)
 
     def lower(self, *args: Any, **kwargs: Any) -> Any:
-        if tracing():
+        if ((self._empty_context_suffices and no_context_mesh())
+                or tracing() or context_mesh_is(self._mesh)):
             return self._fn.lower(*args, **kwargs)
         with mesh_scope(self._mesh):
             return self._fn.lower(*args, **kwargs)
+
+
+def no_context_mesh() -> bool:
+    """Whether no mesh is in context (none set with ``jax.set_mesh``): the
+    check :class:`OnMesh` makes on every call, so two reads and nothing
+    more (JAX keeps one empty mesh of each kind)."""
+    return (_mesh_lib.get_abstract_mesh() is _mesh_lib.empty_abstract_mesh
+            and _mesh_lib.get_concrete_mesh() is _mesh_lib.empty_concrete_mesh)
+
+
+def context_mesh_is(mesh: jax.sharding.Mesh | None) -> bool:
+    """Whether the mesh in context (``jax.set_mesh``) is ``mesh``, abstract
+    and concrete; ``None``: whether there is none (an empty one)."""
+    abstract, concrete = _mesh_lib.get_abstract_mesh(), _mesh_lib.get_concrete_mesh()
+    if mesh is None:
+        return abstract.empty and concrete.empty
+    return abstract == mesh.abstract_mesh and concrete == mesh
 
 
 def mesh_scope(mesh: jax.sharding.Mesh | None) -> Any:
@@ -276,8 +311,6 @@ def mesh_scope(mesh: jax.sharding.Mesh | None) -> Any:
     globally, so a form runs on its own mesh's axis types. ``None``: no mesh
     at all, as ``jax.pmap`` needs (it builds its own; JAX 0.8 refuses
     ``set_mesh(None)``, so this passes JAX's empty mesh)."""
-    from jax._src import mesh as _mesh_lib  # the empty mesh has no public name
-
     return jax.set_mesh(_mesh_lib.empty_concrete_mesh if mesh is None else mesh)
 
 

@@ -587,9 +587,12 @@ def _build(recipe: Recipe, form: str, axes: Axes) -> Callable[..., Any]:
 
         explicit.__name__ = f"{recipe.name}_explicit"
         fn = jax.jit(explicit)
+    # the explicit program reshards to bare PartitionSpecs: against the mesh
+    # in context, so it always runs with its own in scope
+    scoped = _compat.OnMesh(fn, mesh, reads_context_mesh=form == "explicit")
     if form == "shard_map" and recipe.family == "kernel":  # bounded in time
-        return _kernels.Bounded(_compat.OnMesh(fn, mesh), recipe.name)
-    return _compat.OnMesh(fn, mesh)
+        return _kernels.Bounded(scoped, recipe.name)
+    return scoped
 
 
 def clear_caches() -> None:
