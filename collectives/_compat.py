@@ -67,6 +67,7 @@ import functools
 import inspect
 import os
 import re
+from collections.abc import Callable
 from collections.abc import Iterator
 from collections.abc import Sequence
 from typing import Any
@@ -246,54 +247,54 @@ def tracing() -> bool:
     return not _core.trace_state_clean()
 
 
-class OnMesh:
-    """A jitted (or pmapped) callable that traces and runs with ``mesh`` in
-    scope (``None``: no mesh, as ``jax.pmap`` needs), so a mesh the caller
-    set globally with ``jax.set_mesh`` does not reach it; inside a caller's
-    ``jax.jit`` it runs under the caller's mesh.
+def on_mesh(fn: Any, mesh: jax.sharding.Mesh | None, *,
+            reads_context_mesh: bool = False) -> Callable[..., Any]:
+    """``fn`` (jitted or pmapped), traced and run with ``mesh`` in scope
+    (``None``: no mesh, as ``jax.pmap`` needs), so a mesh the caller set
+    globally with ``jax.set_mesh`` does not reach it; inside a caller's
+    ``jax.jit`` it runs under the caller's mesh. ``.lower`` lowers it so.
 
     A scope is entered only where the caller's differs from the one the
     program needs: entering and leaving one changes JAX's context, and the
     next dispatch of any jitted program pays for the change (some 20 us, near
-    a tenth of a small program's call on simulated CPU devices). A program that
-    names its mesh itself (``shard_map``'s ``mesh=``, ``NamedSharding``
+    a tenth of a small program's call on simulated CPU devices). A program
+    that names its mesh itself (``shard_map``'s ``mesh=``, ``NamedSharding``
     in/out, pmap's devices) traces the same with no mesh in context as with
-    its own, so it runs as it is there, as the bare primitive does;
-    ``reads_context_mesh=True`` marks a program that takes its mesh from
-    the context (a ``reshard`` to a bare ``PartitionSpec``), which always
-    runs with ``mesh`` in scope.
+    its own, so there it is called as it is, as the bare primitive is;
+    ``reads_context_mesh=True`` marks a program that takes its mesh from the
+    context (a ``reshard`` to a bare ``PartitionSpec``), which always runs
+    with ``mesh`` in scope. That check is all a call adds to ``fn``'s: two
+    reads of JAX's context in a plain function (a method, one more call, or
+    forwarding an empty ``**kwargs`` to ``fn`` costs as much again).
     """
+    abstract_now = _mesh_lib.get_abstract_mesh  # closure cells: the fewest lookups
+    concrete_now = _mesh_lib.get_concrete_mesh
+    no_abstract = _mesh_lib.empty_abstract_mesh  # JAX keeps one of each
+    no_concrete = _mesh_lib.empty_concrete_mesh
+    empty_suffices = mesh is None or not reads_context_mesh
 
-    def __init__(self, fn: Any, mesh: jax.sharding.Mesh | None, *,
-                 reads_context_mesh: bool = False) -> None:
-        self._fn, self._mesh = fn, mesh
-        self._empty_context_suffices = mesh is None or not reads_context_mesh
-        # names and docstring only: copying fn's __dict__ (updated=) would put
-        # pmap's own ``lower`` on the instance, over the scoped one below
-        functools.update_wrapper(self, fn, updated=())
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if (empty_suffices and abstract_now() is no_abstract
+                and concrete_now() is no_concrete):
+            # without an empty ``**{}``, which takes JAX's slower keyword call
+            return fn(*args, **kwargs) if kwargs else fn(*args)
+        if tracing() or context_mesh_is(mesh):
+            return fn(*args, **kwargs)
+        with mesh_scope(mesh):
+            return fn(*args, **kwargs)
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if self._empty_context_suffices and no_context_mesh():
-            return self._fn(*args, **kwargs)  # as the bare primitive runs
-        if tracing() or context_mesh_is(self._mesh):
-            return self._fn(*args, **kwargs)
-        with mesh_scope(self._mesh):
-            return self._fn(*args, **kwargs)
+    def lower(*args: Any, **kwargs: Any) -> Any:
+        if (empty_suffices and context_mesh_is(None)) or tracing() or (
+                context_mesh_is(mesh)):
+            return fn.lower(*args, **kwargs)
+        with mesh_scope(mesh):
+            return fn.lower(*args, **kwargs)
 
-    def lower(self, *args: Any, **kwargs: Any) -> Any:
-        if ((self._empty_context_suffices and no_context_mesh())
-                or tracing() or context_mesh_is(self._mesh)):
-            return self._fn.lower(*args, **kwargs)
-        with mesh_scope(self._mesh):
-            return self._fn.lower(*args, **kwargs)
-
-
-def no_context_mesh() -> bool:
-    """Whether no mesh is in context (none set with ``jax.set_mesh``): the
-    check :class:`OnMesh` makes on every call, so two reads and nothing
-    more (JAX keeps one empty mesh of each kind)."""
-    return (_mesh_lib.get_abstract_mesh() is _mesh_lib.empty_abstract_mesh
-            and _mesh_lib.get_concrete_mesh() is _mesh_lib.empty_concrete_mesh)
+    # names and docstring only: copying fn's __dict__ (updated=) would put
+    # pmap's own ``lower`` on the wrapper, over the scoped one
+    functools.update_wrapper(call, fn, updated=())
+    call.lower = lower
+    return call
 
 
 def context_mesh_is(mesh: jax.sharding.Mesh | None) -> bool:
