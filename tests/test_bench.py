@@ -428,6 +428,8 @@ def test_the_recipe_form_is_called_as_the_bare_primitive_is(axes, monkeypatch):
     monkeypatch.setattr(jax, "set_mesh", lambda mesh: scopes.append(mesh) or
                         set_mesh(mesh))
     calls = checked_calls("axis_index", axes, 256, "float32")  # compiles them
+    wrapped = calls["recipe shard_map"].func.__wrapped__  # the program it calls
+    assert type(wrapped) is type(calls["bare shard_map"].func)  # jax.jit's
     for label, call in calls.items():
         scopes.clear()
         jax.block_until_ready(call())
