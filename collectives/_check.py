@@ -114,9 +114,9 @@ def check(
       forms: ``forms(recipe, axes)`` gives the callables to compare for one
         row, whose arguments were validated once for ``axes`` (default:
         ``recipe.bound_forms(axes)``); the multi-process launcher passes
-        forms that feed each process its own part of the data. (A hook
-        written for ``forms(recipe, mesh, axis)`` still works, with a
-        DeprecationWarning.)
+        forms that feed each process its own part of the data. A hook of
+        another signature, such as the older ``forms(recipe, mesh, axis)``,
+        is refused before any row runs (see Raises).
       on_report: called with each passing row, its inputs and the
         :class:`~collectives.testing.Agreement` (e.g. to save the results).
       progress: called with each result as soon as it is known.
@@ -126,6 +126,8 @@ def check(
 
     Raises:
       KeyError: a name is not a registered recipe.
+      TypeError: ``forms`` does not take ``(recipe, axes)``; the message
+        names the hook and the fix (read ``axes.mesh`` and ``axes.axis``).
 
     Examples:
       >>> import collectives as cx

@@ -69,6 +69,7 @@ import functools
 import inspect
 import os
 import re
+from collections.abc import Callable
 from collections.abc import Iterator
 from collections.abc import Sequence
 from typing import Any
@@ -77,6 +78,7 @@ import jax
 from jax import lax
 from jax._src import clusters as _clusters
 from jax._src import distributed as _distributed
+from jax._src import mesh as _mesh_lib  # no public name for the mesh in context
 from jax._src import xla_bridge as _xla_bridge
 from jax._src.lib import _jax as _jaxlib
 
@@ -257,29 +259,63 @@ def tracing() -> bool:
     return not _core.trace_state_clean()
 
 
-class OnMesh:
-    """A jitted (or pmapped) callable that traces and runs with ``mesh`` in
-    scope (``None``: no mesh, as ``jax.pmap`` needs), so a mesh the caller
-    set globally with ``jax.set_mesh`` does not reach it; inside a caller's
-    ``jax.jit`` it runs under the caller's mesh."""
+def on_mesh(fn: Any, mesh: jax.sharding.Mesh | None, *,
+            reads_context_mesh: bool = False) -> Callable[..., Any]:
+    """``fn`` (jitted or pmapped), traced and run with ``mesh`` in scope
+    (``None``: no mesh, as ``jax.pmap`` needs), so a mesh the caller set
+    globally with ``jax.set_mesh`` does not reach it; inside a caller's
+    ``jax.jit`` it runs under the caller's mesh. ``.lower`` lowers it so.
 
-    def __init__(self, fn: Any, mesh: jax.sharding.Mesh | None) -> None:
-        self._fn, self._mesh = fn, mesh
-        # names and docstring only: copying fn's __dict__ (updated=) would put
-        # pmap's own ``lower`` on the instance, over the scoped one below
-        functools.update_wrapper(self, fn, updated=())
+    A scope is entered only where the caller's differs from the one the
+    program needs: entering and leaving one changes JAX's context, and the
+    next dispatch of any jitted program pays for the change (some 20 us, near
+    a tenth of a small program's call on simulated CPU devices). A program
+    that names its mesh itself (``shard_map``'s ``mesh=``, ``NamedSharding``
+    in/out, pmap's devices) traces the same with no mesh in context as with
+    its own, so there it is called as it is, as the bare primitive is;
+    ``reads_context_mesh=True`` marks a program that takes its mesh from the
+    context (a ``reshard`` to a bare ``PartitionSpec``), which always runs
+    with ``mesh`` in scope. That check is all a call adds to ``fn``'s: two
+    reads of JAX's context in a plain function (a method, one more call, or
+    forwarding an empty ``**kwargs`` to ``fn`` costs as much again).
+    """
+    abstract_now = _mesh_lib.get_abstract_mesh  # closure cells: the fewest lookups
+    concrete_now = _mesh_lib.get_concrete_mesh
+    no_abstract = _mesh_lib.empty_abstract_mesh  # JAX keeps one of each
+    no_concrete = _mesh_lib.empty_concrete_mesh
+    empty_suffices = mesh is None or not reads_context_mesh
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if tracing():
-            return self._fn(*args, **kwargs)
-        with mesh_scope(self._mesh):
-            return self._fn(*args, **kwargs)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if (empty_suffices and abstract_now() is no_abstract
+                and concrete_now() is no_concrete):
+            # without an empty ``**{}``, which takes JAX's slower keyword call
+            return fn(*args, **kwargs) if kwargs else fn(*args)
+        if tracing() or context_mesh_is(mesh):
+            return fn(*args, **kwargs)
+        with mesh_scope(mesh):
+            return fn(*args, **kwargs)
 
-    def lower(self, *args: Any, **kwargs: Any) -> Any:
-        if tracing():
-            return self._fn.lower(*args, **kwargs)
-        with mesh_scope(self._mesh):
-            return self._fn.lower(*args, **kwargs)
+    def lower(*args: Any, **kwargs: Any) -> Any:
+        if (empty_suffices and context_mesh_is(None)) or tracing() or (
+                context_mesh_is(mesh)):
+            return fn.lower(*args, **kwargs)
+        with mesh_scope(mesh):
+            return fn.lower(*args, **kwargs)
+
+    # names and docstring only: copying fn's __dict__ (updated=) would put
+    # pmap's own ``lower`` on the wrapper, over the scoped one
+    functools.update_wrapper(call, fn, updated=())
+    call.lower = lower
+    return call
+
+
+def context_mesh_is(mesh: jax.sharding.Mesh | None) -> bool:
+    """Whether the mesh in context (``jax.set_mesh``) is ``mesh``, abstract
+    and concrete; ``None``: whether there is none (an empty one)."""
+    abstract, concrete = _mesh_lib.get_abstract_mesh(), _mesh_lib.get_concrete_mesh()
+    if mesh is None:
+        return abstract.empty and concrete.empty
+    return abstract == mesh.abstract_mesh and concrete == mesh
 
 
 def mesh_scope(mesh: jax.sharding.Mesh | None) -> Any:
@@ -288,8 +324,6 @@ def mesh_scope(mesh: jax.sharding.Mesh | None) -> Any:
     globally, so a form runs on its own mesh's axis types. ``None``: no mesh
     at all, as ``jax.pmap`` needs (it builds its own; JAX 0.8 refuses
     ``set_mesh(None)``, so this passes JAX's empty mesh)."""
-    from jax._src import mesh as _mesh_lib  # the empty mesh has no public name
-
     return jax.set_mesh(_mesh_lib.empty_concrete_mesh if mesh is None else mesh)
 
 

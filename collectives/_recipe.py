@@ -531,7 +531,7 @@ def pmap_callable(recipe: Recipe, axes: Axes) -> Callable[..., Any]:
     for name in reversed(names[1:]):
         fn = jax.vmap(fn, in_axes=in_axes, axis_name=name)
     first_column = mesh.devices[(slice(None),) + (0,) * (len(names) - 1)]
-    return _compat.OnMesh(jax.pmap(fn, axis_name=names[0], in_axes=in_axes,
+    return _compat.on_mesh(jax.pmap(fn, axis_name=names[0], in_axes=in_axes,
                             devices=list(first_column)), None)
 
 
@@ -588,9 +588,12 @@ def _build(recipe: Recipe, form: str, axes: Axes) -> Callable[..., Any]:
 
         explicit.__name__ = f"{recipe.name}_explicit"
         fn = jax.jit(explicit)
+    # the explicit program reshards to bare PartitionSpecs: against the mesh
+    # in context, so it always runs with its own in scope
+    scoped = _compat.on_mesh(fn, mesh, reads_context_mesh=form == "explicit")
     if form == "shard_map" and recipe.family == "kernel":  # bounded in time
-        return _kernels.Bounded(_compat.OnMesh(fn, mesh), recipe.name)
-    return _compat.OnMesh(fn, mesh)
+        return _kernels.Bounded(scoped, recipe.name)
+    return scoped
 
 
 def clear_caches() -> None:

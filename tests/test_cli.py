@@ -1,6 +1,7 @@
 """``python -m collectives``: list, show, run, check."""
 
 import dataclasses
+import warnings
 
 import jax.numpy as jnp
 import pytest
@@ -132,13 +133,25 @@ def test_unknown_recipe_in_show():
 
 
 def test_a_forms_hook_of_another_signature_is_refused_with_the_fix():
+    # The older hook forms(recipe, mesh, axis) is refused, as check's
+    # docstring says (it once said the hook still ran, with a warning):
+    # a TypeError naming the hook and the fix, before any row runs.
+    called = []
+
     def older(recipe, mesh, axis):
+        called.append(recipe.name)
         return recipe.forms(mesh, axis)
 
     one = [((8,), ("i",), None)]
-    with pytest.raises(TypeError, match=r"expected forms\(recipe, axes\).*Fix: take "
-                       r"\(recipe, axes\)"):
-        cx.check(["psum"], configs=one, forms=older)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(TypeError, match=r"expected forms\(recipe, axes\), got "
+                           r"<function .*older.*Fix: take \(recipe, axes\) "
+                           r"\(axes\.mesh, axes\.axis\)"):
+            cx.check(["psum"], configs=one, forms=older)
+    assert called == [] and caught == []
+    assert "TypeError: ``forms`` does not take" in cx.check.__doc__
+    assert "DeprecationWarning" not in cx.check.__doc__
     (row,) = cx.check(["psum"], configs=one,
                       forms=lambda recipe, axes: recipe.bound_forms(axes))
     assert row.ok and not row.skipped and row.explicit == "ok"

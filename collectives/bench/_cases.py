@@ -156,7 +156,7 @@ def _iters_array(mesh: jax.sharding.Mesh, iters: int) -> jax.Array:
 
 @functools.cache
 def _pmap_identity(devices: tuple[Any, ...]) -> Callable[[Any], Any]:
-    return _compat.OnMesh(jax.pmap(lambda a: a, devices=list(devices)), None)
+    return _compat.on_mesh(jax.pmap(lambda a: a, devices=list(devices)), None)
 
 
 def pmap_devices(axes: Axes) -> tuple[Any, ...]:
@@ -167,7 +167,7 @@ def pmap_devices(axes: Axes) -> tuple[Any, ...]:
 def pmap_program(recipe: Recipe, axes: Axes) -> Callable[..., Any]:
     """The recipe's pmap form on pmap's stacked input (one collective a call)."""
     body = functools.partial(recipe.pmap_body or recipe.body, axis=axes.axis)
-    return _compat.OnMesh(jax.pmap(body, axis_name=axes.names[0],
+    return _compat.on_mesh(jax.pmap(body, axis_name=axes.names[0],
                                    devices=list(pmap_devices(axes))), None)
 
 
@@ -181,7 +181,7 @@ def to_device_stacked(x: np.ndarray, axes: Axes, spec: P) -> jax.Array:
 def _program(form: str, recipe: Recipe, axes: Axes) -> Callable[..., Any]:
     """The form's timed program, run with its own mesh in scope (none for
     pmap), whatever mesh the caller set with ``jax.set_mesh``."""
-    return _compat.OnMesh(_unscoped_program(form, recipe, axes),
+    return _compat.on_mesh(_unscoped_program(form, recipe, axes),
                           None if form == "pmap" else axes.mesh)
 
 
@@ -287,7 +287,7 @@ def _copy_program(axes: Axes) -> Callable[..., Any]:
         # compiler cannot prove away (a bare copy would be elided).
         return looped(lambda v: v + zero)(x, iters)
 
-    return _compat.OnMesh(jax.jit(jax.shard_map(
+    return _compat.on_mesh(jax.jit(jax.shard_map(
         run, mesh=axes.mesh, in_specs=(P(axes.entry), P(), P()),
         out_specs=P(axes.entry))), axes.mesh)
 
