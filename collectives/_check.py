@@ -24,6 +24,7 @@ from collectives._devices import MESH_NAMES
 from collectives._devices import make_mesh
 from collectives._kernel_runs import StrictKernelForm
 from collectives._kernel_runs import kinds_named
+from collectives._kernels import KernelTimeout
 from collectives._kernels import wedged
 from collectives._layout import Axes
 from collectives._recipe import FAMILIES
@@ -428,7 +429,9 @@ def _status(row: CheckResult) -> str:
         return f"skipped ({row.detail})"
     if row.ok:
         return "ok"
-    kinds = kinds_named(row.detail.partition(": ")[2])
+    if row.detail.startswith(f"{KernelTimeout.__name__}: "):
+        return "FAIL (kernel: hang)"
+    kinds = kinds_named(row.detail)
     return f"FAIL (kernel: {kinds})" if kinds else "FAIL"
 
 
