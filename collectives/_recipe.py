@@ -92,15 +92,22 @@ def _taking_args(n_terms: Callable[..., int]) -> Callable[..., int]:
         takes_args = len(inspect.signature(n_terms).parameters) > 1
     except (TypeError, ValueError):  # a builtin without a signature
         takes_args = False
-    if takes_args:
-        return n_terms
+    return n_terms if takes_args else _OfAxes(n_terms)
 
-    def of_axes(axes: Axes, args: Sequence[Any] | None = None) -> int:
+
+class _OfAxes:
+    """``n_terms(axes)`` called as ``n_terms(axes, args=None)``; shown as
+    the fact itself."""
+
+    def __init__(self, n_terms: Callable[[Axes], int]) -> None:
+        self._n_terms = n_terms
+
+    def __call__(self, axes, args=None):  # (unannotated: shown as the fact)
         del args
-        return n_terms(axes)
+        return self._n_terms(axes)
 
-    of_axes.__name__ = getattr(n_terms, "__name__", "n_terms")
-    return of_axes
+    def __repr__(self) -> str:
+        return repr(self._n_terms)
 
 
 def _any_axes(axes: Axes) -> str | None:
