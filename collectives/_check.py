@@ -22,6 +22,10 @@ from collectives._compare import Agreement
 from collectives._compare import forms_agree
 from collectives._devices import MESH_NAMES
 from collectives._devices import make_mesh
+from collectives._kernel_runs import StrictKernelForm
+from collectives._kernel_runs import kinds_named
+from collectives._kernels import KernelTimeout
+from collectives._kernels import wedged
 from collectives._layout import Axes
 from collectives._recipe import FAMILIES
 from collectives._recipe import Recipe
@@ -128,6 +132,9 @@ def check(
       KeyError: a name is not a registered recipe.
       TypeError: ``forms`` does not take ``(recipe, axes)``; the message
         names the hook and the fix (read ``axes.mesh`` and ``axes.axis``).
+      KernelTimeout: a kernel was stopped but still holds XLA:CPU's threads
+        (too few for the simulated devices): nothing more can run in this
+        process. The rows before it were passed to ``progress``.
 
     Examples:
       >>> import collectives as cx
@@ -159,6 +166,8 @@ def check(
                     on_report(row, args, report)
                 if progress is not None:
                     progress(row)
+                if wedged() is not None:  # nothing more can run here
+                    raise wedged()
     return rows
 
 
@@ -256,13 +265,25 @@ def _agreement(recipe: Recipe, mesh: Any, axis: Any, dtype: Any, *, seed: int,
                                **({} if dims is None else {"dims": tuple(dims)}))
     # its own refusals first; the one validation of this row
     axes = recipe.validated_axes(args, mesh, axis)
-    n_terms = recipe.n_terms(axes)
+    n_terms = recipe.n_terms(axes, args)
     if not bitwise and not can_fail(dtype, n_terms):
         raise UnsupportedDtypeError(_cannot_fail(recipe, n_terms, dtype))
     tol = {"rtol": 0, "atol": 0} if bitwise else {}
-    report = forms_agree(forms_for(recipe, axes), args, recipe=recipe, axes=axes,
-                         n_terms=n_terms, **tol)
+    report = forms_agree(_strict_kernel(recipe, forms_for(recipe, axes)), args,
+                         recipe=recipe, axes=axes, n_terms=n_terms, **tol)
     return args, report
+
+
+def _strict_kernel(recipe: Recipe, forms: Mapping[str, Callable[..., Any]]
+                   ) -> Mapping[str, Callable[..., Any]]:
+    """``forms``, a kernel recipe's kernel form run in every DMA mode with
+    interpret mode's detectors on: a race, a semaphore left non-zero (a DMA
+    in flight at the kernel's end), NaN where the oracle holds a number, or
+    modes that disagree fail the row, named (as ``check_kernel`` does)."""
+    if recipe.family != "kernel" or "shard_map" not in forms:
+        return forms
+    return {**forms, "shard_map": StrictKernelForm(
+        forms["shard_map"], recipe.name, expected=forms.get("reference"))}
 
 
 def _forms_hook(forms: Callable[..., Any] | None) -> FormsFor:
@@ -440,7 +461,12 @@ def print_check(args: argparse.Namespace, *, forms: FormsFor | None = None,
 def _status(row: CheckResult) -> str:
     if row.skipped:
         return f"skipped ({row.detail})"
-    return "ok" if row.ok else "FAIL"
+    if row.ok:
+        return "ok"
+    if row.detail.startswith(f"{KernelTimeout.__name__}: "):
+        return "FAIL (kernel: hang)"
+    kinds = kinds_named(row.detail)
+    return f"FAIL (kernel: {kinds})" if kinds else "FAIL"
 
 
 def summarize(rows: Sequence[CheckResult]) -> str:

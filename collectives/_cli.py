@@ -25,6 +25,7 @@ from collectives._devices import MESH_NAMES
 from collectives._devices import use_cpu_devices
 from collectives._diagram import diagram
 from collectives._diagram import diagram_names
+from collectives._kernels import KernelTimeout
 from collectives._registry import RECIPES
 from collectives.bench import add_arguments as add_bench_arguments
 from collectives.distributed._cli import add_launch_arguments
@@ -128,6 +129,9 @@ def cmd_check(args: argparse.Namespace) -> int:
     except (KeyError, ValueError) as err:
         print(f"error: {err.args[0]}", file=sys.stderr)
         return 2
+    except KernelTimeout as err:  # starved of threads: nothing more runs here
+        print(f"KernelTimeout: {err}", file=sys.stderr)
+        return 1
     if args.json:
         write_check_json(rows, args.json)
     return 0 if rows and all(row.ok for row in rows) else 1

@@ -319,7 +319,7 @@ def forms_agree(forms: Mapping[str, Callable[..., Any]], args: Sequence[Any], *,
             "mesh, axis).")
     source = "given" if n_terms is not None else "default"
     if recipe is not None and n_terms is None:
-        n_terms, source = recipe.n_terms(axes), "recipe"
+        n_terms, source = recipe.n_terms(axes, args), "recipe"
     results = _run_forms(forms, args, label)
     dtype = _result_dtype(results)
     given = (rtol is not None, atol is not None)

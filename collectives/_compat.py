@@ -643,6 +643,25 @@ def break_interpret_cleanup() -> None:
         memory.clean_up_barrier.abort()
 
 
+def interpret_mode_in_force() -> Any:
+    """The ``InterpretParams`` that ``pltpu.force_tpu_interpret_mode`` put in
+    force in this thread, or None. JAX keeps them in a thread-local
+    configuration value with no public getter (0.8 to 0.12)."""
+    from jax._src import config
+
+    state = getattr(config, "pallas_tpu_interpret_mode_context_manager", None)
+    return None if state is None else state.value
+
+
+def forced_interpret_mode(params: Any) -> contextlib.AbstractContextManager[Any]:
+    """``pltpu.force_tpu_interpret_mode(params)``, or nothing for None: how a
+    worker thread runs a kernel in its caller's interpret mode."""
+    if params is None:
+        return contextlib.nullcontext()
+    from jax.experimental.pallas import tpu as pltpu
+    return pltpu.force_tpu_interpret_mode(params)
+
+
 def reset_interpret() -> None:
     """Clear interpret mode's global state; needed after a kernel failed."""
     from jax.experimental.pallas import tpu as pltpu

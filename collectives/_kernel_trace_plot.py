@@ -75,8 +75,11 @@ def figure(trace: KernelTrace, width: str = "wide") -> Any:
     ax.set_ylim(n - 0.5, -0.5)  # device 0 on top
     ax.axis("off")
     note = bytes_note(trace)
-    fig.text(0.01, 1 - 0.08 / fig_h, f"{trace.name}: {n} devices, {steps} steps",
-             va="top", fontsize=pt, weight="bold")
+    heading = (f"{trace.name}: {n} devices, {steps} steps"
+               if len(shown_senders(trace)) == n
+               else f"{trace.name}: device 0's sends of {n}, {steps} steps")
+    fig.text(0.01, 1 - 0.08 / fig_h, heading, va="top", fontsize=pt,
+             weight="bold")
     fig.text(0.01, 1 - 0.3 / fig_h, note or "bytes on each arrow", va="top",
              fontsize=pt, color="#333333")
     for device in range(n):
@@ -89,10 +92,13 @@ def figure(trace: KernelTrace, width: str = "wide") -> Any:
                 color="#444444")
         if step:
             ax.axvline(step, color="#dddddd", lw=0.8, zorder=0)
+    shown = shown_senders(trace)
     per_step: dict[int, set[int]] = {}
     for dma in trace.remote_dmas():
         per_step.setdefault(dma.step, set()).add(dma.bytes)
     for dma in trace.dmas:
+        if dma.remote and dma.device not in shown:
+            continue
         if not dma.remote:
             ax.plot([dma.step + 0.06], [dma.device], marker="s", markersize=6,
                     color="#aaaaaa", linestyle="none")
@@ -111,7 +117,7 @@ def figure(trace: KernelTrace, width: str = "wide") -> Any:
                 ax.text(step + 0.5, n - 0.45, size_text(next(iter(sizes))),
                         ha="center", va="top", fontsize=pt)
     for op in trace.semaphore_ops:
-        if op.kind == "signal" and op.target != op.device:
+        if op.kind == "signal" and op.target != op.device and op.device in shown:
             ax.add_patch(FancyArrowPatch(
                 (op.step + 0.12, op.device), (op.step + 0.82, op.target),
                 arrowstyle="-|>", mutation_scale=6, lw=0.9, ls=(0, (2, 2)),
@@ -122,6 +128,18 @@ def figure(trace: KernelTrace, width: str = "wide") -> Any:
                 color="black", lw=2.2, solid_capstyle="butt")
     _key(fig, width, pt)
     return fig
+
+
+def shown_senders(trace: KernelTrace) -> frozenset[int]:
+    """The devices whose remote DMAs the diagram draws: every device's in a
+    ring (DMAs between neighbours), only device 0's where most DMAs cross
+    rows (all-to-all: n (n - 1) arrows, most of them crossing, teach less
+    than one device's n - 1, which every other device repeats, shifted)."""
+    remote = trace.remote_dmas()
+    n = trace.n_devices
+    far = [d for d in remote if min((d.target - d.device) % n,
+                                    (d.device - d.target) % n) > 1]
+    return frozenset({0}) if len(far) > len(remote) // 2 else frozenset(range(n))
 
 
 def _bend(source: int, target: int) -> str:

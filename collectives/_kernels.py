@@ -21,7 +21,10 @@ thread per device. Two things follow, and this module holds both:
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -105,8 +108,17 @@ def cpu_threads_for(n_devices: int) -> None:
                                            THREADS_PER_DEVICE * n_devices))
 
 
-def _timeout_message(name: str, limit_s: float) -> str:
+def _timeout_message(name: str, limit_s: float, wedged: bool = False) -> str:
     threads = os.environ.get("PJRT_NPROC", "unset")
+    if wedged:
+        return (
+            f"{name}: the kernel was still running after {limit_s:g} s, and "
+            "stopping it did not free XLA:CPU's threads: they all wait inside "
+            "the kernel's simulated devices, so nothing more can run in this "
+            f"process. Too few threads (PJRT_NPROC is {threads}). Fix: set "
+            f"PJRT_NPROC to at least {THREADS_PER_DEVICE} x the device count "
+            "before JAX starts, or call collectives.use_cpu_devices(n), which "
+            "does.")
     return (
         f"{name}: the kernel was still running after {limit_s:g} s and was "
         "stopped. A kernel that waits for a signal or for bytes nobody sends "
@@ -119,26 +131,86 @@ def _timeout_message(name: str, limit_s: float) -> str:
         f"${LIMIT_ENV}. Interpret mode's state was reset.")
 
 
+_WEDGED: list[KernelTimeout] = []
+"""The timeout of a stopped kernel whose thread never returned (see
+:func:`wedged`)."""
+
+
+def wedged() -> KernelTimeout | None:
+    """The :class:`KernelTimeout` of a stopped kernel that still holds
+    XLA:CPU's threads, or None.
+
+    With fewer XLA:CPU threads than the simulated devices need (a small
+    ``PJRT_NPROC``), every thread can end up inside interpret mode's
+    callbacks, each waiting for work only a free thread could do. Stopping
+    the kernel cannot free them: nothing more runs on the CPU devices in
+    this process, and Python's own exit would abort in those threads, so
+    the process ends with :func:`exit_now_if_wedged` instead."""
+    return _WEDGED[0] if _WEDGED else None
+
+
+def exit_now_if_wedged(code: int) -> int:
+    """``code``, or, where a stopped kernel still holds XLA:CPU's threads
+    (:func:`wedged`), end the process now with ``code`` (at least 1):
+    Python's clean-up would abort in those threads (``terminate called
+    after throwing an instance of ''``, exit 134)."""
+    if wedged() is None:
+        return code
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code or 1)
+
+
+class _StoppedKernelLogs(logging.Filter):
+    """Drops JAX's log record (with traceback) for each callback of a kernel
+    this module stopped: every simulated device logs one, saying only that
+    the kernel was stopped, which the KernelTimeout already says."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        while error is not None:
+            if "KernelTimeout" in str(error):
+                return False
+            error = error.__context__
+        return True
+
+
+_CALLBACK_LOGGER = "jax._src.callback"
+
+
+def _quiet_stopped_kernels() -> None:
+    logger = logging.getLogger(_CALLBACK_LOGGER)
+    if not any(isinstance(f, _StoppedKernelLogs) for f in logger.filters):
+        logger.addFilter(_StoppedKernelLogs())
+
+
 def call_bounded(fn: Callable[[], Any], name: str,
                  limit_s: float | None = None) -> Any:
     """``fn()`` (which runs an interpreted kernel and blocks until its result
     is ready) in a worker thread, stopped after ``limit_s`` seconds.
 
-    JAX's configuration contexts are thread-local: ``fn`` must enter any it
-    needs itself (a mesh, ``force_tpu_interpret_mode``).
+    JAX's configuration contexts are thread-local: ``fn`` runs with the
+    caller's TPU interpret mode (``pltpu.force_tpu_interpret_mode``) and
+    must enter any other it needs itself (a mesh).
 
     Raises:
       KernelTimeout: ``fn`` ran past the limit; every simulated device was
-        failed, and interpret mode's state reset.
+        failed, and interpret mode's state reset. Where that could not free
+        the worker (:func:`wedged`), its message says so.
       Exception: whatever ``fn`` raised (interpret mode's state is reset
         after any failure, as it requires).
     """
+    if wedged() is not None:
+        raise KernelTimeout(f"{name}: not run: {wedged()}")
     limit = current_limit_s() if limit_s is None else limit_s
+    params = _compat.interpret_mode_in_force()
     done: dict[str, Any] = {}
 
     def work() -> None:
         try:
-            done["value"] = jax.block_until_ready(fn())
+            with _compat.forced_interpret_mode(params):
+                done["value"] = jax.block_until_ready(fn())
         except BaseException as err:  # handed to the caller's thread
             done["error"] = err
 
@@ -147,11 +219,16 @@ def call_bounded(fn: Callable[[], Any], name: str,
     worker.join(limit)
     if worker.is_alive():
         error = KernelTimeout(_timeout_message(name, limit))
+        _quiet_stopped_kernels()
         if _compat.stop_interpreted_kernels(error):
             worker.join(10)
             if worker.is_alive():  # devices wait at clean-up for one never started
                 _compat.break_interpret_cleanup()
                 worker.join(10)
+        if worker.is_alive():  # every XLA:CPU thread is stuck in the kernel
+            error = KernelTimeout(_timeout_message(name, limit, wedged=True))
+            _WEDGED.append(error)
+            raise error
         _compat.reset_interpret()
         raise error
     if "error" in done:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 from collections.abc import Callable
 from collections.abc import Sequence
 from typing import Any
@@ -75,9 +76,38 @@ class RecipeUnavailable(NotImplementedError):
     the reason."""
 
 
+DEFAULT_DIMS: tuple[int, ...] = (2, 3)
+"""The dims of :meth:`Recipe.example_args` unless given (``check --dims``)."""
+
+
 def _no_terms(axes: Axes) -> int:
     del axes
     return 0
+
+
+def _taking_args(n_terms: Callable[..., int]) -> Callable[..., int]:
+    """An ``n_terms`` fact as ``n_terms(axes, args=None)``: a fact of the
+    axes alone ignores the arguments."""
+    try:
+        takes_args = len(inspect.signature(n_terms).parameters) > 1
+    except (TypeError, ValueError):  # a builtin without a signature
+        takes_args = False
+    return n_terms if takes_args else _OfAxes(n_terms)
+
+
+class _OfAxes:
+    """``n_terms(axes)`` called as ``n_terms(axes, args=None)``; shown as
+    the fact itself."""
+
+    def __init__(self, n_terms: Callable[[Axes], int]) -> None:
+        self._n_terms = n_terms
+
+    def __call__(self, axes, args=None):  # (unannotated: shown as the fact)
+        del args
+        return self._n_terms(axes)
+
+    def __repr__(self) -> str:
+        return repr(self._n_terms)
 
 
 def _any_axes(axes: Axes) -> str | None:
@@ -153,6 +183,11 @@ class Recipe:
 
       n_terms: ``n_terms(axes)`` is how many rounded operations feed each
         output element (0 for pure data movement); it scales the tolerance.
+        Where the count follows the inputs' shapes (a matmul sums ``K``
+        products per element), the fact takes them too:
+        ``n_terms(axes, args=None)``, ``None`` standing for the example
+        shapes at their default dims. The recipe's ``n_terms`` always takes
+        ``(axes, args=None)``; ``check`` and the comparison pass the args.
       magnitudes: optional, for a recipe whose arithmetic multiplies its
         inputs: ``magnitudes(*args, axes=...)`` returns, for each output
         element (the oracle's output structure), the root-sum-square of
@@ -218,7 +253,7 @@ class Recipe:
     explicit_reason: Callable[[Axes], str | None] | None = None
     form_reason: Callable[[str, Axes], str | None] | None = None
     # tolerance
-    n_terms: Callable[[Axes], int] = _no_terms
+    n_terms: Callable[..., int] = _no_terms
     magnitudes: Callable[..., Any] | None = None
     bitwise: bool = True
     exact_dtypes: frozenset[str] | None = None
@@ -229,6 +264,7 @@ class Recipe:
     plan: PlanSpec | None = None
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "n_terms", _taking_args(self.n_terms))
         if self.family not in FAMILIES:
             raise ValueError(
                 f"{self.name}: family={self.family!r} is not one of "
@@ -423,7 +459,7 @@ class Recipe:
 
     def example_args(self, mesh: jax.sharding.Mesh | None = None,
                      axis: AxisArg = None, *, dtype: Any = "float32",
-                     dims: Sequence[int] = (2, 3), seed: int = 0,
+                     dims: Sequence[int] = DEFAULT_DIMS, seed: int = 0,
                      exact: bool = False) -> tuple[Any, ...]:
         """Valid NumPy arguments for this recipe, for demos and checks.
 
@@ -485,7 +521,7 @@ class Recipe:
         if not isinstance(spec, P):
             return  # a spec tree: leaf_specs checks the structure
         try:
-            expected = self.example_shapes(axes, (2, 3))[index]
+            expected = self.example_shapes(axes, DEFAULT_DIMS)[index]
         except Exception:  # a recipe that cannot say: no check
             return
         treedef = jax.tree_util.tree_structure(arg)

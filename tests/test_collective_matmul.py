@@ -207,3 +207,18 @@ def test_recipe_file_agrees_with_the_library():
         want = cx.RECIPES[name].reference(x, w, mesh=mesh)
         np.testing.assert_array_equal(got, want)
         np.testing.assert_array_equal(got_explicit, want)
+
+
+@pytest.mark.parametrize("name,dims", [("allgather_matmul", (16, 4096, 64)),
+                                       ("matmul_reduce_scatter", (32, 2048, 128))])
+def test_the_tolerance_follows_the_contraction_length(name, dims):
+    # Each output element sums K products: the count of roundings grows with
+    # K, not with the example shapes' K <= 3 (check --dims 256 1024 failed).
+    recipe = cx.RECIPES[name]
+    mesh = cx.make_mesh((8,), "i")
+    axes = recipe.axes(mesh)
+    args = recipe.example_args(mesh, dims=dims)
+    assert recipe.n_terms(axes) == recipe.n_terms(axes, recipe.example_args(mesh))
+    assert recipe.n_terms(axes, args) >= np.shape(args[0])[1]
+    (row,) = cx.check([name], configs=[((8,), ("i",), None)], dims=dims)
+    assert row.ok, row.detail

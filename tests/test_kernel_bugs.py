@@ -212,3 +212,45 @@ def test_a_hung_kernel_under_check_is_stopped_with_the_fix_named(monkeypatch):
 def test_check_kernel_refuses_an_unknown_mode():
     with pytest.raises(ValueError, match=r"modes=.*'sometimes'"):
         check_kernel(lambda: None, modes=("sometimes",))
+
+
+# (planted bug, text replaced, replacement, the kind check's row must name)
+UNDER_CHECK = [
+    ("the send never waited (the kernel exits with its DMA in flight)",
+     "            dma.wait()  #", "            dma.wait_recv()  #",
+     ("semaphores left non-zero",)),
+    ("one receive semaphore for every ring step",
+     "send_sem, recv_sems.at[s],", "send_sem, recv_sems.at[0],",
+     ("race", "unwritten memory")),
+]
+
+
+@pytest.mark.parametrize("bug,old,new,found", [
+    pytest.param(*case, id=case[0], marks=() if i == 0 else pytest.mark.slow)
+    for i, case in enumerate(UNDER_CHECK)])
+def test_check_fails_a_kernel_row_naming_what_its_detectors_found(
+        bug, old, new, found, monkeypatch, capsys, request):
+    # The send never waited returns the right values: only the semaphore
+    # left counting at the kernel's end tells, and check must say so.
+    if bug != UNDER_CHECK[0][0]:
+        only_with_marker(request, "slow", SLOW)
+    import dataclasses
+
+    from collectives._check import print_check
+    from collectives._cli import build_parser
+
+    module = _planted("kernel_all_gather.py", old, new)
+    recipe = cx.RECIPES["kernel_all_gather"]
+    planted = dataclasses.replace(recipe, name="kernel_all_gather_planted",
+                                  body=module.kernel_all_gather_body)
+    monkeypatch.setitem(cx.RECIPES._recipes, planted.name, planted)
+    args = build_parser().parse_args(["check", planted.name, "--mesh", "8"])
+    (row,) = print_check(args)
+    out = capsys.readouterr().out
+    assert not row.ok and not row.skipped, row
+    assert any(word in row.detail for word in found), row.detail
+    (line,) = [line for line in out.splitlines() if line.startswith(planted.name)]
+    assert "FAIL (kernel: " in line and any(word in line for word in found), line
+    # the recipe as written still passes, and interpret mode runs again
+    (ok,) = cx.check([recipe.name], configs=[((8,), ("i",), None)])
+    assert ok.ok, ok.detail

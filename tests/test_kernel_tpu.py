@@ -16,6 +16,7 @@ compile.
 
 import functools
 import importlib
+import importlib.metadata
 import math
 import os
 
@@ -148,6 +149,19 @@ def test_the_kernel_compiles_for_a_tpu_topology(on_tpu, name, block, topology, m
 # kernel's line; a NotImplementedError while lowering): the
 # message is what is pinned.
 
+LIBTPU = tuple(int(part) for part in
+               importlib.metadata.version("libtpu").split(".")[:3] if part.isdigit())
+NEWEST_LIBTPU = (0, 0, 50)  # jax[tpu]==0.12.0.1's
+
+
+def message(newest, *older):
+    """The compiler's message: ``newest``, libtpu 0.0.50's (JAX 0.12), on it
+    and after; on an older libtpu, that or one of ``older`` (libtpu 0.0.42's,
+    JAX 0.10.2, said the same limits in other words)."""
+    return newest if LIBTPU >= NEWEST_LIBTPU else "|".join(
+        f"(?:{text})" for text in (newest, *older))
+
+
 FLOAT16 = ("(?s)Mosaic failed to compile TPU kernel.*Only arguments with "
            r".*bfloat16 or 32-bit element types are supported")
 """Mosaic takes kernel arguments of 32-bit types, bfloat16 and 8- and 4-bit
@@ -170,8 +184,12 @@ LIMITS = [
     # 1 GiB blocks: the gathered 8 GiB and its copy out of the kernel's buffer
     # exceed v5e's 16 GiB of HBM (lax.all_gather's program needs the same)
     ("kernel_all_gather", "HBM", "v5e:2x4", ((32768, 8192),), "float32",
-     r"CompileTimeHbmOom: Ran out of memory on HBM, the total memory required "
-     r"for HLO temporaries \(17.00G\) exceeds available HBM \(15.75G\)"),
+     message(r"CompileTimeHbmOom: Ran out of memory on HBM, the total memory "
+             r"required for HLO temporaries \(17.00G\) exceeds available HBM "
+             r"\(15.75G\)",
+             r"RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory "
+             r"required for HLO temporaries \(17.00G\) exceeds available HBM "
+             r"\(15.75G\)")),
     # -- all_to_all on one mesh axis: each device's chunk of columns (dim 1 /
     #    n, the block's last dim) is a DMA window into the block: a multiple
     #    of 128 columns (for 8-, 16- and 32-bit dtypes alike). On a 2-D mesh
@@ -212,12 +230,17 @@ LIMITS = [
     #    DMA window, a multiple of 128 columns, 512 bytes or more
     ("kernel_psum_scatter_bidirectional", "64-column halves", "v5e:2x4",
      ((8, 128),), "float32",
-     "The contiguous inner slice in the DMA transfer must be divisible by 512 "
-     "bytes"),
+     message("The contiguous inner slice in the DMA transfer must be divisible "
+             "by 512 bytes",
+             "Source and target leading tiles have different trailing "
+             "dimensions")),
     ("kernel_psum_scatter_bidirectional", "64-column halves of bfloat16",
      "v5e:2x4", ((16, 128),), "bfloat16",
-     "The contiguous inner slice in the DMA transfer must be divisible by 512 "
-     "bytes"),
+     message("The contiguous inner slice in the DMA transfer must be divisible "
+             "by 512 bytes",
+             "Slice sizes along tiled dimensions must be aligned to tiles. "
+             "Failed to verify that the size at dimension 1 is divisible by the "
+             "tile dimension 128")),
     ("kernel_psum_scatter_bidirectional", "192-column halves", "v5e:2x4",
      ((64, 384),), "float32",
      "Slice sizes along tiled dimensions must be aligned to tiles. Failed to "

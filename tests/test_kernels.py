@@ -15,6 +15,8 @@ import pytest
 import collectives as cx
 from collectives import _compat
 from collectives import _kernels
+from helpers import SLOW
+from helpers import only_with_marker
 
 KERNELS = [name for name, recipe in cx.RECIPES.items() if recipe.family == "kernel"]
 
@@ -82,6 +84,27 @@ def test_a_kernel_of_1_mib_a_device_finishes_under_check_without_pjrt_nproc(tmp_
          "8", "--dims", "256", "1024"], cwd=tmp_path, env=env, capture_output=True,
         text=True, timeout=240)
     assert "1 agree, 0 disagree" in result.stdout, result.stdout + result.stderr
+
+
+@pytest.mark.slow
+@needs_interpret
+def test_a_starved_check_ends_with_its_kernel_timeout_and_status_1(tmp_path, request):
+    # 8 XLA:CPU threads for 8 devices and 1 MiB a device: every thread ends
+    # up inside the kernel, which stopping cannot free. Python's own exit
+    # would abort in those threads (exit 134, a traceback a device).
+    only_with_marker(request, "slow", SLOW)
+    env = {key: value for key, value in os.environ.items()
+           if key != "JAX_NUM_CPU_DEVICES"}
+    env.update(PJRT_NPROC="8", COLLECTIVES_KERNEL_TIMEOUT="10")
+    env.setdefault("JAX_PLATFORMS", "cpu")
+    result = subprocess.run(
+        [sys.executable, "-m", "collectives", "check", "kernel_all_gather",
+         "kernel_psum", "--mesh", "8", "--dims", "256", "1024"], cwd=tmp_path,
+        env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("KernelTimeout: ") and "PJRT_NPROC" in last, last
 
 
 def test_use_cpu_devices_leaves_a_pjrt_nproc_the_user_set(monkeypatch):

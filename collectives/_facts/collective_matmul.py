@@ -42,6 +42,7 @@ from collectives._costs import reshards_minor_axis
 from collectives._layout import Axes
 from collectives._layout import body_axis_size
 from collectives._layout import on_axes
+from collectives._recipe import DEFAULT_DIMS
 from collectives._recipe import Recipe
 from collectives._registry import register
 from collectives.hlo import Expectation
@@ -279,6 +280,26 @@ def _matmul_fact(kind: str, overlap: str | None):
     return fact
 
 
+def _contraction(args, axes: Axes, scatter: bool) -> int:
+    """``K``, the products each output element sums: ``x``'s columns (the
+    example shapes' at the default dims where ``args`` is None)."""
+    if args is None:
+        _, k, _ = _sizes(DEFAULT_DIMS, even=False)
+        return axes.size * k if scatter else k
+    return int(np.shape(args[0])[1])
+
+
+def _allgather_terms(axes: Axes, args=None) -> int:
+    # each element sums K products: K roundings, and the product's own
+    return _contraction(args, axes, scatter=False) + 1
+
+
+def _scatter_terms(axes: Axes, args=None) -> int:
+    # n partial sums of K / n products each (K / n + 1 roundings), then the
+    # reduce-scatter adds the n partial sums
+    return _contraction(args, axes, scatter=True) + axes.size
+
+
 def _allgather_recipe(name: str, summary: str, overlap: str | None) -> Recipe:
     body = _ALLGATHER[overlap]
     return register(Recipe(
@@ -292,8 +313,7 @@ def _allgather_recipe(name: str, summary: str, overlap: str | None) -> Recipe:
         example_shapes=_allgather_shapes(even=overlap == "bidirectional"),
         validate=_validate(name, False, overlap),
         arg_names=("x", "w"), dtype_kinds=_KINDS,
-        # each element sums K <= 3 products in the example shapes
-        n_terms=lambda axes: 4))
+        n_terms=_allgather_terms))
 
 
 def _scatter_recipe(name: str, summary: str, overlap: str | None) -> Recipe:
@@ -310,8 +330,7 @@ def _scatter_recipe(name: str, summary: str, overlap: str | None) -> Recipe:
         example_shapes=_scatter_shapes(even=overlap == "bidirectional"),
         validate=_validate(name, True, overlap),
         arg_names=("x", "w"), dtype_kinds=_KINDS,
-        # n partial sums of k <= 3 products each
-        n_terms=lambda axes: 4 * axes.size))
+        n_terms=_scatter_terms))
 
 
 allgather_matmul_recipe = _allgather_recipe(

@@ -268,12 +268,21 @@ class KernelRecipes(SphinxDirective):
                 line=self.lineno)]
         image = nodes.image(uri=uri, alt=recorded.summary())
         image["classes"].append("collective-diagram")
+        from collectives._kernel_trace_plot import shown_senders
+
+        remote = recorded.remote_dmas()
+        sending = len({dma.step for dma in remote})
+        shown = ("" if len(shown_senders(recorded)) == recorded.n_devices else
+                 " Only device 0's DMAs are drawn: every device sends the "
+                 "same, shifted by its index.")
         caption = nodes.caption(
             "", "", nodes.literal(name, name),
             nodes.Text(f" as it ran: {recorded.n_devices} devices (rows), "
-                       f"{recorded.steps} steps (columns). A step ends where "
-                       "a device waits on a semaphore (black bar); an arrow "
-                       "is one remote DMA, from sender to receiver."))
+                       f"{recorded.steps} steps (columns), {sending} of them "
+                       f"with remote DMAs ({len(remote) // recorded.n_devices} "
+                       "a device). A step ends where a device waits on a "
+                       "semaphore (black bar); an arrow is one remote DMA, "
+                       f"from sender to receiver.{shown}"))
         figure = nodes.figure("", image, caption)
         figure["ids"].append(f"kernel-diagram-{name.replace('_', '-')}")
         return [figure]
