@@ -1,0 +1,210 @@
+"""``check`` repeated under CPU contention: a hunt for rows that are wrong once.
+
+A result that changes between runs is a bug, never noise. This script runs
+``collectives.check`` again and again, in fresh processes, while busy
+processes (``python -c 'while 1: pass'``) compete for the cores, and reports
+every row that disagreed with the oracle. What varies between tries:
+
+* ``--busy N``: busy processes beside the checks (ended by pid at the end);
+* ``--parallel P``: checks running side by side, each in its own process;
+* ``--reps K``: ``check`` K times in one process (compiled once, run K times);
+* ``--shuffle``: each process checks the recipes in another order;
+* ``--global-mesh``: ``jax.set_mesh(jax.make_mesh((4, 2), ("X", "Y")))``
+  first, as a user who set a mesh globally;
+* ``--before NAME ...``: recipes checked first in each process (state that
+  other recipes leave behind);
+* ``--xla-flags``: added to ``XLA_FLAGS`` (e.g. XLA:CPU's thread settings);
+  ``--threads N`` sets ``PJRT_NPROC``, the CPU client's thread pool;
+* ``--cache DIR``: JAX's persistent compilation cache, shared by the checks.
+
+::
+
+    python tools/contention.py ring_attention ring_attention_causal pipeline_mlp \\
+        --busy 6 --runs 20 --parallel 2 --reps 3 --shuffle
+    python tools/contention.py --busy 4 --runs 2          # every recipe
+
+It prints one line per wrong row and a summary; the exit status is 1 when
+any row was wrong. ``tests/test_contention.py`` runs :func:`wrong_rows` inside
+:func:`busy` on every recipe (``-m slow``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from collections.abc import Iterable
+from collections.abc import Iterator
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import wait
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+BUSY = "while 1: pass"
+CHILDREN: list[subprocess.Popen] = []  # the checks started, ended at exit
+
+
+@contextlib.contextmanager
+def busy(n: int) -> Iterator[list[int]]:
+    """``n`` busy processes (``python -c 'while 1: pass'``) for the length of
+    the block; yields their pids and ends each of them by pid afterwards."""
+    processes = [subprocess.Popen([sys.executable, "-c", BUSY]) for _ in range(n)]
+    try:
+        yield [process.pid for process in processes]
+    finally:
+        _stop(processes)
+
+
+def _stop(processes: Iterable[subprocess.Popen]) -> None:
+    processes = list(processes)
+    for process in processes:
+        if process.poll() is None:
+            process.kill()
+    for process in processes:
+        process.wait()
+
+
+def first_config(name: str) -> list[Any]:
+    """The first of ``check``'s standard configurations that ``name`` runs
+    on: its one cheapest row."""
+    import collectives as cx
+    from collectives._check import standard_configs
+
+    recipe = cx.RECIPES[name]
+    for config in standard_configs():
+        shape, names, axis = config
+        if recipe.unsupported_reason(recipe.axes(cx.make_mesh(shape, names),
+                                                 axis)) is None:
+            return [config]
+    raise ValueError(f"{name}: runs on none of check's standard configurations")
+
+
+def wrong_rows(names: Sequence[str], *, reps: int = 5, full: Sequence[str] = (),
+               forms: Callable[..., Any] | None = None
+               ) -> tuple[int, list[tuple[int, Any]]]:
+    """``check`` ``reps`` times over ``names``: every standard row of the
+    recipes in ``full``, the first row the others run on (float32). Returns
+    how many rows ran, and each wrong row with its repetition."""
+    import collectives as cx
+
+    configs = {name: None if name in full else first_config(name) for name in names}
+    ran, wrong = 0, []
+    for rep in range(reps):
+        for name in names:
+            rows = cx.check([name], configs=configs[name], forms=forms)
+            ran += len(rows)
+            wrong += [(rep, row) for row in rows if not row.ok]
+    return ran, wrong
+
+
+def _child(args: argparse.Namespace) -> None:
+    """One process: ``check`` ``args.reps`` times, a JSON line per row."""
+    import collectives as cx
+
+    cx.use_cpu_devices(8)
+    import jax
+
+    if args.global_mesh:
+        jax.set_mesh(jax.make_mesh((4, 2), ("X", "Y")))
+    names = list(args.names) or list(cx.RECIPES)
+    if args.shuffle:
+        random.Random(args.seed).shuffle(names)
+    for name in args.before:
+        cx.check([name])
+    for rep in range(args.reps):
+        def show(row: Any, rep: int = rep) -> None:  # each row as it comes
+            print(json.dumps({"rep": rep, "recipe": row.recipe, "mesh": row.mesh,
+                              "axis": row.axis, "ok": row.ok,
+                              "detail": row.detail[:600]}), flush=True)
+
+        cx.check(names, progress=show)
+
+
+def _run_child(args: argparse.Namespace, index: int) -> list[dict]:
+    command = [sys.executable, __file__, "--child", "--reps", str(args.reps),
+               "--seed", str(args.seed + index), *args.names]
+    command += ["--shuffle"] * args.shuffle + ["--global-mesh"] * args.global_mesh
+    if args.before:
+        command += ["--before", *args.before]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    if args.xla_flags:
+        env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {args.xla_flags}".strip()
+    if args.threads:
+        env["PJRT_NPROC"] = str(args.threads)
+    if args.cache:
+        env["JAX_COMPILATION_CACHE_DIR"] = args.cache
+        env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    CHILDREN.append(process)
+    try:
+        stdout, stderr = process.communicate(timeout=args.timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        stdout, stderr = process.communicate()
+    rows = [json.loads(line) | {"run": index}
+            for line in stdout.splitlines() if line.startswith("{")]
+    if process.returncode != 0:
+        rows.append({"run": index, "rep": -1, "recipe": "(the process)",
+                     "mesh": "-", "axis": "-", "ok": False,
+                     "detail": f"exit {process.returncode}: {stderr[-600:]}"})
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("names", nargs="*", help="recipes (default: all)")
+    parser.add_argument("--busy", type=int, default=4)
+    parser.add_argument("--runs", type=int, default=4, help="processes in all")
+    parser.add_argument("--parallel", type=int, default=1)
+    parser.add_argument("--reps", type=int, default=1)
+    parser.add_argument("--shuffle", action="store_true")
+    parser.add_argument("--global-mesh", action="store_true")
+    parser.add_argument("--before", nargs="*", default=[])
+    parser.add_argument("--xla-flags", default="")
+    parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument("--cache", default="")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--timeout", type=float, default=1800,
+                        help="seconds per process")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        _child(args)
+        return 0
+    # a timeout's SIGTERM still ends the busy processes and the checks
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    start = time.time()
+    pool = ThreadPoolExecutor(args.parallel)
+    try:
+        with busy(args.busy):
+            futures = [pool.submit(_run_child, args, i) for i in range(args.runs)]
+            while wait(futures, timeout=1).not_done:  # a signal gets through
+                pass
+            results = [future.result() for future in futures]
+    finally:
+        _stop(CHILDREN)
+        pool.shutdown(wait=False, cancel_futures=True)
+    rows = [row for run in results for row in run]
+    wrong = [row for row in rows if not row["ok"]]
+    for row in wrong:
+        print(f"WRONG process {row['run']} rep {row['rep']}: {row['recipe']} "
+              f"mesh={row['mesh']} axis={row['axis']}: "
+              f"{' | '.join(row['detail'].splitlines()[:4])}")
+    print(f"{len(rows)} rows, {len(wrong)} wrong, in {args.runs} processes "
+          f"({args.busy} busy beside them, {time.time() - start:.0f} s)")
+    return 1 if wrong else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
