@@ -189,6 +189,23 @@ def value_and_grad_jit(mesh, model_axis):
 # [end:jit]
 
 
+# [start:microbatches]
+def microbatches(a, m):
+    # a: f32[b@data, ...] -> m microbatches f32[b/m@data, ...]: microbatch k
+    # holds rows k*c .. (k+1)*c - 1 of every device's block of c*m rows, so
+    # the split moves nothing. out_sharding keeps the rows on the axis (a
+    # reshape may move the split off a dimension of size 1)
+    split = jax.typeof(a).sharding
+    entry = split.spec[0]  # the rows' axis (or axes)
+    n = int(np.prod([split.mesh.shape[name] for name in
+                     (entry if isinstance(entry, tuple) else (entry,))]))
+    blocks = jnp.reshape(a, (n, m, -1, *a.shape[1:]),
+                         out_sharding=P(entry))  # f32[n@data, m, c, ...]
+    return [jnp.reshape(blocks[:, k], (-1, *a.shape[1:]), out_sharding=P(entry))
+            for k in range(m)]
+# [end:microbatches]
+
+
 # [start:explicit]
 def value_and_grad_explicit_program(params, x, y, data_axis=DATA, model_axis=None):
     # Explicit axes: each array's type carries its sharding (x: f32[b@data, d],
@@ -225,21 +242,6 @@ def value_and_grad_explicit(mesh, model_axis):
             return program(params, x, y)
 
     return run
-
-
-def microbatches(a, m):
-    # a: f32[b@data, ...] -> m microbatches f32[b/m@data, ...]: microbatch k
-    # holds rows k*c .. (k+1)*c - 1 of every device's block of c*m rows, so
-    # the split moves nothing. out_sharding keeps the rows on the axis (a
-    # reshape may move the split off a dimension of size 1)
-    split = jax.typeof(a).sharding
-    entry = split.spec[0]  # the rows' axis (or axes)
-    n = int(np.prod([split.mesh.shape[name] for name in
-                     (entry if isinstance(entry, tuple) else (entry,))]))
-    blocks = jnp.reshape(a, (n, m, -1, *a.shape[1:]),
-                         out_sharding=P(entry))  # f32[n@data, m, c, ...]
-    return [jnp.reshape(blocks[:, k], (-1, *a.shape[1:]), out_sharding=P(entry))
-            for k in range(m)]
 
 
 def value_and_grad_microbatches_explicit_program(params, x, y, data_axis=DATA,

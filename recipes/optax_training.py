@@ -175,6 +175,23 @@ def train_one_device(params, x, y, n_steps=N_STEPS):
 # [end:jit]
 
 
+# [start:microbatches]
+def microbatches(a, m):
+    # a: f32[b@data, ...] -> m microbatches f32[b/m@data, ...]: microbatch k
+    # holds rows k*c .. (k+1)*c - 1 of every device's block of c*m rows, so
+    # the split moves nothing. out_sharding keeps the rows on the axis (a
+    # reshape may move the split off a dimension of size 1)
+    split = jax.typeof(a).sharding
+    entry = split.spec[0]  # the rows' axis (or axes)
+    n = int(np.prod([split.mesh.shape[name] for name in
+                     (entry if isinstance(entry, tuple) else (entry,))]))
+    blocks = jnp.reshape(a, (n, m, -1, *a.shape[1:]),
+                         out_sharding=P(entry))  # f32[n@data, m, c, ...]
+    return [jnp.reshape(blocks[:, k], (-1, *a.shape[1:]), out_sharding=P(entry))
+            for k in range(m)]
+# [end:microbatches]
+
+
 # [start:explicit]
 def train_explicit_program(params, x, y, n_steps=N_STEPS, lr=LR):
     # x, y: f32[b@i, ...], params replicated: the jit form's global step,
@@ -192,21 +209,6 @@ def train_explicit(params, x, y, n_devices, n_steps=N_STEPS):
         losses, trained = jax.jit(functools.partial(train_explicit_program,
                                                     n_steps=n_steps))(params, x, y)
         return losses, jax.tree_util.tree_map(np.asarray, trained)
-
-
-def microbatches(a, m):
-    # a: f32[b@i, ...] -> m microbatches f32[b/m@i, ...]: microbatch k
-    # holds rows k*c .. (k+1)*c - 1 of every device's block of c*m rows, so
-    # the split moves nothing. out_sharding keeps the rows on the axis (a
-    # reshape may move the split off a dimension of size 1)
-    split = jax.typeof(a).sharding
-    entry = split.spec[0]  # the rows' axis (or axes)
-    n = int(np.prod([split.mesh.shape[name] for name in
-                     (entry if isinstance(entry, tuple) else (entry,))]))
-    blocks = jnp.reshape(a, (n, m, -1, *a.shape[1:]),
-                         out_sharding=P(entry))  # f32[n@i, m, c, ...]
-    return [jnp.reshape(blocks[:, k], (-1, *a.shape[1:]), out_sharding=P(entry))
-            for k in range(m)]
 
 
 def adam_loop(value_and_grad, params, n_steps, lr):

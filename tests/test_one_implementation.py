@@ -118,6 +118,7 @@ def test_breaking_the_collectives_in_the_file_fails_check(module_name, monkeypat
 # own (the public body utility, or _compat's version switch).
 
 COPIES = {  # tagged region -> the file holding the reference
+    "microbatches": "dp_tp_mlp.py",
     "ring_shift": "ring_algorithms.py",
 }
 
