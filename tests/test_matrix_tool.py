@@ -259,6 +259,17 @@ def test_missing_checks_only_the_lacking_recipes_and_merges_their_rows(
     assert "not measured here: jax 0.11.0" in out
 
 
+def test_a_result_measured_outside_a_git_checkout_names_the_version(
+        matrix, monkeypatch, tmp_path):
+    # The README's commands run in a source tree without .git too (an sdist,
+    # a copied tree): the stamp then says so, never an empty commit.
+    (tmp_path / "collectives").mkdir()
+    (tmp_path / "collectives" / "__init__.py").write_text('__version__ = "9.8.7"\n')
+    monkeypatch.setattr(matrix, "ROOT", tmp_path)
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))
+    assert matrix._commit() == "9.8.7 (not a git checkout)"
+
+
 def test_missing_refuses_strict_with_the_reason(matrix, capsys):
     with pytest.raises(SystemExit):
         matrix.main(["--missing", "--strict"])

@@ -403,8 +403,16 @@ def run_probes(venv: Path) -> dict[str, bool]:
 
 
 def _commit() -> str:
+    """The checkout's commit (``+changes`` when collectives/, tests/ or tools/
+    differ from it); outside a git checkout (a source tarball, a copied tree)
+    the package's version, saying so, never an empty stamp."""
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
                           capture_output=True, text=True).stdout.strip()
+    if not head:
+        version = re.search(r'^__version__ = "([^"]+)"',
+                            (ROOT / "collectives" / "__init__.py").read_text(),
+                            re.MULTILINE)
+        return f"{version.group(1) if version else 'unknown'} (not a git checkout)"
     dirty = subprocess.run(["git", "status", "--porcelain", "--", "collectives",
                             "tests", "tools"], cwd=ROOT, capture_output=True,
                            text=True).stdout.strip()
