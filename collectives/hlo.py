@@ -119,6 +119,10 @@ class Collective:
         axis names XLA prints are its own, not the mesh's).
       dtype: the element type of its (first) operand, as HLO writes it
         (``"f32"``, ``"bf16"``, ``"s32"``).
+      written: how the program writes it where that is not ``kind``'s own
+        opcode, else empty: the TPU compiler writes a large gather as an
+        all-reduce of a zero-padded buffer (each device's block in place,
+        zeros elsewhere), which moves a gather's bytes and counts as one.
     """
 
     kind: str
@@ -130,6 +134,7 @@ class Collective:
     groups: tuple[tuple[int, ...], ...] = dataclasses.field(default=(), repr=False)
     axis_names: tuple[str, ...] = ()
     dtype: str = ""
+    written: str = ""
 
     def mesh_axes(self, mesh: jax.sharding.Mesh) -> tuple[str, ...]:
         """The axes of ``mesh`` (the one the program was compiled for) that
@@ -352,13 +357,43 @@ def _kind(opcode: str) -> str | None:
     return base if base in KINDS else None
 
 
+def _ref(operand: str) -> str:
+    found = _NAME.search(operand)
+    return found.group(1) if found else ""
+
+
+def _padded_gather(operand: str, defs: Mapping[str, tuple[str, list[str]]],
+                   shapes: Mapping[str, str], n: int, size: int) -> bool:
+    """Whether an all-reduce's ``operand`` is a gather written as a sum: a
+    buffer of zeros (a broadcast zero constant) with one block of about
+    ``1/n`` of it updated in place (``dynamic-update-slice``), so the sum
+    over ``n`` devices is their blocks side by side."""
+    opcode, args = defs.get(_ref(operand), ("", []))
+    while opcode in ("copy", "copy-done", "copy-start", "bitcast") and args:
+        opcode, args = defs.get(_ref(args[0]), ("", []))  # moved, not changed
+    if opcode != "dynamic-update-slice" or len(args) < 2:
+        return False
+    base, base_args = defs.get(_ref(args[0]), ("", []))
+    if base != "broadcast" or not base_args:
+        return False
+    constant, literal = defs.get(_ref(base_args[0]), ("", []))
+    if constant != "constant" or literal[:1] not in (["0"], ["-0"], ["0.0"]):
+        return False
+    block = shape_bytes(shapes.get(_ref(args[1]), ""))
+    # the buffer may be padded past n blocks (the TPU's tiles)
+    return 0 < block * n <= size < block * (n + 1)
+
+
 def parse_collectives(text: str) -> CollectiveStats:
     r"""The collectives in compiled HLO text (what ``Compiled.as_text()`` gives).
 
     Every instruction whose opcode is a collective kind, or its async
     ``-start`` half, counts once; ``-done`` halves and the ``async-start``
     wrappers are skipped (the wrapped collective is counted where its
-    computation is printed). Ops inside loop bodies count once.
+    computation is printed). Ops inside loop bodies count once. An
+    all-reduce of a zero-padded buffer that stands for a gather (the TPU
+    compiler's way on large slices) counts as the all-gather it is, with
+    ``written`` saying so.
 
     Args:
       text: the HLO module text.
@@ -379,6 +414,7 @@ def parse_collectives(text: str) -> CollectiveStats:
     match = _PARTITIONS.search(text) or _REPLICAS.search(text)
     devices = int(match.group(1)) if match else 1
     shapes: dict[str, str] = {}
+    defs: dict[str, tuple[str, list[str]]] = {}
     ops = []
     for line in text.splitlines():
         m = _INSTRUCTION.match(line)
@@ -392,23 +428,25 @@ def parse_collectives(text: str) -> CollectiveStats:
         op = _OPCODE.match(rest, end)
         if not op:
             continue
+        close = _closing(rest, op.end() - 1)
+        operands = _split_top(rest[op.end():close - 1])
+        defs[name] = (op.group(1), operands)
         kind = _kind(op.group(1))
         if kind is None:
             continue
-        close = _closing(rest, op.end() - 1)
-        operands = _split_top(rest[op.end():close - 1])
         attrs = rest[close:]
         if kind == "collective-permute" and "slice_sizes=" in attrs:
             operands = operands[:1]  # in-place form: input, output, offsets
-        in_bytes, dtype = 0, ""
+        sizes, dtype = [], ""
         for operand in operands:
             ref = _NAME.search(operand)
             inline = operand[:ref.start()] if ref else operand
             known = shapes.get(ref.group(1), "") if ref else ""
             shape = inline if _ARRAY.search(inline) else known
-            in_bytes += shape_bytes(shape)
+            sizes.append(shape_bytes(shape))
             element = _ARRAY.search(shape)
             dtype = dtype or (element.group(1) if element else "")
+        in_bytes = sum(sizes)
         groups, axis_names = parse_groups(attrs)
         if kind == "collective-permute":
             n = _pair_count(attrs)
@@ -416,8 +454,60 @@ def parse_collectives(text: str) -> CollectiveStats:
         else:
             n = len(groups[0]) if groups else devices
             size = in_bytes * n if kind in ("all-gather", "all-to-all") else in_bytes
-        ops.append(Collective(kind=kind, name=name, group_size=n,
-                              operand_bytes=in_bytes, size=size,
-                              bytes=bytes_moved(kind, size, n), groups=groups,
-                              axis_names=axis_names, dtype=dtype))
-    return CollectiveStats(ops=tuple(ops), text=text)
+        common = {"name": name, "group_size": n, "groups": groups,
+                  "axis_names": axis_names, "dtype": dtype}
+        if kind == "all-reduce":
+            # the operands that are gathers written as sums (several, where
+            # the compiler combined them): one gather, the rest one sum
+            gathered = sum(b for operand, b in zip(operands, sizes, strict=True)
+                           if _padded_gather(operand, defs, shapes, n, b))
+            if gathered:
+                many = "s" if len(operands) > 1 else ""
+                ops.append(Collective(
+                    kind="all-gather", operand_bytes=gathered, size=gathered,
+                    bytes=bytes_moved("all-gather", gathered, n),
+                    written=f"all-reduce of {'' if many else 'a '}zero-padded "
+                            f"buffer{many}", **common))
+                size = in_bytes = in_bytes - gathered
+                if not in_bytes:
+                    continue
+        ops.append(Collective(kind=kind, operand_bytes=in_bytes, size=size,
+                              bytes=bytes_moved(kind, size, n), **common))
+    return CollectiveStats(ops=tuple(_sliced_sums(ops, defs, shapes)), text=text)
+
+
+def _sliced_sums(ops: list[Collective], defs: Mapping[str, tuple[str, list[str]]],
+                 shapes: Mapping[str, str]) -> list[Collective]:
+    """Mark the all-reduces whose result is only sliced (a reduce-scatter
+    the compiler wrote as an all-reduce and a slice: it still sends an
+    all-reduce's bytes, and counts as one). A combined all-reduce counts
+    as sliced when what is read otherwise is under 1 % of its bytes (a
+    scalar loss summed along with the gradients)."""
+    users: dict[str, set[str]] = {}
+    for name, (opcode, args) in defs.items():
+        for arg in args:
+            # a combined all-reduce's parts are read through get-tuple-element
+            users.setdefault(_ref(arg), set()).add(
+                name if opcode == "get-tuple-element" else opcode)
+
+    def unsliced(name: str, size: float, seen: frozenset[str] = frozenset()
+                 ) -> float:
+        """Bytes of ``name``'s result read by anything but a dynamic-slice
+        (names repeat across computations: a name met again reads as used)."""
+        readers = users.get(name, set())
+        if not readers or name in seen:
+            return size
+        found = 0.0
+        for user in readers:
+            if user in defs:  # a get-tuple-element: one part
+                found += unsliced(user, shape_bytes(shapes.get(user, "")),
+                                  seen | {name})
+            elif user != "dynamic-slice":
+                return size
+        return found
+
+    return [dataclasses.replace(op, written="all-reduce, then only sliced (a "
+                                "reduce-scatter at an all-reduce's bytes)")
+            if op.kind == "all-reduce" and not op.written and op.operand_bytes
+            and unsliced(op.name, op.operand_bytes) <= 0.01 * op.operand_bytes
+            else op for op in ops]

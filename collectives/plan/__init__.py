@@ -23,17 +23,21 @@ from collectives.plan._profiles import Profile
 from collectives.plan._profiles import load_profiles
 from collectives.plan._profiles import measured_profile
 from collectives.plan._profiles import read_profiles
+from collectives.plan._targets import TARGETS
+from collectives.plan._targets import Target
 
 __all__ = [
     "DEFAULT_MODEL",
     "MAX_DEVICES",
     "MODELS",
     "PRECISIONS",
+    "TARGETS",
     "Link",
     "Model",
     "Plan",
     "PlanRow",
     "Profile",
+    "Target",
     "compile_units",
     "default_mesh",
     "load_profiles",

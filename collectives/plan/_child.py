@@ -18,7 +18,8 @@ from typing import Any
 
 
 def run_child(module: str, request: Mapping[str, Any], *, devices: int | None,
-              timeout: float, what: str) -> Any:
+              timeout: float, what: str,
+              env: Mapping[str, str] | None = None) -> Any:
     """Run ``python -m module REQUEST`` and return the JSON it prints.
 
     Args:
@@ -28,6 +29,7 @@ def run_child(module: str, request: Mapping[str, Any], *, devices: int | None,
         environment as it is (a TPU topology compiles without them).
       timeout: seconds before the child is killed.
       what: what the child does, for the error messages.
+      env: variables to set in its environment besides.
 
     Raises:
       ValueError: the child stopped on a bad argument (its last line names
@@ -35,7 +37,7 @@ def run_child(module: str, request: Mapping[str, Any], *, devices: int | None,
       RuntimeError: it failed otherwise or ran past ``timeout``; the message
         holds its last output.
     """
-    env = dict(os.environ)
+    env = dict(os.environ) | dict(env or {})
     if devices is not None:
         env |= {"JAX_NUM_CPU_DEVICES": str(devices), "JAX_PLATFORMS": "cpu"}
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:

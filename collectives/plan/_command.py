@@ -34,6 +34,8 @@ from collectives.plan._report import mesh_text
 from collectives.plan._report import plot
 from collectives.plan._report import size
 from collectives.plan._report import table_lines
+from collectives.plan._targets import TARGETS
+from collectives.plan._targets import target_of_topology
 from collectives.plan._versus import table_lines as versus_lines
 from collectives.plan._versus import versus_bench
 
@@ -89,9 +91,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--remeasure", action="store_true",
                         help="measure the 'measured' profile again (else cached)")
     parser.add_argument(
+        "--target", choices=tuple(TARGETS),
+        help="compile with the target's own compiler, without the hardware: "
+        "h100 with XLA:GPU, v5p, v5e or v6e with the TPU compiler, for its "
+        "topology of as many devices as the mesh (needs pip install "
+        "'jax-collectives[target]'); the collectives, bytes and memory are then "
+        "its program's")
+    parser.add_argument(
         "--topology", metavar="NAME",
-        help="compile with the TPU compiler for a TPU topology, e.g. v5p:8x16x16 "
-        "(as many devices as the mesh; needs pip install 'jax[tpu]', no TPU)")
+        help="compile with the TPU compiler for this TPU topology, e.g. "
+        "v5p:8x16x16 (as many devices as the mesh; needs pip install "
+        "'jax-collectives[target]', no TPU)")
     parser.add_argument(
         "--microbatches", metavar="M", type=_args.whole("a whole number of 1 or more",
                                                         low=1),
@@ -267,7 +277,8 @@ def _main(args: argparse.Namespace) -> int:
         return 0
     if args.scaling_book:
         return _scaling_book(args)
-    for n in args.devices if not args.mesh and not args.topology else ():
+    compiled_here = not (args.topology or args.target)
+    for n in args.devices if not args.mesh and compiled_here else ():
         if n > MAX_DEVICES:
             raise ValueError(f"--devices: {n}; at most {MAX_DEVICES} (XLA's CPU "
                              "client refuses more).")
@@ -279,7 +290,7 @@ def _main(args: argparse.Namespace) -> int:
         raise ValueError("--versus-bench: compares bench's times here with the "
                          "measured profile; drop --interconnect.")
     interconnect = args.interconnect or (MEASURED if args.versus_bench
-                                         else DATACENTER)
+                                         else _target_interconnect(args))
     overrides = {f: getattr(args, f) for f in
                  ("width", "layers", "seq", "batch", "heads", "ffn", "dtype")}
     models = [model_from(name, **overrides) for name in args.model]
@@ -322,15 +333,30 @@ def _main(args: argparse.Namespace) -> int:
     # a cost model that differs from XLA:CPU's program is a bug to fix; the
     # TPU compiler's own choices (combined, all-reduce-based gathers) are news
     bad = [row for p in plans for row in p.rows if row.cost_model and not row.skipped
-           and not p.compiler.startswith("TPU")]
+           and p.compiler.startswith("XLA:CPU")]
     return 1 if bad else 0
 
 
 def _plan_options(args: argparse.Namespace) -> dict[str, Any]:
     """The flags :func:`plan` takes as they are, for every plan of a run."""
-    return {"form": args.form, "topology": args.topology,
+    return {"form": args.form, "topology": args.topology, "target": args.target,
             "precision": args.precision, "schedule": args.schedule,
             "microbatches": args.microbatches, "timeout": args.timeout}
+
+
+def _target_interconnect(args: argparse.Namespace) -> str:
+    """The default interconnect: the target's own network, else a DGX H100
+    cluster's."""
+    target = (target_of_topology(args.topology) if args.topology
+              else TARGETS.get(args.target or ""))
+    if target is None:
+        return DATACENTER
+    if target.interconnect is None:
+        raise ValueError(
+            f"--target {target.name}: no interconnect profile for {target.chip} "
+            "ships. Fix: give --interconnect with a profile of yours (--profiles "
+            "FILE; --list-profiles shows the fields).")
+    return target.interconnect
 
 
 def _search(args: argparse.Namespace, models: Sequence[Any], recipes: list[str],

@@ -138,7 +138,8 @@ def compile_unit(recipe: Recipe, mesh: jax.sharding.Mesh, form: str, *,
         "recipe": recipe.name, "form": form, "axis": axis,
         "dtype": jnp.dtype(dtype).name,
         "ops": [{"kind": op.kind, "axes": list(op.mesh_axes(mesh)),
-                 "bytes": op.bytes, "group": op.group_size, "dtype": op.dtype}
+                 "bytes": op.bytes, "group": op.group_size, "dtype": op.dtype,
+                 **({"written": op.written} if op.written else {})}
                 for op in stats.ops],
         "memory": memory,
         "cost_model": None if None in problems else "; ".join(problems),

@@ -28,6 +28,8 @@ from collectives.plan._model import Model
 from collectives.plan._profiles import Profile
 from collectives.plan._profiles import profile_from
 from collectives.plan._profiles import profile_json
+from collectives.plan._targets import target_named
+from collectives.plan._targets import target_of_topology
 
 MAX_DEVICES = MAX_CPU_DEVICES
 """The most devices a plan compiles for: XLA's CPU client refuses more."""
@@ -70,31 +72,63 @@ def check_mesh(names: Sequence[str], shape: Sequence[int],
             "keep.")
 
 
+def resolve_target(target: str | None, topology: str | None,
+                   devices: int) -> tuple[str | None, str | None]:
+    """``(target, topology)`` for a plan: a target's topology for this many
+    devices (:meth:`Target.topology`), or a TPU topology's target; both
+    ``None`` for XLA:CPU's simulated devices.
+
+    Raises:
+      ValueError: an unknown target, a topology of another target, or a
+        device count the target has no topology of.
+    """
+    if target is not None:
+        chosen = target_named(target)
+        if topology is None:
+            return target, chosen.topology(devices)
+        if chosen.platform == "tpu" and target_of_topology(topology) is not chosen:
+            raise ValueError(f"--topology {topology!r} is not a {chosen.chip} "
+                             f"topology, and --target {target} asks for one. Fix: "
+                             "drop one of them.")
+        return target, topology
+    if topology is None:
+        return None, None
+    return target_of_topology(topology).name, topology
+
+
 def compile_units(names: Sequence[str], shape: Sequence[int], *,
                   recipes: Sequence[str], forms: Sequence[str] = ("shard_map",),
                   model: Model | None = None, dims: Sequence[int] = (2, 3),
                   dtype: str = "float32", topology: str | None = None,
-                  microbatches: int | None = None,
+                  target: str | None = None, microbatches: int | None = None,
                   timeout: float = 600) -> dict[str, Any]:
     """Compile one unit of each recipe for the mesh, in a child process with
     ``prod(shape)`` simulated CPU devices; the worker's JSON document.
 
-    With ``topology`` (a TPU topology such as ``"v5p:8x16x16"``), the TPU
-    compiler compiles for that topology's devices instead (no TPU needed:
-    the ``jax[tpu]`` extra's compiler), in ``dtype`` as given.
+    With ``target`` (a key of :data:`collectives.plan.TARGETS`: ``"h100"``,
+    ``"v5p"``, ...) or ``topology`` (a TPU topology such as
+    ``"v5p:8x16x16"``), the target's own compiler compiles for its devices
+    instead (no accelerator needed: the ``target`` extra's compilers), in
+    ``dtype`` as given; the document's ``compiler`` names it and its version.
 
     Raises:
+      ValueError: a target or topology that does not fit the mesh.
       RuntimeError: the child failed or ran past ``timeout`` seconds (it is
         killed); the message holds its last output.
     """
+    target, topology = resolve_target(target, topology, math.prod(shape))
     check_mesh(names, shape, limit=None if topology else MAX_DEVICES)
     request = {"mesh_names": list(names), "mesh_shape": list(shape),
                "recipes": list(recipes), "forms": list(forms), "dims": list(dims),
-               "dtype": dtype, "topology": topology, "microbatches": microbatches,
+               "dtype": dtype, "topology": topology, "target": target,
+               "microbatches": microbatches,
                "model": None if model is None else dataclasses.asdict(model)}
+    # JAX_PLATFORMS=cpu: the CUDA plugin then skips its check for CUDA
+    # libraries a compile-only run does not need
     return run_child("collectives.plan._worker", request,
                      devices=None if topology else math.prod(shape), timeout=timeout,
-                     what=f"compiling for {math.prod(shape)} devices")
+                     what=f"compiling for {math.prod(shape)} devices",
+                     env={"JAX_PLATFORMS": "cpu"} if topology else None)
 
 
 PRECISIONS = {
@@ -146,6 +180,11 @@ class PlanRow:
         ``sent_by_axes`` split by the mesh axes each collective runs over.
       cpu_sent: what XLA:CPU's compile of the same units sends; ``program``
         says how the two differ, ``None`` where they do not.
+      rewritten: collectives per step the target's program writes otherwise
+        than their kind, by how (``Collective.written``: a gather as an
+        all-reduce of a zero-padded buffer, counted as the gather; a
+        reduce-scatter as an all-reduce then a slice, at an all-reduce's
+        bytes).
       comm_s: the predicted time of the step's collectives, one after
         another; ``serial_s`` the part the computation waits for, and
         ``exposed_s`` that with what overlapped but outlasted the
@@ -154,7 +193,9 @@ class PlanRow:
       flops: FLOPs one device computes per step (XLA's cost analysis of the
         units, times the units a step computes); ``model_flops``: the
         model's own, ``6 N T / devices`` for a whole-model strategy (none
-        for one kind of layer).
+        for one kind of layer). ``flops_source``: ``"compiled"`` (the
+        compiler's cost analysis), or ``"model"`` where the compiler gives
+        none (XLA:GPU) and ``flops`` is the model's count.
       compute_s: ``flops`` at the chip's peak in the model's dtype (``None``
         where the profile has no peak for it); ``step_s``: computation plus
         the exposed communication; ``mfu``: ``model_flops / (step_s *
@@ -202,6 +243,8 @@ class PlanRow:
     serial_s: float = 0.0
     exposed_s: float = 0.0
     flops: float | None = None
+    flops_source: str | None = None
+    rewritten: Mapping[str, float] = dataclasses.field(default_factory=dict)
     model_flops: float | None = None
     compute_s: float | None = None
     step_s: float = 0.0
@@ -408,6 +451,11 @@ def step_row(unit: Mapping[str, Any], model: Model, mesh: Mapping[str, int],
     flops = (None if unit.get("flops") is None else
              unit["flops"] * float((spec.work or spec.repeats)(axes, model))
              + boundary.flops * joined)
+    flops_source = "compiled"
+    if flops is None and spec.scope == "model":
+        # a compiler without a cost analysis (XLA:GPU's): the model's count
+        flops = model_flops_per_device(model, math.prod(mesh.values()))
+        flops_source = "model"
     time = _step_time(spec, model, mesh, comm, flops, peak)
     states = params / model.itemsize * state_bytes_per_parameter(
         precision, model.itemsize)
@@ -422,12 +470,22 @@ def step_row(unit: Mapping[str, Any], model: Model, mesh: Mapping[str, int],
         collectives={kind: round(n) for kind, n in comm.counts.items()},
         sent=sum(comm.by_axes.values()), sent_by_axes=comm.by_axes,
         cpu_sent=sum(map(at_model_dtype, unit["ops"])) * repeats,
+        rewritten=_rewritten(ops, repeats),
         program=_difference(unit, ops), **time, flops=flops,
+        flops_source=flops_source if flops is not None else None,
         params=params, states=states, activations=kept, activations_remat=kept_remat,
         memory_bytes=states + (temp if kept is None else kept), temp=temp,
         cost_model=unit["cost_model"], compile_s=unit["compile_s"],
         scope=spec.scope, added=added,
         note=spec.note(axes, model, schedule) if spec.note else None)
+
+
+def _rewritten(ops: Sequence[Mapping[str, Any]], repeats: float) -> dict[str, float]:
+    found: dict[str, float] = {}
+    for op in ops:
+        if op.get("written"):
+            found[op["written"]] = found.get(op["written"], 0.0) + op["count"] * repeats
+    return found
 
 
 def _replicas_sum(spec: Any, unit: Mapping[str, Any], mesh: Mapping[str, int],
@@ -488,7 +546,8 @@ class _Axes:
 def plan(model: Model, mesh: Mapping[str, int], *,
          interconnect: Profile | Mapping[str, Profile], form: str = "shard_map",
          recipes: Sequence[str] | None = None, topology: str | None = None,
-         precision: str = "mixed", schedule: str = "gpipe",
+         target: str | None = None, precision: str = "mixed",
+         schedule: str = "gpipe",
          microbatches: int | None = None, timeout: float = 600) -> Plan:
     """Plan every strategy for ``model`` on ``mesh``, compile only.
 
@@ -501,7 +560,14 @@ def plan(model: Model, mesh: Mapping[str, int], *,
       recipes: the strategy recipes to plan (default: every one with a plan).
       topology: compile with the TPU compiler for this TPU topology (e.g.
         ``"v5p:8x16x16"``, as many devices as the mesh) instead of for
-        simulated CPU devices; needs ``pip install 'jax[tpu]'``, not a TPU.
+        simulated CPU devices; needs the compiler (``pip install
+        'jax-collectives[target]'``), not a TPU.
+      target: compile with this target's own compiler (a key of
+        :data:`collectives.plan.TARGETS`: ``"h100"`` with XLA:GPU, ``"v5p"``,
+        ``"v5e"``, ``"v6e"`` with the TPU compiler) for its topology of as
+        many devices as the mesh; the collectives, bytes and memory are then
+        the target's program's, and its FLOPs where its compiler counts
+        them (XLA:GPU does not: the model's count, said in ``flops_source``).
       precision: how the states are kept, a key of
         :data:`collectives.plan.PRECISIONS`.
       schedule: a pipeline's, ``"gpipe"`` (the recipe's) or ``"1f1b"``
@@ -524,6 +590,7 @@ def plan(model: Model, mesh: Mapping[str, int], *,
       (True, None)
     """
     names, shape = tuple(mesh), tuple(mesh.values())
+    target, topology = resolve_target(target, topology, math.prod(shape))
     check_mesh(names, shape, limit=None if topology else MAX_DEVICES)
     links = (dict.fromkeys(names, interconnect) if isinstance(interconnect, Profile)
              else dict(interconnect))
@@ -542,7 +609,8 @@ def plan(model: Model, mesh: Mapping[str, int], *,
                          "of 1 or more.")
     doc = compile_units(names, shape, recipes=recipes or planned_recipes(),
                         forms=(form,), model=model, timeout=timeout,
-                        topology=topology, microbatches=microbatches,
+                        topology=topology, target=target,
+                        microbatches=microbatches,
                         # XLA:CPU widens 16-bit float collectives: compile in
                         # float32 there and count them at the model's dtype
                         dtype=model.dtype if topology else "float32")
@@ -553,7 +621,6 @@ def plan(model: Model, mesh: Mapping[str, int], *,
                  for unit in doc["units"])
     return Plan(model=model, mesh=dict(mesh), form=form, interconnect=links,
                 rows=rows, jax=doc["jax"], seconds=doc["seconds"],
-                compiler=f"TPU compiler, topology {topology}" if topology
-                else "XLA:CPU, simulated devices", precision=precision,
+                compiler=doc["compiler"], precision=precision,
                 chip=chip.chip, peak_flops=peak, schedule=schedule,
                 microbatches=microbatches)

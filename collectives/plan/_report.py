@@ -88,19 +88,29 @@ def row_cells(plan: Plan, row: PlanRow) -> tuple[str, ...]:
             maybe(row.critical_tokens_per_device, lambda v: f"{v:,.0f} tok"),
             size(row.memory_bytes),
             "holds" if row.cost_model is None else
-            "differs" if plan.compiler.startswith("TPU") else "DIFFERS")
+            "DIFFERS" if compiled_here(plan) else "differs")
+
+
+def compiled_here(plan: Plan) -> bool:
+    """Whether XLA:CPU compiled the plan (not a target's own compiler)."""
+    return plan.compiler.startswith("XLA:CPU")
 
 
 def notes(plan: Plan) -> list[str]:
     """What the table's columns mean, and what each row adds to them."""
+    program = ("the target's program (the recipe's cost model as written)"
+               if compiled_here(plan) else
+               "the program the target's compiler built, each op counted by what "
+               "it moves")
     out = ["per device and training step; " + ", ".join(
         f"{short} {kind}" for kind, short in SHORT.items()) + "; counts and "
-        "bytes are the target's program (the recipe's cost model as written).",
-        "comm: the collectives one after another; compute: the compiled FLOPs "
-        "at the chip's peak; step: compute plus the communication it does not "
-        "hide; MFU: 6NT FLOPs over step x peak (an upper bound: compute at "
-        "peak); comm-bound below: the tokens per device under which the "
-        "overlapped collectives outlast the computation that hides them; "
+        f"bytes are {program}.",
+        "comm: the collectives one after another; compute: the FLOPs (the "
+        "compiled program's, else the model's) at the chip's peak; step: "
+        "compute plus the communication it does not hide; MFU: 6NT FLOPs over "
+        "step x peak (an upper bound: compute at peak); comm-bound below: the "
+        "tokens per device under which the overlapped collectives outlast the "
+        "computation that hides them; "
         "memory: weights, gradients and optimizer states plus the activations "
         "a step keeps for its backward pass."]
     layers = [row.label for row in plan.rows if row.scope == "layer"]
@@ -114,7 +124,9 @@ def notes(plan: Plan) -> list[str]:
             continue
         tokens = f"{row.tokens_per_device:,.0f} tokens per device"
         flops = ("" if row.flops is None or not row.model_flops else
-                 f"; compiled FLOPs {row.flops / row.model_flops:.3f} x 6NT")
+                 f"; compiled FLOPs {row.flops / row.model_flops:.3f} x 6NT"
+                 if row.flops_source == "compiled" else
+                 "; FLOPs: the model's 6NT (the compiler gives no cost analysis)")
         out.append(f"{row.label}: {row.recipe}, {row.repeats:g} x ({row.unit}); "
                    f"{tokens}{flops}")
         if row.note:
@@ -124,8 +136,13 @@ def notes(plan: Plan) -> list[str]:
                        f"{size(row.cpu_sent)} a step")
         if row.added:
             out.append(f"{row.label}: + {row.added}")
+        for how, count in row.rewritten.items():
+            out.append(f"{row.label}: {count:g} collectives a step are written as "
+                       f"{how}")
         if row.cost_model is not None:
-            out.append(f"{row.label}: the cost model differs: {row.cost_model}")
+            whose = ("the cost model differs" if compiled_here(plan) else
+                     "the target compiles other ops than the cost model's")
+            out.append(f"{row.label}: {whose}: {row.cost_model}")
     return out
 
 

@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import sys
 import time
 from typing import Any
 
 import jax
-from jax.experimental import topologies
 
 from collectives._costs import compiling_for
 from collectives._devices import make_mesh
@@ -24,24 +22,9 @@ from collectives.plan._compile import compile_unit
 from collectives.plan._compile import planned_recipe
 from collectives.plan._compile import unsupported
 from collectives.plan._model import Model
-
-
-def _topology_mesh(topology: str, shape: tuple[int, ...], names: tuple[str, ...]):
-    """A mesh of a named TPU topology's devices, for compiling only."""
-    try:
-        topo = topologies.get_topology_desc(topology, platform="tpu")
-    except Exception as err:  # no TPU compiler, or a name it does not know
-        raise SystemExit(
-            f"--topology {topology!r}: JAX cannot describe it ({type(err).__name__}: "
-            f"{str(err)[:300]}). Fix: install the TPU compiler (pip install "
-            "'jax[tpu]'; no TPU needed) and name a topology such as v5p:8x16x16 "
-            "or v5e:16x16.") from None
-    if len(topo.devices) != math.prod(shape):
-        raise SystemExit(
-            f"--topology {topology!r} has {len(topo.devices)} devices, the mesh "
-            f"{dict(zip(names, shape, strict=True))} {math.prod(shape)}. Fix: give "
-            "a mesh of as many devices (--mesh or --devices).")
-    return topologies.make_mesh(topo, shape, names)
+from collectives.plan._targets import TARGETS
+from collectives.plan._targets import compiler_text
+from collectives.plan._targets import target_mesh
 
 
 def run(request: dict[str, Any]) -> dict[str, Any]:
@@ -49,11 +32,15 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
     start = time.perf_counter()
     topology = request.get("topology")
     if topology:
-        mesh = _topology_mesh(topology, tuple(shape), tuple(names))
+        chosen = TARGETS[request["target"]]
+        mesh = target_mesh(chosen, topology, shape, names)
+        platform = "gpu" if chosen.platform == "cuda" else chosen.platform
+        compiler = compiler_text(chosen, topology)
         def target():
-            return compiling_for("tpu")
+            return compiling_for(platform)
     else:
         mesh = make_mesh(tuple(shape), tuple(names))
+        platform, compiler = jax.default_backend(), "XLA:CPU, simulated devices"
         target = contextlib.nullcontext
     model = Model(**request["model"]) if request.get("model") else None
     units = []
@@ -72,14 +59,14 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
                                         dtype=request.get("dtype", "float32"))
             except (TypeError, ValueError) as err:
                 row["skipped"] = f"does not fit: {err}"
-            except Exception as err:  # the TPU compiler: out of device memory
+            except Exception as err:  # the target's compiler: out of memory
                 if "RESOURCE_EXHAUSTED" not in str(err):
                     raise
                 oom = str(err).split("RESOURCE_EXHAUSTED:", 1)[1].split(". HLO")[0]
                 row["skipped"] = f"does not fit in device memory:{oom}"
             units.append(row)
     return {"jax": jax.__version__, "devices": mesh.devices.size,
-            "platform": "tpu" if topology else jax.default_backend(),
+            "platform": platform, "compiler": compiler,
             "mesh_names": names, "mesh_shape": shape, "units": units,
             "seconds": time.perf_counter() - start}
 
