@@ -80,15 +80,15 @@ TPU_HLO = """HloModule m, num_partitions=4
   %padded.2 = bf16[1024]{0} dynamic-update-slice(%zeros, %block, %i)
   %moved = (bf16[1024]{0}, bf16[1024]{0}, u32[]) copy-start(%padded.2)
   %moved.done = bf16[1024]{0} copy-done(%moved)
-  %gather = bf16[1024]{0} all-reduce(%padded), replica_groups={{0,1,2,3}}, to_apply=%add
-  %gathers = (bf16[1024]{0}, bf16[1024]{0}) all-reduce(%padded, %moved.done), replica_groups={{0,1,2,3}}, to_apply=%add
+  %gather = bf16[1024]{0} all-reduce(%padded)
+  %gathers = (bf16[1024]{0}, bf16[1024]{0}) all-reduce(%padded, %moved.done)
   %not.zeros = bf16[1024]{0} dynamic-update-slice(%ones, %block, %i)
-  %sum = bf16[1024]{0} all-reduce(%not.zeros), replica_groups={{0,1,2,3}}, to_apply=%add
-  %sums = (bf16[], bf16[1024]{0}) all-reduce(%loss, %grad), replica_groups={{0,1,2,3}}, to_apply=%add
+  %sum = bf16[1024]{0} all-reduce(%not.zeros)
+  %sums = (bf16[], bf16[1024]{0}) all-reduce(%loss, %grad)
   %part = bf16[1024]{0} get-tuple-element(%sums), index=1
   %total = bf16[] get-tuple-element(%sums), index=0
   %shard = bf16[256]{0} dynamic-slice(%part, %i), dynamic_slice_sizes={256}
-  ROOT %out = (bf16[1024]{0}, bf16[1024]{0}, bf16[256]{0}, bf16[]) tuple(%gather, %sum, %shard, %total)
+  ROOT %out = (bf16[1024], bf16[1024], bf16[256]) tuple(%gather, %sum, %shard)
 """
 
 
