@@ -511,3 +511,91 @@ def _sliced_sums(ops: list[Collective], defs: Mapping[str, tuple[str, list[str]]
             if op.kind == "all-reduce" and not op.written and op.operand_bytes
             and unsliced(op.name, op.operand_bytes) <= 0.01 * op.operand_bytes
             else op for op in ops]
+
+
+_COMPUTATION = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s*\((.*)\)\s*->.*\{\s*$")
+_CALLED = re.compile(r"\b(calls|to_apply|body|branch_computations)=\{?%([\w.\-]+)")
+_TRIPS = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
+_CONTRACTING = re.compile(r"\blhs_contracting_dims=\{([\d,\s]*)\}")
+
+
+def _dims(shape: str) -> list[int]:
+    found = _ARRAY.search(shape)
+    if not found or not found.group(2).strip():
+        return []
+    return [int(d) for d in re.findall(r"\d+", found.group(2))]
+
+
+def matmul_flops(text: str) -> float | None:
+    r"""The FLOPs of the matmuls in compiled HLO text: ``2 * out * K`` for
+    each ``dot`` (``K`` its contracted size), wherever it sits (fused
+    computations included), times the trips of the loops it runs in (a
+    ``while`` with a known trip count). For a compiler that gives no cost
+    analysis (XLA:GPU's compile without a GPU): the program's own matmuls,
+    not a formula's; elementwise work is left out. ``None`` where the text
+    has no dot.
+
+    Examples:
+      >>> from collectives.hlo import matmul_flops
+      >>> matmul_flops(
+      ...     "ENTRY %main (a: f32[8,16], b: f32[16,4]) -> f32[8,4] {\n"
+      ...     "  %a = f32[8,16]{1,0} parameter(0)\n"
+      ...     "  %b = f32[16,4]{1,0} parameter(1)\n"
+      ...     "  ROOT %d = f32[8,4]{1,0} dot(%a, %b), lhs_contracting_dims={1}, "
+      ...     "rhs_contracting_dims={0}\n}\n")
+      1024.0
+    """
+    shapes: dict[str, str] = {}
+    own: dict[str, float] = {}
+    calls: dict[str, list[tuple[str, int]]] = {}
+    current, entry, dots = "", "", 0
+    for line in text.splitlines():
+        header = _COMPUTATION.match(line)
+        if header:
+            current = header.group(2)
+            entry = current if header.group(1) else entry
+            own.setdefault(current, 0.0)
+            calls.setdefault(current, [])
+            for param in _split_top(header.group(3)):
+                name, _, shape = param.partition(":")
+                shapes[name.strip().lstrip("%")] = shape.strip()
+            continue
+        m = _INSTRUCTION.match(line)
+        if not m or not current:
+            continue
+        name, rest = m.groups()
+        end = _closing(rest, 0) if rest.startswith("(") else rest.find(" ")
+        if end <= 0:
+            continue
+        shapes[name] = rest[:end]
+        op = _OPCODE.match(rest, end)
+        if not op:
+            continue
+        close = _closing(rest, op.end() - 1)
+        attrs = rest[close:]
+        trips = _TRIPS.search(attrs)
+        for key, callee in _CALLED.findall(attrs):
+            calls[current].append((callee, int(trips.group(1)) if key == "body"
+                                   and trips else 1))
+        if op.group(1) != "dot":
+            continue
+        operands = _split_top(rest[op.end():close - 1])
+        lhs = _dims(shapes.get(_ref(operands[0]), "")) if operands else []
+        contracted = _CONTRACTING.search(attrs)
+        k = math.prod(lhs[int(d)] for d in re.findall(r"\d+", contracted.group(1))
+                      if int(d) < len(lhs)) if contracted else 1
+        own[current] += 2.0 * math.prod(_dims(rest[:end])) * k
+        dots += 1
+    if not dots:
+        return None
+    totals: dict[str, float] = {}
+
+    def total(computation: str, depth: int = 0) -> float:
+        if computation not in totals:
+            totals[computation] = 0.0  # (a cycle, which HLO has not, ends here)
+            totals[computation] = own.get(computation, 0.0) + sum(
+                times * total(callee, depth + 1)
+                for callee, times in calls.get(computation, ()))
+        return totals[computation]
+
+    return total(entry) if entry else sum(own.values())

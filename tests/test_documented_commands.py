@@ -9,12 +9,13 @@ plan sweep keeps its device counts up to 64 and its first model
 (:data:`PLAN_SWEEP`), output files go to a temporary directory, and a
 command that another test already runs verbatim is left to it. Commands
 with placeholders (`my_script.py`, `host0`, `$I`), that need a cluster
-(`worker`) or the TPU compiler where it is not installed (`plan
---topology`) are parsed, not run: the cluster templates run for real in
+(`worker`) or a target's compiler where it is not installed (`plan
+--topology`, `plan --target`) are parsed, not run: the cluster templates run for real in
 tests/test_launchers.py. Marked ``documented`` (CI runs them; locally
 ``python -m pytest -m documented``).
 """
 
+import importlib.util
 import re
 import shlex
 
@@ -139,21 +140,26 @@ def _values(argv, start):
 
 
 def _needs_what_is_missing(argv):
-    """A command that needs a package CI does not install: the TPU compiler
-    for ``plan --topology`` (it is parsed instead)."""
-    if "--topology" not in argv:
+    """A command that needs a compiler this venv lacks: the target's own for
+    ``plan --topology`` and ``plan --target`` (it is parsed instead; CI's
+    target step compiles for both targets)."""
+    if "--topology" in argv:
+        wanted = "libtpu"
+    elif "--target" in argv and argv[3] == "plan":
+        target = argv[argv.index("--target") + 1]
+        wanted = "jax_plugins.xla_cuda12" if target == "h100" else "libtpu"
+    else:
         return False
     try:
-        import libtpu  # noqa: F401
-    except ImportError:
+        return importlib.util.find_spec(wanted) is None
+    except ModuleNotFoundError:
         return True
-    return False
 
 
 def _parse_only(argv):
     argv = [word.replace("$I", "0") for word in argv]
     args = _cli.build_parser().parse_args(argv[3:])
-    if getattr(args, "target", None):
+    if argv[3] == "worker" and getattr(args, "target", None):
         worker_argv(args.target)
 
 

@@ -28,6 +28,7 @@ from collectives._memory import sharded_bytes
 from collectives._recipe import Recipe
 from collectives._registry import RECIPES
 from collectives._stacked import map_leaves
+from collectives.hlo import matmul_flops
 from collectives.hlo import parse_collectives
 
 
@@ -100,7 +101,9 @@ def compile_unit(recipe: Recipe, mesh: jax.sharding.Mesh, form: str, *,
       differs), ``target`` (on XLA:CPU: the cost model as written, what a GPU
       or TPU compiler keeps: ``counts`` and ``bytes`` per kind; ``None`` when
       compiled for the target itself), ``flops`` (the device program's, or
-      ``None``) and ``compile_s``.
+      ``None``), ``flops_source`` (``"compiled"``: the compiler's cost
+      analysis; ``"matmuls"``: the compiled program's matmuls, where the
+      compiler gives no analysis) and ``compile_s``.
 
     Raises:
       ValueError: the model does not fit the mesh (a dimension that does
@@ -116,7 +119,8 @@ def compile_unit(recipe: Recipe, mesh: jax.sharding.Mesh, form: str, *,
     start = time.perf_counter()
     compiled = recipe.compiled(form, axes).lower(*placed).compile()
     seconds = time.perf_counter() - start
-    stats = parse_collectives(compiled.as_text())
+    text = compiled.as_text()
+    stats = parse_collectives(text)
     problems = [e.mismatch(stats) for e in recipe.expected_costs(form, axes, args)]
     target = None
     if compiled_for() == "cpu":
@@ -144,9 +148,20 @@ def compile_unit(recipe: Recipe, mesh: jax.sharding.Mesh, form: str, *,
         "memory": memory,
         "cost_model": None if None in problems else "; ".join(problems),
         "target": target,
-        "flops": compiled_flops(compiled),
+        **_flops(compiled, text),
         "compile_s": seconds,
     }
+
+
+def _flops(compiled: Any, text: str) -> dict[str, Any]:
+    """``flops`` of one device's program and where they come from
+    (``flops_source``): the compiler's cost analysis, else (XLA:GPU
+    compiling without a GPU gives none) the compiled program's matmuls."""
+    flops = compiled_flops(compiled)
+    if flops is not None:
+        return {"flops": flops, "flops_source": "compiled"}
+    flops = matmul_flops(text)
+    return {"flops": flops, "flops_source": None if flops is None else "matmuls"}
 
 
 def compiled_flops(compiled: Any) -> float | None:

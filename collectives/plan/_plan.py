@@ -194,8 +194,9 @@ class PlanRow:
         units, times the units a step computes); ``model_flops``: the
         model's own, ``6 N T / devices`` for a whole-model strategy (none
         for one kind of layer). ``flops_source``: ``"compiled"`` (the
-        compiler's cost analysis), or ``"model"`` where the compiler gives
-        none (XLA:GPU) and ``flops`` is the model's count.
+        compiler's cost analysis), ``"matmuls"`` (the compiled program's
+        matmuls, where the compiler gives no analysis: XLA:GPU without a
+        GPU), or ``"model"`` (neither: the model's count).
       compute_s: ``flops`` at the chip's peak in the model's dtype (``None``
         where the profile has no peak for it); ``step_s``: computation plus
         the exposed communication; ``mfu``: ``model_flops / (step_s *
@@ -451,7 +452,7 @@ def step_row(unit: Mapping[str, Any], model: Model, mesh: Mapping[str, int],
     flops = (None if unit.get("flops") is None else
              unit["flops"] * float((spec.work or spec.repeats)(axes, model))
              + boundary.flops * joined)
-    flops_source = "compiled"
+    flops_source = unit.get("flops_source", "compiled")
     if flops is None and spec.scope == "model":
         # a compiler without a cost analysis (XLA:GPU's): the model's count
         flops = model_flops_per_device(model, math.prod(mesh.values()))

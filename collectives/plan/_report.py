@@ -126,6 +126,9 @@ def notes(plan: Plan) -> list[str]:
         flops = ("" if row.flops is None or not row.model_flops else
                  f"; compiled FLOPs {row.flops / row.model_flops:.3f} x 6NT"
                  if row.flops_source == "compiled" else
+                 f"; the compiled program's matmuls {row.flops / row.model_flops:.3f}"
+                 " x 6NT (the compiler gives no cost analysis)"
+                 if row.flops_source == "matmuls" else
                  "; FLOPs: the model's 6NT (the compiler gives no cost analysis)")
         out.append(f"{row.label}: {row.recipe}, {row.repeats:g} x ({row.unit}); "
                    f"{tokens}{flops}")
