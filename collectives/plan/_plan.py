@@ -214,7 +214,8 @@ class PlanRow:
       memory_bytes: the step's memory per device, ``states + activations``
         (for one kind of layer: its states and one unit's temporaries).
       temp: the compiled unit's temporary bytes per device (XLA's memory
-        analysis), at the model's dtype.
+        analysis), at the model's dtype; ``unit_arguments`` its arguments'
+        bytes (the compiler's figure, ``None`` where it gives none).
       cost_model: ``None`` when the recipe's cost model matches the compiled
         program at this scale, else what differs.
       skipped: why the strategy has no row on this mesh and model, or ``None``.
@@ -258,6 +259,7 @@ class PlanRow:
     activations_remat: float | None = None
     memory_bytes: float = 0.0
     temp: float = 0.0
+    unit_arguments: float | None = None
     cost_model: str | None = None
     skipped: str | None = None
     compile_s: float = 0.0
@@ -476,6 +478,8 @@ def step_row(unit: Mapping[str, Any], model: Model, mesh: Mapping[str, int],
         flops_source=flops_source if flops is not None else None,
         params=params, states=states, activations=kept, activations_remat=kept_remat,
         memory_bytes=states + (temp if kept is None else kept), temp=temp,
+        unit_arguments=(None if unit["memory"].get("arguments") is None
+                        else float(unit["memory"]["arguments"]) * scale),
         cost_model=unit["cost_model"], compile_s=unit["compile_s"],
         scope=spec.scope, added=added,
         note=spec.note(axes, model, schedule) if spec.note else None)

@@ -139,6 +139,10 @@ def notes(plan: Plan) -> list[str]:
                        f"{size(row.cpu_sent)} a step")
         if row.added:
             out.append(f"{row.label}: + {row.added}")
+        if not compiled_here(plan) and row.unit_arguments is not None:
+            out.append(f"{row.label}: one unit in the target's memory analysis: "
+                       f"{size(row.unit_arguments)} of arguments, {size(row.temp)} "
+                       "of temporaries")
         for how, count in row.rewritten.items():
             out.append(f"{row.label}: {count:g} collectives a step are written as "
                        f"{how}")
