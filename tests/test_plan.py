@@ -400,7 +400,7 @@ def test_a_topology_without_the_tpu_compiler_says_how_to_install_it(capsys):
     assert _cli.main(argv) == 2
     err = capsys.readouterr().err
     assert "--topology 'v5p:2x2x2'" in err, err
-    assert "pip install 'jax-collectives[target]'" in err, err
+    assert "pip install 'jax[tpu,cuda12-local]'" in err, err
 
 
 def test_a_topology_plan_reads_the_tpu_compilers_collectives(tmp_path):

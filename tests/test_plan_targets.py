@@ -153,7 +153,7 @@ def test_a_target_without_its_compiler_says_how_to_install_it(capsys):
     assert _cli.main(argv) == 2
     err = capsys.readouterr().err
     assert "--target h100" in err, err
-    assert "pip install 'jax-collectives[target]'" in err, err
+    assert "pip install 'jax[tpu,cuda12-local]'" in err, err
 
 
 def test_a_target_with_no_shipped_interconnect_asks_for_one(capsys):
@@ -183,7 +183,7 @@ def _compiler(target: str) -> None:
         found = False
     if not found:
         pytest.skip(f"needs the {target} compiler: pip install "
-                    "'jax-collectives[target]' (no accelerator needed)")
+                    "'jax[tpu,cuda12-local]' (no accelerator needed)")
 
 
 @pytest.fixture(scope="module")

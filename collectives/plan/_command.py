@@ -95,13 +95,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="compile with the target's own compiler, without the hardware: "
         "h100 with XLA:GPU, v5p, v5e or v6e with the TPU compiler, for its "
         "topology of as many devices as the mesh (needs pip install "
-        "'jax-collectives[target]'); the collectives, bytes and memory are then "
-        "its program's")
+        "'jax[tpu,cuda12-local]', the target extra); the collectives, bytes and "
+        "memory are then its program's")
     parser.add_argument(
         "--topology", metavar="NAME",
         help="compile with the TPU compiler for this TPU topology, e.g. "
         "v5p:8x16x16 (as many devices as the mesh; needs pip install "
-        "'jax-collectives[target]', no TPU)")
+        "'jax[tpu,cuda12-local]', no TPU)")
     parser.add_argument(
         "--microbatches", metavar="M", type=_args.whole("a whole number of 1 or more",
                                                         low=1),

@@ -565,8 +565,8 @@ def plan(model: Model, mesh: Mapping[str, int], *,
       recipes: the strategy recipes to plan (default: every one with a plan).
       topology: compile with the TPU compiler for this TPU topology (e.g.
         ``"v5p:8x16x16"``, as many devices as the mesh) instead of for
-        simulated CPU devices; needs the compiler (``pip install
-        'jax-collectives[target]'``), not a TPU.
+        simulated CPU devices; needs the compiler (the ``target`` extra,
+        ``pip install 'jax[tpu,cuda12-local]'``), not a TPU.
       target: compile with this target's own compiler (a key of
         :data:`collectives.plan.TARGETS`: ``"h100"`` with XLA:GPU, ``"v5p"``,
         ``"v5e"``, ``"v6e"`` with the TPU compiler) for its topology of as

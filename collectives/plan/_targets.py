@@ -4,8 +4,9 @@
 (the CUDA plugin, ``jax-cuda12-plugin``: no GPU and no CUDA wheels needed),
 ``--target v5p`` (``v5e``, ``v6e``) with the TPU compiler (``libtpu``): JAX
 describes the target's devices (``jax.experimental.topologies``) and lowers
-and compiles for them ahead of time. ``pip install 'jax-collectives[target]'``
-installs both compilers, matched to the installed JAX by its own extras.
+and compiles for them ahead of time. The ``target`` extra (``pip install
+'.[target]'`` in a checkout; ``pip install 'jax[tpu,cuda12-local]'`` is the
+same) installs both compilers, matched to the installed JAX by its extras.
 
 This module runs in the parent (names, topologies, checks) and in the
 compiling child (:func:`target_mesh`, :func:`compiler_text`).
@@ -146,9 +147,9 @@ def _version(package: str) -> str:
 
 
 def install_hint(target: Target) -> str:
-    return ("pip install 'jax-collectives[target]' (jax[tpu,cuda12-local]: the "
-            f"{'TPU' if target.platform == 'tpu' else 'CUDA'} compiler; no "
-            "accelerator needed)")
+    return ("pip install 'jax[tpu,cuda12-local]' (the target extra: the "
+            f"{'TPU' if target.platform == 'tpu' else 'CUDA'} compiler matched to "
+            "your JAX; no accelerator needed)")
 
 
 def target_mesh(target: Target, topology: str, shape: Sequence[int],
