@@ -89,6 +89,7 @@ class PlanTable(_FromFile):
     def run(self) -> list[nodes.Node]:
         from collectives.plan._report import COLUMNS
         from collectives.plan._report import chip_text
+        from collectives.plan._report import compiled_here
         from collectives.plan._report import mesh_text
         from collectives.plan._report import notes
         from collectives.plan._report import row_cells
@@ -107,7 +108,7 @@ class PlanTable(_FromFile):
         for row in p.rows:
             if row.skipped:
                 continue
-            if row.cost_model is not None and not p.compiler.startswith("TPU"):
+            if row.cost_model is not None and compiled_here(p):
                 logger.warning(f"plan-table: {row.label}: the cost model differs: "
                                f"{row.cost_model}",
                                location=(self.env.docname, self.lineno))
