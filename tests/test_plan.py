@@ -599,3 +599,59 @@ def test_the_plot_is_drawn_for_both_columns_and_reads_in_each(tmp_path):
         facts = _figure.read_record(drawn)
         assert facts["width_px"] <= _figure.COLUMN_PX[width]
         assert _figure.problems(facts, width) == [], width
+
+
+def test_accumulating_microbatches_keeps_one_microbatchs_activations():
+    from collectives.plan._plan import REMAT_COMPUTE
+    from collectives.plan._plan import accumulated
+    from collectives.plan._plan import fitting
+    from collectives.plan._plan import max_accumulation
+
+    model = model_from("laptop", batch=64)
+    p = plan_for(model, {"data": 8}, interconnect=load_profiles()["ib-ndr"],
+             recipes=["dp_mlp", "fsdp_mlp"])
+    dp, fsdp = p.row("DP"), p.row("FSDP")
+    assert max_accumulation(p, dp) == 64 // 8
+    assert (dp.accumulation, dp.remat, fsdp.remat) == (1, False, True)
+    # DP: one batch of activations split in 4; the gradients summed once,
+    # the same computation: the step takes as long
+    four = accumulated(p, dp, 4)
+    assert four.memory_bytes == pytest.approx(dp.states + dp.activations / 4)
+    assert (four.sent, four.step_s, four.accumulation) == (dp.sent, dp.step_s, 4)
+    # rematerialized: each layer's one kept tensor, one more forward pass
+    remat = accumulated(p, dp, 1, remat=True)
+    assert remat.memory_bytes == pytest.approx(dp.states + dp.activations_remat)
+    assert remat.compute_s == pytest.approx(dp.compute_s * REMAT_COMPUTE)
+    # FSDP gathers its weights again for each microbatch; its own remat is
+    # not paid twice
+    again = accumulated(p, fsdp, 4, remat=True)
+    gathered = sum(fsdp.gather_sent_by_axes.values())
+    assert gathered > 0
+    assert again.sent == pytest.approx(fsdp.sent + 3 * gathered)
+    assert again.collectives["all-gather"] == 4 * fsdp.collectives["all-gather"]
+    assert again.compute_s == pytest.approx(fsdp.compute_s)
+    with pytest.raises(ValueError, match="accumulation: 16 microbatches for DP"):
+        accumulated(p, dp, 16)
+    # the fastest way that fits: 2 microbatches where half the activations
+    # fit, as planned where everything does
+    budget = dp.states + 0.6 * dp.activations
+    chosen = fitting(p, dp, budget)
+    assert chosen.memory_bytes <= budget and chosen.accumulation >= 2
+    assert fitting(p, dp, dp.memory_bytes) is dp
+
+
+def test_search_never_ranks_a_layout_that_does_not_fit_above_one_that_does():
+    from collectives.plan._command import search_lines
+
+    model = model_from("laptop", batch=64)
+    p = plan_for(model, {"data": 4, "model": 2}, interconnect=load_profiles()["ib-ndr"],
+             recipes=["dp_mlp", "fsdp_mlp", "dp_tp_mlp"])
+    dp = p.row("DP")
+    # DP's states alone do not fit; the others fit once accumulated
+    budget = dp.states * 0.9
+    lines = search_lines([p], budget)
+    verdicts = [line.split()[-1] for line in lines if line[:4].strip().isdigit()]
+    assert verdicts == sorted(verdicts, key=lambda v: v != "yes"), lines
+    assert "yes" in verdicts and verdicts[-1] == "no"
+    assert " microbatches" in "\n".join(lines[2:]), lines
+    assert lines[-1].startswith("laptop*: best: ")

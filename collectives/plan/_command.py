@@ -21,6 +21,7 @@ from collectives.plan._plan import MAX_DEVICES
 from collectives.plan._plan import PRECISIONS
 from collectives.plan._plan import Plan
 from collectives.plan._plan import default_mesh
+from collectives.plan._plan import fitting
 from collectives.plan._plan import plan
 from collectives.plan._plan import planned_recipes
 from collectives.plan._profiles import MEASURED
@@ -390,7 +391,10 @@ def _search(args: argparse.Namespace, models: Sequence[Any], recipes: list[str],
 
 def search_lines(plans: Sequence[Plan], memory: float | None) -> list[str]:
     """The ranking of ``plan --search``, per model: every planned (strategy,
-    mesh) by predicted step time, those that do not fit ``memory`` last."""
+    mesh), each run the fastest way that fits ``memory`` (as planned, with
+    its layers rematerialized, its gradients accumulated over microbatches:
+    :func:`collectives.plan._plan.fitting`), by predicted step time; those
+    that fit no way last, by the least memory they need."""
     out = []
     for name in dict.fromkeys(p.model.name for p in plans):
         rows, seen = [], set()
@@ -400,16 +404,18 @@ def search_lines(plans: Sequence[Plan], memory: float | None) -> list[str]:
                 same = (row.label, row.step_s, row.memory_bytes)
                 if not row.skipped and same not in seen:
                     seen.add(same)
-                    rows.append((row, p))
-        ranked = sorted(rows, key=lambda rp: (not fits(rp[0], memory), rp[0].step_s))
+                    rows.append((fitting(p, row, memory), p))
+        ranked = sorted(rows, key=lambda rp: (
+            not fits(rp[0], memory),
+            rp[0].step_s if fits(rp[0], memory) else rp[0].memory_bytes))
         limit = f" in {size(memory)} per device" if memory else ""
         out.append(f"# {rows[0][1].model.describe() if rows else name}")
-        out.append(f"{'rank':>4s}  {'strategy':10s}  {'mesh':22s}  {'step':>9s}  "
-                   f"{'MFU':>4s}  {'memory':>9s}  fits{limit}")
+        out.append(f"{'rank':>4s}  {'strategy':10s}  {'mesh':22s}  {'run as':22s}  "
+                   f"{'step':>9s}  {'MFU':>4s}  {'memory':>9s}  fits{limit}")
         for i, (row, p) in enumerate(ranked, 1):
             mfu = "-" if row.mfu is None else f"{row.mfu:.0%}"
             out.append(f"{i:4d}  {row.label:10s}  {mesh_text(p.mesh):22s}  "
-                       f"{duration(row.step_s):>9s}  {mfu:>4s}  "
+                       f"{run_as(row):22s}  {duration(row.step_s):>9s}  {mfu:>4s}  "
                        f"{size(row.memory_bytes):>9s}  "
                        f"{'yes' if fits(row, memory) else 'no'}")
         best = next((rp for rp in ranked if fits(rp[0], memory)), None)
@@ -417,6 +423,15 @@ def search_lines(plans: Sequence[Plan], memory: float | None) -> list[str]:
                    f"{duration(best[0].step_s)} a step" if best else
                    f"{name}: nothing fits{limit}")
     return out
+
+
+def run_as(row: Any) -> str:
+    """How a searched row's step runs: its microbatches and remat."""
+    parts = [f"{row.accumulation} microbatches" if row.accumulation > 1
+             else "one batch"]
+    if row.remat:
+        parts.append("remat")
+    return ", ".join(parts)
 
 
 def _scaling_book(args: argparse.Namespace) -> int:

@@ -216,6 +216,12 @@ class PlanRow:
       temp: the compiled unit's temporary bytes per device (XLA's memory
         analysis), at the model's dtype; ``unit_arguments`` its arguments'
         bytes (the compiler's figure, ``None`` where it gives none).
+      gather_serial_s, gather_hidden_s, gather_sent_by_axes: the step's
+        all-gathers' share of ``serial_s``, of the overlapped time and of
+        ``sent_by_axes`` (what a step of more microbatches repeats).
+      accumulation: the microbatches the step's gradients accumulate over
+        (1: the step's batch at once; :func:`accumulated`); ``remat``:
+        every layer rematerialized (the recipe's own, or chosen).
       cost_model: ``None`` when the recipe's cost model matches the compiled
         program at this scale, else what differs.
       skipped: why the strategy has no row on this mesh and model, or ``None``.
@@ -260,6 +266,12 @@ class PlanRow:
     memory_bytes: float = 0.0
     temp: float = 0.0
     unit_arguments: float | None = None
+    gather_serial_s: float = 0.0
+    gather_hidden_s: float = 0.0
+    gather_sent_by_axes: Mapping[str, float] = dataclasses.field(
+        default_factory=dict)
+    accumulation: int = 1
+    remat: bool = False
     cost_model: str | None = None
     skipped: str | None = None
     compile_s: float = 0.0
@@ -399,6 +411,8 @@ class _Comm:
         self.counts: dict[str, float] = {}
         self.by_axes: dict[str, float] = {}
         self.serial = self.hidden = 0.0
+        self.gathers = {"serial": 0.0, "hidden": 0.0}
+        self.gathered: dict[str, float] = {}
 
     def add(self, kind: str, axes: Sequence[str], sent: float, count: float,
             times: float) -> None:
@@ -415,6 +429,9 @@ class _Comm:
             self.serial += seconds
         else:
             self.hidden += seconds
+        if kind == "all-gather":  # weights gathered again per microbatch
+            self.gathers["serial" if waited else "hidden"] += seconds
+            self.gathered[key] = self.gathered.get(key, 0.0) + sent * times
 
 
 def step_row(unit: Mapping[str, Any], model: Model, mesh: Mapping[str, int],
@@ -472,6 +489,8 @@ def step_row(unit: Mapping[str, Any], model: Model, mesh: Mapping[str, int],
         unit=spec.unit, repeats=repeats,
         collectives={kind: round(n) for kind, n in comm.counts.items()},
         sent=sum(comm.by_axes.values()), sent_by_axes=comm.by_axes,
+        gather_sent_by_axes=comm.gathered, remat=bool(
+            kept is not None and kept_remat is not None and kept <= kept_remat),
         cpu_sent=sum(map(at_model_dtype, unit["ops"])) * repeats,
         rewritten=_rewritten(ops, repeats),
         program=_difference(unit, ops), **time, flops=flops,
@@ -513,26 +532,118 @@ def _step_time(spec: Any, model: Model, mesh: Mapping[str, int], comm: _Comm,
                flops: float | None, peak: float | None) -> dict[str, Any]:
     """The step's times, MFU and critical tokens (:class:`PlanRow`'s fields)."""
     devices = math.prod(mesh.values())
-    tokens = model.tokens / devices
     model_flops = (model_flops_per_device(model, devices) if spec.scope == "model"
                    else None)
     compute = None if flops is None or peak is None else flops / peak
-    exposed, critical = comm.serial + comm.hidden, None
+    return _times(spec, model.tokens / devices, comm.serial, comm.hidden, compute,
+                  model_flops, peak) | {
+        "gather_serial_s": comm.gathers["serial"],
+        "gather_hidden_s": comm.gathers["hidden"]}
+
+
+def _times(spec: Any, tokens: float, serial: float, hidden: float,
+           compute: float | None, model_flops: float | None,
+           peak: float | None) -> dict[str, Any]:
+    exposed, critical = serial + hidden, None
     if compute is not None:
         window = compute * (BACKWARD_SHARE if spec.overlap == "backward" else 1.0)
-        exposed = comm.serial + max(0.0, comm.hidden - window)
+        exposed = serial + max(0.0, hidden - window)
         # the overlapped collectives (gradients, gathers) do not grow with
         # the tokens, the computation does: equal at this many tokens; one
         # kind of layer's collectives carry its activations and grow too
-        if comm.hidden and window and spec.scope == "model":
-            critical = tokens * comm.hidden / window
+        if hidden and window and spec.scope == "model":
+            critical = tokens * hidden / window
     step = (compute or 0.0) + exposed
     mfu = (model_flops / (step * peak)
            if model_flops and peak and compute is not None and step else None)
-    return {"comm_s": comm.serial + comm.hidden, "serial_s": comm.serial,
+    return {"comm_s": serial + hidden, "serial_s": serial,
             "exposed_s": exposed, "model_flops": model_flops, "compute_s": compute,
             "step_s": step, "mfu": mfu, "tokens_per_device": tokens,
             "critical_tokens_per_device": critical}
+
+
+REMAT_COMPUTE = 4 / 3
+"""A step's computation with every layer rematerialized from one kept
+tensor, against keeping its activations: one more forward pass (2 of the
+6 N T FLOPs a token)."""
+
+
+def max_accumulation(plan: Plan, row: PlanRow) -> int:
+    """The most microbatches ``row``'s step splits into: its sequences per
+    batch shard (the batch is split over every device, or over the data
+    axis beside a model axis); 1 for a strategy that cannot accumulate (a
+    pipeline schedules its own microbatches; one kind of layer)."""
+    spec = planned_recipe(row.recipe, plan.microbatches).plan
+    if row.skipped or spec.scope != "model" or spec.variant or row.activations is None:
+        return 1
+    shards = (next(iter(plan.mesh.values())) if spec.mesh_axes == 2
+              else math.prod(plan.mesh.values()))
+    return max(1, plan.model.batch // shards)
+
+
+def fitting(plan: Plan, row: PlanRow, memory: float | None) -> PlanRow:
+    """The fastest way ``row``'s step fits ``memory`` bytes per device: as
+    planned, or rematerialized, or over more microbatches (powers of two up
+    to :func:`max_accumulation`), or both (:func:`accumulated`). Where none
+    fits, the way that needs the least memory; ``row`` itself where it fits
+    as planned or cannot be run otherwise."""
+    if memory is None or row.skipped or row.memory_bytes <= memory:
+        return row
+    most = max_accumulation(plan, row)
+    if row.activations is None or row.activations_remat is None:
+        return row
+    counts = sorted({*(2 ** i for i in range(most.bit_length()) if 2 ** i <= most),
+                     most})
+    ways = [accumulated(plan, row, m, remat) for m in counts
+            for remat in (False, True)]
+    fit = [way for way in ways if way.memory_bytes <= memory]
+    if fit:
+        return min(fit, key=lambda way: way.step_s)
+    return min(ways, key=lambda way: (way.memory_bytes, way.step_s))
+
+
+def accumulated(plan: Plan, row: PlanRow, accumulation: int = 1,
+                remat: bool = False) -> PlanRow:
+    """``row``'s step run as ``accumulation`` microbatches whose gradients
+    are summed once, at the end (the training recipes' deferred sums), and
+    with every layer rematerialized where ``remat``.
+
+    What changes: the activations kept are one microbatch's (with ``remat``,
+    each layer's one kept tensor: ``activations_remat``); each microbatch
+    gathers the weights again (the step's all-gathers, times
+    ``accumulation``); the gradients' sums and the computation do not grow
+    (the same tokens), except that rematerializing a recipe that keeps its
+    activations computes each forward pass again (:data:`REMAT_COMPUTE`).
+
+    Raises:
+      ValueError: more microbatches than :func:`max_accumulation` allows.
+    """
+    most = max_accumulation(plan, row)
+    if not 1 <= accumulation <= most:
+        raise ValueError(f"accumulation: {accumulation} microbatches for "
+                         f"{row.label}; it splits into 1 to {most}.")
+    spec = planned_recipe(row.recipe, plan.microbatches).plan
+    assert row.activations is not None and row.activations_remat is not None
+    again = accumulation - 1
+    recomputes = remat and row.activations_remat < row.activations
+    compute = (None if row.compute_s is None else
+               row.compute_s * (REMAT_COMPUTE if recomputes else 1.0))
+    times = _times(spec, row.tokens_per_device,
+                   row.serial_s + again * row.gather_serial_s,
+                   row.comm_s - row.serial_s + again * row.gather_hidden_s,
+                   compute, row.model_flops, plan.peak_flops)
+    kept = (row.activations_remat if remat else row.activations) / accumulation
+    gathered = again * sum(row.gather_sent_by_axes.values())
+    by_axes = {axes: sent + again * row.gather_sent_by_axes.get(axes, 0.0)
+               for axes, sent in row.sent_by_axes.items()}
+    counts = {kind: n * (accumulation if kind == "all-gather" else 1)
+              for kind, n in row.collectives.items()}
+    return dataclasses.replace(
+        row, **times, accumulation=accumulation, remat=remat or row.remat,
+        flops=(None if row.flops is None else
+               row.flops * (REMAT_COMPUTE if recomputes else 1.0)),
+        memory_bytes=row.states + kept, sent=row.sent + gathered,
+        sent_by_axes=by_axes, collectives=counts)
 
 
 class _Axes:
