@@ -217,7 +217,7 @@ def _explicit_status(recipe: Recipe, mesh: Any, axis: Any, done: Sequence[str],
     reason = recipe.unrunnable_form("explicit", recipe.axes(mesh, axis))
     if reason:
         return f"skipped: {reason}"
-    if ok or skipped:
+    if ok or skipped or wedged() is not None:  # nothing more can run here
         return "-"
     return alone()
 
