@@ -191,17 +191,20 @@ def target_plans():
     """``(target, devices) -> Plan`` of DP and FSDP, each compiled once."""
     from collectives.plan import load_profiles
     from collectives.plan import plan
+    from collectives.plan._command import interconnect_for
 
     done = {}
 
     def get(target, devices):
         if (target, devices) not in done:
             _compiler(target)
-            profile = load_profiles()[TARGETS[target].interconnect.replace(
-                "dgx-h100", "ib-ndr")]
+            mesh = {"data": devices // 8, "model": 8}
+            # the target's own network: a DGX H100 cluster, a v5p torus
+            links = interconnect_for(TARGETS[target].interconnect, mesh,
+                                     load_profiles())
             done[target, devices] = plan(
-                MODEL, {"data": devices // 8, "model": 8}, interconnect=profile,
-                recipes=["dp_mlp", "fsdp_mlp"], target=target, timeout=900)
+                MODEL, mesh, interconnect=links, recipes=["dp_mlp", "fsdp_mlp"],
+                target=target, timeout=900)
         return done[target, devices]
 
     return get
@@ -217,6 +220,25 @@ def test_dp_sends_an_all_reduce_of_every_gradient(target_plans, target, devices)
     want = 2 * (devices - 1) / devices * PARAMETERS * MODEL.itemsize
     assert row.sent == pytest.approx(want, rel=0.02)
     assert set(row.collectives) == {"all-reduce"}
+
+
+def test_dp_on_2048_h100s_turns_communication_bound_near_the_books_figure(
+        target_plans):
+    # the scaling book's GPU chapter: about 2,475 tokens per GPU, where the
+    # gradients' sum across nodes leaves each GPU an eighth of them, over
+    # its own 400 Gb/s NIC (NVLink inside the node, pipelined with it). The
+    # book counts bandwidth alone; the plan adds each all-reduce's latency
+    # (XLA:GPU sums a unit's gradients in 5 all-reduces, 160 a step)
+    from collectives.plan import load_profiles
+
+    profiles = load_profiles()
+    row = target_plans("h100", 2048).row("DP")
+    latency = row.collectives["all-reduce"] * (
+        profiles["ib-ndr"].link.alpha + profiles["nvlink-h100"].link.alpha)
+    bandwidth_share = (row.comm_s - latency) / row.comm_s
+    assert row.critical_tokens_per_device * bandwidth_share == pytest.approx(
+        2475, rel=0.02)
+    assert row.critical_tokens_per_device < 1.25 * 2475
 
 
 @pytest.mark.parametrize("devices", [64, 2048])

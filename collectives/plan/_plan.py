@@ -12,6 +12,7 @@ theirs says.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from collections.abc import Mapping
 from collections.abc import Sequence
@@ -21,6 +22,7 @@ from collectives._args import MAX_CPU_DEVICES
 from collectives._facts.pipeline import SCHEDULES
 from collectives._presentation import UnitBoundary
 from collectives._registry import RECIPES
+from collectives.hlo import bus_factor
 from collectives.hlo import bytes_moved
 from collectives.plan._child import run_child
 from collectives.plan._compile import planned_recipe
@@ -28,6 +30,8 @@ from collectives.plan._model import Model
 from collectives.plan._profiles import Profile
 from collectives.plan._profiles import profile_from
 from collectives.plan._profiles import profile_json
+from collectives.plan._profiles import spanned
+from collectives.plan._targets import TARGETS
 from collectives.plan._targets import target_named
 from collectives.plan._targets import target_of_topology
 
@@ -70,6 +74,35 @@ def check_mesh(names: Sequence[str], shape: Sequence[int],
             "backend' past that). Fix: plan at 2048 devices or fewer; the bytes per "
             "device of these layouts depend on the axis sizes, which you can "
             "keep.")
+
+
+def torus_spans(mesh: Mapping[str, int], links: Mapping[str, Profile],
+                topology: str | None = None) -> dict[str, int]:
+    """How many axes of its torus each mesh axis spans, for the axes on a
+    torus link (:attr:`Profile.torus`; 1 for the others): the torus of the
+    mesh's chips (``topology``, else the target's for as many chips), its
+    axes dealt to the mesh axes innermost first, each mesh axis taking the
+    torus axes whose sizes multiply to its size (1 where none do, or where
+    the chips make no slice)."""
+    spans = dict.fromkeys(mesh, 1)
+    topology = topology if topology and ":" in topology else None  # a TPU's
+    tori = {p.torus for p in links.values() if p.torus}
+    if len(tori) != 1:
+        return spans
+    try:
+        topology = topology or TARGETS[tori.pop()].topology(math.prod(mesh.values()))
+    except ValueError:
+        return spans
+    free = [int(d) for d in topology.partition(":")[2].split("x")]
+    for axis in reversed(list(mesh)):
+        for k in range(1, len(free) + 1):
+            chosen = next((c for c in itertools.combinations(range(len(free)), k)
+                           if math.prod(free[i] for i in c) == mesh[axis]), None)
+            if chosen is not None:
+                free = [d for i, d in enumerate(free) if i not in chosen]
+                spans[axis] = k if links[axis].torus else 1
+                break
+    return spans
 
 
 def resolve_target(target: str | None, topology: str | None,
@@ -344,6 +377,49 @@ def link_for(axes: Sequence[str], interconnect: Mapping[str, Profile]) -> Profil
     return found
 
 
+PHASED = ("all-reduce", "all-gather", "reduce-scatter")
+"""The kinds that run over several mesh axes in phases, one per axis."""
+
+
+def collective_seconds(kind: str, axes: Sequence[str], sent: float, count: float,
+                       mesh: Mapping[str, int],
+                       interconnect: Mapping[str, Profile]) -> float:
+    """The time of ``count`` collectives of ``kind`` over mesh ``axes``
+    that send ``sent`` bytes a device together (``alpha + sent / busbw``).
+
+    Over one axis, or of a kind that does not split into phases (all-to-all,
+    permute): on that axis's link (several axes: the slowest's). An
+    all-reduce, all-gather or reduce-scatter over several axes runs as
+    NCCL's hierarchical algorithms and XLA's decomposed collectives do: one
+    phase per axis, the innermost (the mesh's last: a node's NVLink) first,
+    each over its own links on what the inner phases leave (an all-reduce
+    reduce-scatters inside the node, sums ``1/m`` of the data across the
+    nodes, each GPU over its own NIC (a rail), and gathers inside again).
+    Phases on links of their own are pipelined, chunk by chunk: the time is
+    the slowest phase's, plus every phase's latency. Phases on one network
+    (two axes given the same profile, a torus's excepted: each of its axes
+    has its own links) take turns on its links: their bandwidth terms add
+    up, over one profile to the flat collective's.
+    """
+    if len(axes) < 2 or kind not in PHASED:
+        link = link_for(axes, interconnect).for_kind(kind)
+        return count * link.alpha + sent / link.busbw
+    factor = bus_factor(kind, math.prod(mesh[axis] for axis in axes))
+    if not factor:
+        return 0.0
+    whole, inner, alphas = sent / factor, 1, 0.0
+    on_links: dict[str, float] = {}  # each network's seconds
+    for axis in reversed(list(axes)):
+        profile = interconnect[axis]
+        link = profile.for_kind(kind)
+        network = f"{profile.name} ({axis})" if profile.torus else profile.name
+        phase = bus_factor(kind, mesh[axis]) * whole / inner
+        on_links[network] = on_links.get(network, 0.0) + phase / link.busbw
+        alphas += link.alpha
+        inner *= mesh[axis]
+    return count * alphas + max(on_links.values())
+
+
 def target_ops(unit: Mapping[str, Any], axes: Sequence[str]) -> list[dict[str, Any]]:
     """The unit's collectives in the target's program: the compiled ones,
     with each kind's count and bytes replaced by the cost model as written
@@ -405,9 +481,10 @@ class _Comm:
     axes, and seconds the computation waits for (``serial``) or may hide
     (``hidden``), by the strategy's :class:`collectives.PlanSpec`."""
 
-    def __init__(self, spec: Any, names: Sequence[str],
+    def __init__(self, spec: Any, mesh: Mapping[str, int],
                  interconnect: Mapping[str, Profile]):
-        self.spec, self.names, self.interconnect = spec, list(names), interconnect
+        self.spec, self.names, self.interconnect = spec, list(mesh), interconnect
+        self.sizes = dict(mesh)
         self.counts: dict[str, float] = {}
         self.by_axes: dict[str, float] = {}
         self.serial = self.hidden = 0.0
@@ -421,8 +498,8 @@ class _Comm:
         self.counts[kind] = self.counts.get(kind, 0.0) + count * times
         key = ",".join(axes)
         self.by_axes[key] = self.by_axes.get(key, 0.0) + sent * times
-        link = link_for(axes, self.interconnect).for_kind(kind)
-        seconds = times * (count * link.alpha + sent / link.busbw)
+        seconds = times * collective_seconds(kind, axes, sent, count, self.sizes,
+                                             self.interconnect)
         waited = self.spec.serial == "all" or (self.spec.serial == "last"
                                                and list(axes) == self.names[-1:])
         if waited:
@@ -455,7 +532,7 @@ def step_row(unit: Mapping[str, Any], model: Model, mesh: Mapping[str, int],
         return op["bytes"] * (scale if op["dtype"] == "f32" else 1.0)
 
     recipe_axes = list(mesh) if unit["axis"] is None else [unit["axis"]]
-    comm = _Comm(spec, list(mesh), interconnect)
+    comm = _Comm(spec, mesh, interconnect)
     ops = target_ops(unit, recipe_axes)
     for op in ops:
         comm.add(op["kind"], op["axes"], at_model_dtype(op), op["count"], repeats)
@@ -713,6 +790,8 @@ def plan(model: Model, mesh: Mapping[str, int], *,
     if set(links) != set(names):
         raise ValueError(f"interconnect: names axes {sorted(links)}, the mesh has "
                          f"{list(names)}. Fix: give one profile for every mesh axis.")
+    spans = torus_spans(mesh, links, topology)
+    links = {axis: spanned(p, spans[axis]) for axis, p in links.items()}
     if form not in ("shard_map", "jit"):
         raise ValueError(f"form: expected 'shard_map' or 'jit', got {form!r}.")
     state_bytes_per_parameter(precision, model.itemsize)  # a bad name raises

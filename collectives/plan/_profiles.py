@@ -71,6 +71,10 @@ class Profile:
       peak_flops: the chip's peak dense FLOP/s per dtype name
         (``"bfloat16"``, ``"float32"``); a dtype not named has no figure.
       peak_source: where the peak figures come from.
+      torus: for a TPU's ICI, the generation whose torus the link is one
+        axis of (a key of :data:`collectives.plan.TARGETS`, e.g. ``"v5p"``):
+        a plan gives a mesh axis that spans ``k`` of the torus's axes ``k``
+        times the bandwidth (:func:`spanned`); empty for other links.
 
     Examples:
       >>> from collectives.plan import load_profiles
@@ -87,6 +91,7 @@ class Profile:
     chip: str = ""
     peak_flops: Mapping[str, float] = dataclasses.field(default_factory=dict)
     peak_source: str = ""
+    torus: str = ""
 
     def peak(self, dtype: str) -> float | None:
         """The chip's peak FLOP/s in ``dtype``, or ``None`` where the profile
@@ -127,7 +132,8 @@ def profile_json(profile: Profile) -> dict[str, Any]:
             "chip": profile.chip,
             "peak_TFLOPs": {dtype: flops / 1e12
                             for dtype, flops in profile.peak_flops.items()},
-            "peak_source": profile.peak_source}
+            "peak_source": profile.peak_source,
+            **({"torus": profile.torus} if profile.torus else {})}
 
 
 def _worse(a: Link, b: Link) -> Link:
@@ -171,7 +177,36 @@ def profile_from(name: str, entry: Mapping[str, Any], where: str) -> Profile:
                    description=str(entry.get("description", "")),
                    source=str(entry.get("source", "")),
                    chip=str(entry.get("chip", "")), peak_flops=peaks,
-                   peak_source=str(entry.get("peak_source", "")))
+                   peak_source=str(entry.get("peak_source", "")),
+                   torus=_torus(entry.get("torus", ""), here))
+
+
+def _torus(value: Any, where: str) -> str:
+    from collectives.plan._targets import TARGETS
+
+    tori = [t.name for t in TARGETS.values() if t.torus]
+    if value and value not in tori:
+        raise ValueError(f"{where}: torus={value!r}; expected one of "
+                         f"{', '.join(tori)} (the TPU whose torus the link is an "
+                         "axis of), or no torus key.")
+    return str(value)
+
+
+def spanned(profile: Profile, span: int) -> Profile:
+    """``profile`` for a mesh axis spanning ``span`` axes of its torus: each
+    kind's bandwidth ``span`` times (a collective over several torus axes
+    sends over all their links at once)."""
+    if span <= 1:
+        return profile
+
+    def wider(link: Link) -> Link:
+        return Link(alpha=link.alpha, busbw=link.busbw * span)
+
+    return dataclasses.replace(
+        profile, name=f"{profile.name} x{span}", link=wider(profile.link),
+        kinds={kind: wider(link) for kind, link in profile.kinds.items()},
+        description=f"{profile.description}; this mesh axis spans {span} axes "
+                    "of the torus, their links at once")
 
 
 def read_profiles(path: str | os.PathLike[str]) -> dict[str, Profile]:
