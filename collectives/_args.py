@@ -9,10 +9,18 @@ prefixes the message with the flag itself (``argument --seed: ...``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
+import shutil
+import stat
+import sys
+import tempfile
 from collections.abc import Callable
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
+from typing import TextIO
 
 
 class Parser(argparse.ArgumentParser):
@@ -102,34 +110,116 @@ def dtype(text: str) -> str:
     return text
 
 
+STDOUT = "-"
+"""An output file named ``-``: standard output (the command's own table
+then goes to standard error, so that the data can be piped)."""
+
+
+def _special(path: Path) -> bool:
+    """An existing device or FIFO (``/dev/null``, ``/dev/stdout``, a named
+    pipe): written in place, never replaced by a rename."""
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return False
+    return stat.S_ISCHR(mode) or stat.S_ISFIFO(mode)
+
+
 def output_file(text: str) -> str:
-    """A file to write at the end: its folder must exist and be writable now,
-    so that a long run does not fail only at its last step."""
+    """A file to write at the end, checked now so that a long run does not
+    fail only at its last step: ``-`` (standard output), an existing device
+    or FIFO it may write to (written in place, never replaced), or a file in
+    a folder where one can be created now."""
+    if text == STDOUT:
+        return text
+    if not text.strip():
+        raise _refuse(text, "a file name, not an empty one",
+                      "name a file, e.g. out.json, or - for standard output")
     path = Path(text)
-    folder = path.parent if str(path.parent) else Path(".")
-    if path.is_dir():
+    if text.endswith(("/", os.sep)) or path.is_dir():
         raise _refuse(text, "a file name, not a folder",
                       f"name a file inside it, e.g. {path / 'out.json'}")
+    if path.exists() and not path.is_file():
+        if not _special(path):
+            raise _refuse(text, "a file, a device or a FIFO to write to (this is "
+                          "neither: a socket or a block device)",
+                          "name a file, or - for standard output")
+        if not os.access(path, os.W_OK):
+            raise _refuse(text, "a device or FIFO you can write to",
+                          "write elsewhere, or - for standard output")
+        return text
+    folder = path.parent
     if not folder.is_dir():
         raise _refuse(text, "a file in an existing folder",
                       f"create {folder} first, or write elsewhere")
-    if not os.access(folder, os.W_OK):
-        raise _refuse(text, "a file in a folder you can write to",
-                      f"{folder} is not writable; write elsewhere")
+    try:  # what the end of the run does: a file created beside it
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".collectives-"):
+            pass
+    except OSError as err:
+        raise _refuse(text, "a file in a folder where files can be created",
+                      f"{folder}: {err.strerror or err}; write elsewhere") from None
     return text
 
 
 def plot_file(text: str) -> str:
-    """``--plot FILE``: :func:`output_file`, and matplotlib is installed (an
-    optional dependency: checked now, not after the run)."""
+    """``--plot FILE``: :func:`output_file` but not ``-`` (a picture is
+    written to a file), and matplotlib is installed (an optional dependency:
+    checked now, not after the run)."""
     import importlib.util
 
+    if text == STDOUT:
+        raise _refuse(text, "a picture's file name (- is standard output, for "
+                      "--json and --csv)", "name a file, e.g. plot.png")
     output_file(text)
     if importlib.util.find_spec("matplotlib") is None:
         raise argparse.ArgumentTypeError(
             f"{text!r}: drawing needs matplotlib, which is not installed. Fix: pip "
             "install matplotlib (jax-collectives' 'bench' extra), or drop --plot")
     return text
+
+
+OUTPUT_FLAGS = ("json", "csv", "plot")
+"""The attributes of a command's parsed arguments that name output files."""
+
+
+def one_output_each(args: argparse.Namespace) -> None:
+    """Refuse two output flags that name one file (the second would
+    overwrite the first), ``-`` included.
+
+    Raises:
+      Refused: naming both flags and the file.
+    """
+    seen: dict[str, str] = {}
+    for flag in OUTPUT_FLAGS:
+        text = getattr(args, flag, None)
+        if not text:
+            continue
+        key = text if text == STDOUT else os.path.realpath(text)
+        if key in seen:
+            raise Refused(
+                f"--{seen[key]} and --{flag} both write {text!r}: the second would "
+                "overwrite the first. Fix: give each its own file.")
+        seen[key] = flag
+
+
+_DATA_OUT: list[TextIO] = []
+"""The standard output that ``-`` writes to while :func:`tables_to_stderr`
+is in force."""
+
+
+@contextlib.contextmanager
+def tables_to_stderr(args: argparse.Namespace) -> Iterator[None]:
+    """Where an output flag is ``-``, the command's printing goes to standard
+    error and only the data to standard output."""
+    if not any(getattr(args, flag, None) == STDOUT for flag in OUTPUT_FLAGS):
+        yield
+        return
+    _DATA_OUT.append(sys.stdout)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        _DATA_OUT.pop()
 
 
 def coordinator(text: str) -> str:
@@ -144,7 +234,14 @@ def coordinator(text: str) -> str:
 def write_atomic(path: str | os.PathLike, write: Callable[[Path], object]) -> None:
     """``write(temporary)`` into a file beside ``path``, then rename it onto
     ``path``: an interrupted run leaves the old file or none, never half of
-    one."""
+    one. ``-`` (:data:`STDOUT`) and an existing device or FIFO get the
+    finished file's bytes written in place."""
+    if str(path) == STDOUT or _special(Path(path)):
+        with tempfile.TemporaryDirectory() as folder:
+            temporary = Path(folder) / Path(str(path)).name.replace(STDOUT, "out")
+            write(temporary)
+            _copy_in_place(str(path), temporary)
+        return
     target = Path(path)
     # the same suffix: writers such as matplotlib's choose the format by it
     temporary = target.with_name(f".{target.stem}.{os.getpid()}.tmp{target.suffix}")
@@ -153,6 +250,16 @@ def write_atomic(path: str | os.PathLike, write: Callable[[Path], object]) -> No
         os.replace(temporary, target)
     finally:
         temporary.unlink(missing_ok=True)
+
+
+def _copy_in_place(path: str, finished: Path) -> None:
+    if path == STDOUT:
+        out: Any = _DATA_OUT[-1] if _DATA_OUT else sys.stdout
+        out.write(finished.read_text())
+        out.flush()
+        return
+    with open(finished, "rb") as source, open(path, "wb") as target:
+        shutil.copyfileobj(source, target)
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:

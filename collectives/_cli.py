@@ -179,7 +179,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="every recipe in every form vs the NumPy oracle")
     add_check_arguments(p)
     p.add_argument("--json", metavar="FILE", type=_args.output_file,
-                   help="also write the rows and the JAX version to FILE as JSON")
+                   help="also write the rows and the JAX version to FILE as JSON "
+                   "(- : standard output, the table then on stderr)")
     p.set_defaults(func=cmd_check)
 
     p = sub.add_parser(
@@ -214,7 +215,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return args.func(args)
+        _args.one_output_each(args)
+        with _args.tables_to_stderr(args):
+            return args.func(args)
     except BrokenPipeError:  # e.g. `python -m collectives list | head`
         sys.stderr.close()
         return 0

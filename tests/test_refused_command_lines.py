@@ -110,6 +110,64 @@ def test_a_bad_command_line_is_refused_in_one_line_before_any_work(
     assert "Traceback" not in err
 
 
+@pytest.mark.parametrize("argv,words", [
+    (["bench", "--json", "b.json", "--csv", "b.json"], ["--json and --csv", "b.json"]),
+    (["bench", "--json", "-", "--csv", "-"], ["--json and --csv", "'-'"]),
+    (["plan", "--json", "p.png", "--plot", "./p.png"], ["--json and --plot"]),
+    (["check", "psum", "--json", "out/"], ["--json", "'out/'", "not a folder"]),
+    (["check", "psum", "--json", ""], ["--json", "not an empty one"]),
+    (["bench", "--plot", "-"], ["--plot", "'-'", "plot.png"]),
+    (["check", "psum", "--json", "/proc/collectives.json"],
+     ["--json", "/proc", "files can be created"]),
+])
+def test_an_output_path_that_cannot_be_written_whole_is_refused_first(
+        capsys, no_work, tmp_path, monkeypatch, argv, words):
+    # two flags on one file (the second would overwrite the first), a
+    # folder, an empty name, a picture to standard output, a folder where no
+    # file can be created (procfs)
+    monkeypatch.chdir(tmp_path)
+    code, out, err = _one_line_refusal(capsys, argv)
+    assert code == 2 and not no_work, (argv, out, err, no_work)
+    assert len(err.strip().splitlines()) == 1, err
+    for word in words:
+        assert word in err, (argv, err)
+    assert not any(tmp_path.iterdir())
+
+
+def test_json_to_standard_output_is_the_data_alone(capsys):
+    # `--json -`: the JSON alone on standard output (the table on stderr),
+    # so that it pipes into jq
+    assert _cli.main(["check", "psum", "--mesh", "8", "--json", "-"]) == 0
+    out, err = capsys.readouterr()
+    rows = json.loads(out)["rows"]
+    assert [row["recipe"] for row in rows] == ["psum"]
+    assert "1 agree, 0 disagree" in err
+
+
+def test_a_device_or_fifo_is_written_in_place_never_replaced(tmp_path, capsys):
+    # a FIFO the test makes (and, where it may, a character device standing
+    # for /dev/null: never the real one) gets the bytes; the node stays
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    got = []
+    reader = __import__("threading").Thread(
+        target=lambda: got.append(fifo.read_bytes()))
+    reader.start()
+    assert _cli.main(["check", "psum", "--mesh", "8", "--json", str(fifo)]) == 0
+    reader.join(timeout=60)
+    assert json.loads(got[0])["rows"][0]["recipe"] == "psum"
+    assert fifo.is_fifo()
+    null = tmp_path / "null"
+    try:
+        os.mknod(null, 0o666 | __import__("stat").S_IFCHR, os.makedev(1, 3))
+    except PermissionError:
+        pytest.skip("making a device node needs root")
+    assert _cli.main(["check", "psum", "--mesh", "8", "--json", str(null)]) == 0
+    assert null.is_char_device() and not null.is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo", "null"]
+    capsys.readouterr()
+
+
 def test_plot_without_matplotlib_is_refused_at_the_start(capsys, monkeypatch):
     real = importlib.util.find_spec
 

@@ -99,10 +99,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="target duration of one timed call (default: 0.01)")
     parser.add_argument("--json", metavar="FILE", type=_args.output_file,
                         help="write the results as JSON "
-                        "(schema: collectives/bench/schema.json)")
+                        "(schema: collectives/bench/schema.json; - : standard "
+                        "output, the table then on stderr)")
     parser.add_argument("--csv", metavar="FILE", type=_args.output_file,
                         help="write the table rows (with "
-                        "--overhead: the ratios) as CSV")
+                        "--overhead: the ratios) as CSV (- : standard output)")
     parser.add_argument("--plot", metavar="FILE", type=_args.plot_file,
                         help="draw busbw against size with "
                         "the 95%% intervals as bands, to FILE for a desktop's "

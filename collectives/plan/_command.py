@@ -136,7 +136,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "book's "
         "formula counted the plan's way")
     parser.add_argument("--json", metavar="FILE", type=_args.output_file,
-                        help="write the plans as JSON")
+                        help="write the plans as JSON (- : standard output, "
+                        "the table then on stderr)")
     parser.add_argument("--plot", metavar="FILE", type=_args.plot_file,
                         help="draw step time and memory against devices, "
                         "to FILE for a desktop's column and to NAME.narrow.EXT "
