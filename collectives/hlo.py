@@ -39,6 +39,7 @@ import math
 import re
 from collections.abc import Callable
 from collections.abc import Mapping
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -545,57 +546,124 @@ def matmul_flops(text: str) -> float | None:
       ...     "rhs_contracting_dims={0}\n}\n")
       1024.0
     """
-    shapes: dict[str, str] = {}
-    own: dict[str, float] = {}
-    calls: dict[str, list[tuple[str, int]]] = {}
-    current, entry, dots = "", "", 0
-    for line in text.splitlines():
-        header = _COMPUTATION.match(line)
-        if header:
-            current = header.group(2)
-            entry = current if header.group(1) else entry
-            own.setdefault(current, 0.0)
-            calls.setdefault(current, [])
-            for param in _split_top(header.group(3)):
-                name, _, shape = param.partition(":")
-                shapes[name.strip().lstrip("%")] = shape.strip()
-            continue
-        m = _INSTRUCTION.match(line)
-        if not m or not current:
-            continue
-        name, rest = m.groups()
-        end = _closing(rest, 0) if rest.startswith("(") else rest.find(" ")
-        if end <= 0:
-            continue
-        shapes[name] = rest[:end]
-        op = _OPCODE.match(rest, end)
-        if not op:
-            continue
-        close = _closing(rest, op.end() - 1)
-        attrs = rest[close:]
-        trips = _TRIPS.search(attrs)
-        for key, callee in _CALLED.findall(attrs):
-            calls[current].append((callee, int(trips.group(1)) if key == "body"
-                                   and trips else 1))
-        if op.group(1) != "dot":
-            continue
-        operands = _split_top(rest[op.end():close - 1])
-        lhs = _dims(shapes.get(_ref(operands[0]), "")) if operands else []
-        contracted = _CONTRACTING.search(attrs)
-        k = math.prod(lhs[int(d)] for d in re.findall(r"\d+", contracted.group(1))
-                      if int(d) < len(lhs)) if contracted else 1
-        own[current] += 2.0 * math.prod(_dims(rest[:end])) * k
-        dots += 1
-    if not dots:
+    program = _Matmuls(text)
+    if not program.dots:
         return None
-    totals: dict[str, float] = {}
+    return program.total(program.entry) if program.entry else sum(program.own.values())
 
-    def total(computation: str, depth: int = 0) -> float:
-        if computation not in totals:
-            totals[computation] = 0.0  # (a cycle, which HLO has not, ends here)
-            totals[computation] = own.get(computation, 0.0) + sum(
-                times * total(callee, depth + 1)
-                for callee, times in calls.get(computation, ()))
-        return totals[computation]
 
-    return total(entry) if entry else sum(own.values())
+class _Matmuls:
+    """The matmul FLOPs of compiled HLO text, per computation and per
+    instruction, in the order each computation lists its instructions (its
+    schedule, in a scheduled module)."""
+
+    def __init__(self, text: str):
+        shapes: dict[str, str] = {}
+        self.own: dict[str, float] = {}
+        self.calls: dict[str, list[tuple[str, int]]] = {}
+        # each computation's instructions: (name, opcode, first operand, the
+        # instruction's own FLOPs, the computations it calls with their trips)
+        self.order: dict[str, list[tuple[str, str, str, float,
+                                         list[tuple[str, int]]]]] = {}
+        self.entry, self.dots, current = "", 0, ""
+        self._totals: dict[str, float] = {}
+        for line in text.splitlines():
+            header = _COMPUTATION.match(line)
+            if header:
+                current = header.group(2)
+                self.entry = current if header.group(1) else self.entry
+                self.own.setdefault(current, 0.0)
+                self.calls.setdefault(current, [])
+                self.order.setdefault(current, [])
+                for param in _split_top(header.group(3)):
+                    name, _, shape = param.partition(":")
+                    shapes[name.strip().lstrip("%")] = shape.strip()
+                continue
+            m = _INSTRUCTION.match(line)
+            if not m or not current:
+                continue
+            name, rest = m.groups()
+            end = _closing(rest, 0) if rest.startswith("(") else rest.find(" ")
+            if end <= 0:
+                continue
+            shapes[name] = rest[:end]
+            op = _OPCODE.match(rest, end)
+            if not op:
+                continue
+            close = _closing(rest, op.end() - 1)
+            attrs = rest[close:]
+            operands = _split_top(rest[op.end():close - 1])
+            trips = _TRIPS.search(attrs)
+            called = [(callee, int(trips.group(1)) if key == "body" and trips else 1)
+                      for key, callee in _CALLED.findall(attrs)]
+            self.calls[current] += called
+            flops = 0.0
+            if op.group(1) == "dot":
+                lhs = _dims(shapes.get(_ref(operands[0]), "")) if operands else []
+                contracted = _CONTRACTING.search(attrs)
+                dims = re.findall(r"\d+", contracted.group(1)) if contracted else []
+                k = math.prod(lhs[int(d)] for d in dims if int(d) < len(lhs))
+                flops = 2.0 * math.prod(_dims(rest[:end])) * k
+                self.own[current] += flops
+                self.dots += 1
+            first = _ref(operands[0]) if operands else ""
+            self.order[current].append((name, op.group(1), first, flops, called))
+
+    def total(self, computation: str) -> float:
+        """The FLOPs of one run of ``computation``, its callees' included."""
+        if computation not in self._totals:
+            self._totals[computation] = 0.0  # (a cycle, which HLO has not, ends here)
+            self._totals[computation] = self.own.get(computation, 0.0) + sum(
+                times * self.total(callee)
+                for callee, times in self.calls.get(computation, ()))
+        return self._totals[computation]
+
+    def instruction(self, flops: float, called: Sequence[tuple[str, int]]) -> float:
+        return flops + sum(times * self.total(callee) for callee, times in called)
+
+
+def scheduled_overlap(text: str) -> dict[str, float]:
+    r"""For each asynchronous collective in compiled HLO text, the matmul
+    FLOPs its computation's schedule runs between its start and its done:
+    the work the compiler placed to hide it. Keyed by the name
+    :func:`parse_collectives` gives the op (the ``-start`` instruction's, or
+    for an ``async-start`` wrapper the wrapped collective's); a collective
+    run synchronously (no start and done) is not in it. The text must be
+    of a scheduled module (``Compiled.as_text()``), whose computations list
+    their instructions in the order they run.
+
+    Examples:
+      >>> from collectives.hlo import scheduled_overlap
+      >>> scheduled_overlap(
+      ...     "HloModule m, is_scheduled=true\n"
+      ...     "ENTRY %main (a: f32[8,16], b: f32[16,4]) -> f32[8,4] {\n"
+      ...     "  %a = f32[8,16]{1,0} parameter(0)\n"
+      ...     "  %b = f32[16,4]{1,0} parameter(1)\n"
+      ...     "  %s = f32[16,4]{1,0} all-reduce-start(%b), replica_groups={{0,1}}\n"
+      ...     "  %d = f32[8,4]{1,0} dot(%a, %b), lhs_contracting_dims={1}, "
+      ...     "rhs_contracting_dims={0}\n"
+      ...     "  ROOT %e = f32[16,4]{1,0} all-reduce-done(%s)\n}\n")
+      {'s': 1024.0}
+    """
+    program = _Matmuls(text)
+    wrapped: dict[str, str] = {}  # a wrapped collective's computation -> its op
+    for computation, instructions in program.order.items():
+        for name, opcode, _, _, _ in instructions:
+            if _kind(opcode) is not None and not opcode.endswith("-done"):
+                wrapped.setdefault(computation, name)
+    found: dict[str, float] = {}
+    for instructions in program.order.values():
+        open_at: dict[str, tuple[str, int]] = {}  # start -> (op name, position)
+        for position, (name, opcode, first, _, called) in enumerate(instructions):
+            if opcode == "async-start":
+                inner = next((wrapped[c] for c, _ in called if c in wrapped), None)
+                if inner is not None:
+                    open_at[name] = (inner, position)
+            elif opcode.endswith("-start") and _kind(opcode) is not None:
+                open_at[name] = (name, position)
+            elif opcode.endswith("-done") and first in open_at:
+                op, begun = open_at.pop(first)
+                between = instructions[begun + 1:position]
+                found[op] = sum(program.instruction(flops, calls)
+                                for _, _, _, flops, calls in between)
+    return found

@@ -255,3 +255,45 @@ def test_collective_stats_wraps_plain_callables_and_refuses_others():
     assert stats.ops[0].group_size == math.prod(mesh.shape.values())
     with pytest.raises(TypeError, match="fn: expected a callable"):
         collective_stats(3, x)
+
+
+SCHEDULED = """HloModule m, is_scheduled=true, num_partitions=4
+%fused_dot (p0: f32[8,16], p1: f32[16,4]) -> f32[8,4] {
+  %p0 = f32[8,16]{1,0} parameter(0)
+  %p1 = f32[16,4]{1,0} parameter(1)
+  ROOT %d = f32[8,4]{1,0} dot(%p0, %p1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+%add (x: f32[], y: f32[]) -> f32[] {
+  %x = f32[] parameter(0)
+  %y = f32[] parameter(1)
+  ROOT %s = f32[] add(%x, %y)
+}
+%wrapped_rs (w: f32[16]) -> f32[4] {
+  %w = f32[16]{0} parameter(0)
+  ROOT %rs = f32[4]{0} reduce-scatter(%w), replica_groups={{0,1,2,3}}, dimensions={0}, to_apply=%add
+}
+ENTRY %main (a: f32[8,16], b: f32[16,4], g: f32[16]) -> f32[4] {
+  %a = f32[8,16]{1,0} parameter(0)
+  %b = f32[16,4]{1,0} parameter(1)
+  %g = f32[16]{0} parameter(2)
+  %ag = f32[64]{0} all-gather-start(%g), replica_groups={{0,1,2,3}}, dimensions={0}
+  %f1 = f32[8,4]{1,0} fusion(%a, %b), kind=kCustom, calls=%fused_dot
+  %f2 = f32[8,4]{1,0} fusion(%a, %b), kind=kCustom, calls=%fused_dot
+  %agd = f32[64]{0} all-gather-done(%ag)
+  %ar = f32[16]{0} all-reduce(%g), replica_groups={{0,1,2,3}}, to_apply=%add
+  %rss = ((f32[16]{0}), f32[4]{0}) async-start(%ar), calls=%wrapped_rs
+  ROOT %rsd = f32[4]{0} async-done(%rss)
+}
+"""
+
+
+def test_the_schedule_says_what_each_async_collective_runs_beside():
+    from collectives.hlo import scheduled_overlap
+
+    # the gather's start and done hold two fused matmuls of 2*8*4*16 FLOPs
+    # each; the wrapped reduce-scatter (named as its op is) has nothing
+    # between; the synchronous all-reduce has no start and done
+    found = scheduled_overlap(SCHEDULED)
+    assert found == {"ag": 2 * 2 * 8 * 4 * 16, "rs": 0.0}
+    names = {op.name for op in parse_collectives(SCHEDULED).ops}
+    assert set(found) <= names and "ar" in names

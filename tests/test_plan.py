@@ -342,6 +342,8 @@ def test_plan_on_64_devices_matches_formulas_written_here(tmp_path):
     for key in ("compute_s", "comm_s", "step_s", "mfu",
                 "critical_tokens_per_device", "memory_bytes"):
         assert all(key in row for row in rows.values()), key
+    # XLA:CPU's collectives are synchronous, not the target's: no schedule
+    assert all(row["schedule"] is None for row in rows.values())
     # DP x TP, Megatron on every block (W_in by columns, W_out by rows over
     # model, m = 8): one all-reduce of [t, D] after each block's W_out and
     # one of its input's gradient, the model's first block's excepted,
@@ -553,6 +555,22 @@ def test_the_books_threshold_counts_every_collective_as_overlapped():
     three = book_profile(3)
     assert three.link.busbw == pytest.approx(3 * 1.8e11)
     assert three.peak("bfloat16") == pytest.approx(4.59e14)
+
+
+def test_the_books_gpu_chapter_on_the_default_profiles():
+    # H100s: C / W inside a node (NVLink, 2200 tokens a GPU) and across
+    # nodes (a node's eight NICs, 2475), for DP and FSDP, on the default
+    # profiles with their latency left out (as the book leaves it out)
+    from collectives.plan._book import gpu_cases
+
+    found = {case.name: case for case in gpu_cases()}
+    assert [round(case.book) for case in found.values()] == [2200, 2475, 2475]
+    for case in found.values():
+        assert case.plan == pytest.approx(case.book, rel=0.13), case
+        assert case.ratio == pytest.approx(1, rel=0.02), case
+    # across nodes the plan's (n-1)/n at 256 nodes is within 1 % of the book
+    assert found["DP, 2048 H100s"].plan == pytest.approx(2475, rel=0.01)
+    assert found["FSDP, 2048 H100s"].plan == pytest.approx(2475, rel=0.01)
 
 
 def test_the_pipeline_bubble_is_in_the_step_and_1f1b_keeps_fewer_activations():

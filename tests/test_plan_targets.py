@@ -271,3 +271,16 @@ def test_fsdp_on_tpu_v5p_is_counted_by_what_each_op_moves(target_plans, devices)
     padded = [n for how, n in row.rewritten.items() if "zero-padded" in how]
     assert sliced and padded, row.rewritten
     assert row.flops_source == "compiled" and row.flops > 0
+
+
+@pytest.mark.parametrize("devices", [64, 2048])
+def test_the_h100_schedule_hides_part_of_fsdps_collectives_and_not_the_rest(
+        target_plans, devices):
+    # XLA:GPU runs FSDP's gathers and the gradients' reduce-scatter
+    # asynchronously; within one unit some gathers have matmuls between
+    # their start and done, the reduce-scatter at the unit's end has none
+    schedule = target_plans("h100", devices).row("FSDP").schedule
+    assert schedule is not None and schedule["async"] >= schedule["ops"] - 1
+    assert 0 < schedule["hidden_s"] < schedule["comm_s"]
+    assert schedule["exposed_s"] == pytest.approx(
+        schedule["comm_s"] - schedule["hidden_s"])

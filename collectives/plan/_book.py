@@ -12,6 +12,14 @@ of LLaMA-2 13B (``F`` = 13824). The plan computes the same thresholds from
 its own compiled programs and cost models with the book's figures; this
 module runs those plans and sets the two side by side, with the book's
 formula recounted the plan's way where the two count differently.
+
+Its GPU chapter ("How to Think About GPUs", LLM scaling on GPUs) finds for
+H100s (``C`` = 9.9e14, a GPU's NVLink egress 4.5e11 bytes/s, a node's
+network egress 4e11: eight 400 Gb/s NICs; latency left out) the same bound
+for data parallelism and FSDP, ``C / W``: 2200 tokens per GPU inside a
+node, 2475 across nodes. Those cases run on the package's default profiles
+(``nvlink-h100`` inside the node, ``ib-ndr`` across: a NIC a GPU), their
+latency left out as the book leaves it out.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ from collectives.plan._model import MODELS
 from collectives.plan._plan import plan
 from collectives.plan._profiles import Link
 from collectives.plan._profiles import Profile
+from collectives.plan._profiles import load_profiles
 
 PEAK = 4.59e14
 """The book's TPU v5p: bf16 FLOP/s a chip."""
@@ -49,6 +58,28 @@ def book_profile(axes: int) -> Profile:
                "latency left out",
         chip="TPU v5p", peak_flops={"bfloat16": PEAK},
         peak_source="the scaling book: C = 4.59e14 bf16 FLOP/s")
+
+
+GPU_PEAK = 9.9e14
+"""The book's H100: bf16 FLOP/s a GPU."""
+NVLINK = 4.5e11
+"""The book's H100: a GPU's NVLink egress, bytes/s."""
+NODE_NETWORK = 4e11
+"""The book's H100 node: its eight 400 Gb/s NICs, bytes/s."""
+GPU_DEVICES = 2048
+"""The GPUs the across-nodes cases are planned on: 256 nodes of 8."""
+
+
+def without_latency(profile: Profile) -> Profile:
+    """``profile`` with every kind's latency left out, as the book leaves
+    it out."""
+    def bare(link: Link) -> Link:
+        return Link(alpha=0.0, busbw=link.busbw)
+
+    return dataclasses.replace(
+        profile, link=bare(profile.link),
+        kinds={kind: bare(link) for kind, link in profile.kinds.items()},
+        description=f"{profile.description}; latency left out")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,14 +165,59 @@ def cases(timeout: float = 600) -> list[Case]:
         "With that, the book's inequality gives alpha / (2 Y (1 - term)) at the "
         "plan's Y; the book's figure is its optimum over a continuous Y",
         counted=alpha / (2 * chosen * (1 - sums))))
-    return out
+    return out + gpu_cases(timeout)
+
+
+def gpu_cases(timeout: float = 600) -> list[Case]:
+    """The GPU chapter's bounds, planned on the default profiles (latency
+    left out): DP inside one node, DP and FSDP over 256 nodes, of the 8B
+    model (the bounds do not depend on it; LLaMA-2 13B's F = 13824 does not
+    split 2048 ways)."""
+    model = MODELS["8b"]
+    profiles = load_profiles()
+    nvlink = without_latency(profiles["nvlink-h100"])
+    ib = without_latency(profiles["ib-ndr"])
+    peak = nvlink.peak(model.dtype) or GPU_PEAK
+    node = plan(model, {"data": 8}, interconnect=nvlink, recipes=["dp_mlp"],
+                timeout=timeout)
+    mesh = {"data": GPU_DEVICES // 8, "model": 8}
+    nodes = plan(model, mesh, interconnect={"data": ib, "model": nvlink},
+                 recipes=["dp_mlp", "fsdp_mlp"], timeout=timeout)
+    chip = (f"the profiles' H100 ({peak / 1e12:.1f} TFLOP/s, the book's 990) and "
+            "rings' (n - 1)/n")
+    across = mesh["data"]
+    # across the nodes each GPU sums (gathers, scatters) an eighth of the
+    # data over its own NIC: the node's eight NICs together, as the book has
+    # it, at ib-ndr's 50 GB/s a NIC
+    by_nic = peak / (8 * ib.link.busbw) * (across - 1) / across
+    return [
+        Case("DP, one H100 node", GPU_PEAK / NVLINK, "C / W_NVLink",
+             node.row("DP").critical_tokens_per_device,
+             "gradient all-reduce over NVLink against the backward pass",
+             f"{chip} at n = 8; the first layer's input gradient, which no "
+             "program computes, is left out of the backward pass hiding the sum",
+             counted=peak / nvlink.link.busbw * 7 / 8),
+        Case("DP, 2048 H100s", GPU_PEAK / NODE_NETWORK, "C / W_node",
+             nodes.row("DP").critical_tokens_per_device,
+             "the all-reduce in phases: NVLink inside the node, an eighth of it "
+             "across the nodes on each GPU's NIC, pipelined",
+             f"{chip} at n = {across} nodes; the first layer's input gradient",
+             counted=by_nic),
+        Case("FSDP, 2048 H100s", GPU_PEAK / NODE_NETWORK, "C / W_node",
+             nodes.row("FSDP").critical_tokens_per_device,
+             "gathers, re-gathers and reduce-scatters in phases against the step",
+             f"{chip} at n = {across} nodes; the model's first layer needs no "
+             "re-gather", counted=by_nic),
+    ]
 
 
 def table_lines(found: Sequence[Case]) -> list[str]:
     """The comparison as text."""
     lines = [f"# the scaling book (part 5, TPU v5p: C = {PEAK:.3g} FLOP/s, W = "
-             f"{ICI:.2g} B/s) and this plan: tokens per chip below which each "
-             "layout is communication-bound",
+             f"{ICI:.2g} B/s; its GPU chapter, H100: C = {GPU_PEAK:.2g}, W = "
+             f"{NVLINK:.2g} B/s inside a node, {NODE_NETWORK:.2g} a node across) "
+             "and this plan: tokens per chip below which each layout is "
+             "communication-bound",
              f"{'layout':24s}  {'book':>8s}  {'book, as the plan counts':>24s}  "
              f"{'plan':>8s}  plan/that"]
     for case in found:
@@ -155,5 +231,7 @@ def table_lines(found: Sequence[Case]) -> list[str]:
 
 
 def as_json(found: Sequence[Case]) -> dict[str, Any]:
-    return {"peak": PEAK, "ici": ICI, "devices": DEVICES,
+    return {"peak": PEAK, "ici": ICI, "devices": DEVICES, "gpu_peak": GPU_PEAK,
+            "nvlink": NVLINK, "node_network": NODE_NETWORK,
+            "gpu_devices": GPU_DEVICES,
             "cases": [dataclasses.asdict(c) | {"ratio": c.ratio} for c in found]}

@@ -30,6 +30,7 @@ from collectives._registry import RECIPES
 from collectives._stacked import map_leaves
 from collectives.hlo import matmul_flops
 from collectives.hlo import parse_collectives
+from collectives.hlo import scheduled_overlap
 
 
 def planned_recipe(name: str, microbatches: int | None = None) -> Recipe:
@@ -97,6 +98,8 @@ def compile_unit(recipe: Recipe, mesh: jax.sharding.Mesh, form: str, *,
       A JSON-ready dict: ``ops`` (one per compiled collective: ``kind``,
       ``axes``, ``bytes``, ``group``), ``memory`` (the compiler's argument,
       output and temp bytes per device; ``params``: the parameters' shards),
+      ``overlap_flops``: the matmul FLOPs the compiled schedule runs between
+      an asynchronous op's start and done, ``None`` for a synchronous one),
       ``cost_model`` (``None`` when the recipe's cost model holds, else what
       differs), ``target`` (on XLA:CPU: the cost model as written, what a GPU
       or TPU compiler keeps: ``counts`` and ``bytes`` per kind; ``None`` when
@@ -121,6 +124,7 @@ def compile_unit(recipe: Recipe, mesh: jax.sharding.Mesh, form: str, *,
     seconds = time.perf_counter() - start
     text = compiled.as_text()
     stats = parse_collectives(text)
+    overlap = scheduled_overlap(text)
     problems = [e.mismatch(stats) for e in recipe.expected_costs(form, axes, args)]
     target = None
     if compiled_for() == "cpu":
@@ -143,6 +147,7 @@ def compile_unit(recipe: Recipe, mesh: jax.sharding.Mesh, form: str, *,
         "dtype": jnp.dtype(dtype).name,
         "ops": [{"kind": op.kind, "axes": list(op.mesh_axes(mesh)),
                  "bytes": op.bytes, "group": op.group_size, "dtype": op.dtype,
+                 "overlap_flops": overlap.get(op.name),
                  **({"written": op.written} if op.written else {})}
                 for op in stats.ops],
         "memory": memory,

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+from collections.abc import Callable
 from collections.abc import Mapping
 from collections.abc import Sequence
 from typing import Any
@@ -268,6 +269,13 @@ class PlanRow:
         all-reduce by the cost model (and says so).
       note: what the strategy's facts say of it at this scale (a
         pipeline's schedule and bubble), or ``None``.
+      schedule: on a target (``None`` on XLA:CPU, whose collectives are
+        synchronous): what the target's schedule of one unit overlaps, a
+        step's worth (:func:`scheduled`): ``ops`` and ``async`` (how many
+        of the unit's collectives are asynchronous), ``comm_s`` (their
+        time on the interconnect), ``hidden_s`` (the part the matmuls the
+        compiler placed between an op's start and done can hide, at the
+        chip's peak) and ``exposed_s`` (the rest).
     """
 
     label: str
@@ -303,6 +311,7 @@ class PlanRow:
     gather_hidden_s: float = 0.0
     gather_sent_by_axes: Mapping[str, float] = dataclasses.field(
         default_factory=dict)
+    schedule: Mapping[str, float] | None = None
     accumulation: int = 1
     remat: bool = False
     cost_model: str | None = None
@@ -578,7 +587,37 @@ def step_row(unit: Mapping[str, Any], model: Model, mesh: Mapping[str, int],
                         else float(unit["memory"]["arguments"]) * scale),
         cost_model=unit["cost_model"], compile_s=unit["compile_s"],
         scope=spec.scope, added=added,
-        note=spec.note(axes, model, schedule) if spec.note else None)
+        note=spec.note(axes, model, schedule) if spec.note else None,
+        schedule=scheduled(unit, mesh, interconnect, peak, at_model_dtype, repeats))
+
+
+def scheduled(unit: Mapping[str, Any], mesh: Mapping[str, int],
+              interconnect: Mapping[str, Profile], peak: float | None,
+              sent: Callable[[Mapping[str, Any]], float],
+              repeats: float) -> dict[str, float] | None:
+    """What the target's schedule of one unit overlaps, times ``repeats``:
+    each compiled collective's time alone on the interconnect, hidden up to
+    the matmuls the schedule runs between its start and its done (at
+    ``peak``); ``None`` for a unit XLA:CPU compiled (its collectives are
+    synchronous, not the target's) or without a peak. One unit's schedule:
+    what the compiler overlaps across units, in a whole step, it does not
+    show."""
+    if unit.get("target") is not None or peak is None or not unit["ops"]:
+        return None
+    total = hidden = 0.0
+    asynchronous = 0
+    for op in unit["ops"]:
+        if not op["axes"]:
+            continue
+        seconds = collective_seconds(op["kind"], op["axes"], sent(op), 1, mesh,
+                                     interconnect)
+        total += seconds
+        if op.get("overlap_flops") is not None:
+            asynchronous += 1
+            hidden += min(seconds, op["overlap_flops"] / peak)
+    return {"ops": len(unit["ops"]), "async": asynchronous,
+            "comm_s": total * repeats, "hidden_s": hidden * repeats,
+            "exposed_s": (total - hidden) * repeats}
 
 
 def _rewritten(ops: Sequence[Mapping[str, Any]], repeats: float) -> dict[str, float]:

@@ -143,6 +143,15 @@ def notes(plan: Plan) -> list[str]:
             out.append(f"{row.label}: one unit in the target's memory analysis: "
                        f"{size(row.unit_arguments)} of arguments, {size(row.temp)} "
                        "of temporaries")
+        if row.schedule is not None:
+            s = row.schedule
+            out.append(
+                f"{row.label}: the target's schedule of one unit: {s['async']:g} of "
+                f"{s['ops']:g} collectives asynchronous; of their "
+                f"{s['comm_s'] * 1e3:.1f} ms a step, the matmuls it runs between "
+                f"start and done hide {s['hidden_s'] * 1e3:.1f} ms, "
+                f"{s['exposed_s'] * 1e3:.1f} ms wait (within one unit; the step "
+                "column overlaps by the strategy's rule, across units)")
         for how, count in row.rewritten.items():
             out.append(f"{row.label}: {count:g} collectives a step are written as "
                        f"{how}")
