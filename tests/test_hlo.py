@@ -261,7 +261,7 @@ SCHEDULED = """HloModule m, is_scheduled=true, num_partitions=4
 %fused_dot (p0: f32[8,16], p1: f32[16,4]) -> f32[8,4] {
   %p0 = f32[8,16]{1,0} parameter(0)
   %p1 = f32[16,4]{1,0} parameter(1)
-  ROOT %d = f32[8,4]{1,0} dot(%p0, %p1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  ROOT %d = f32[8,4]{1,0} dot(%p0, %p1), lhs_contracting_dims={1}
 }
 %add (x: f32[], y: f32[]) -> f32[] {
   %x = f32[] parameter(0)
@@ -270,7 +270,7 @@ SCHEDULED = """HloModule m, is_scheduled=true, num_partitions=4
 }
 %wrapped_rs (w: f32[16]) -> f32[4] {
   %w = f32[16]{0} parameter(0)
-  ROOT %rs = f32[4]{0} reduce-scatter(%w), replica_groups={{0,1,2,3}}, dimensions={0}, to_apply=%add
+  ROOT %rs = f32[4]{0} reduce-scatter(%w), replica_groups={{0,1,2,3}}, to_apply=%add
 }
 ENTRY %main (a: f32[8,16], b: f32[16,4], g: f32[16]) -> f32[4] {
   %a = f32[8,16]{1,0} parameter(0)
