@@ -254,7 +254,7 @@ class PlanRow:
         all-gathers' share of ``serial_s``, of the overlapped time and of
         ``sent_by_axes`` (what a step of more microbatches repeats).
       accumulation: the microbatches the step's gradients accumulate over
-        (1: the step's batch at once; :func:`accumulated`); ``remat``:
+        (1: the step's batch at once); ``remat``:
         every layer rematerialized (the recipe's own, or chosen).
       cost_model: ``None`` when the recipe's cost model matches the compiled
         program at this scale, else what differs.
@@ -271,7 +271,7 @@ class PlanRow:
         pipeline's schedule and bubble), or ``None``.
       schedule: on a target (``None`` on XLA:CPU, whose collectives are
         synchronous): what the target's schedule of one unit overlaps, a
-        step's worth (:func:`scheduled`): ``ops`` and ``async`` (how many
+        step's worth: ``ops`` and ``async`` (how many
         of the unit's collectives are asynchronous), ``comm_s`` (their
         time on the interconnect), ``hidden_s`` (the part the matmuls the
         compiler placed between an op's start and done can hide, at the

@@ -74,7 +74,7 @@ class Profile:
       torus: for a TPU's ICI, the generation whose torus the link is one
         axis of (a key of :data:`collectives.plan.TARGETS`, e.g. ``"v5p"``):
         a plan gives a mesh axis that spans ``k`` of the torus's axes ``k``
-        times the bandwidth (:func:`spanned`); empty for other links.
+        times the bandwidth; empty for other links.
 
     Examples:
       >>> from collectives.plan import load_profiles
