@@ -13,9 +13,20 @@ KINDS = frozenset({"float", "int", "bool", "complex"})
 Shape = tuple[int, ...]
 
 
+def as_dtype(dtype: Any) -> np.dtype:
+    """``np.dtype(dtype)``, or a TypeError that names the value and the fix
+    (NumPy's own says only "data type not understood")."""
+    try:
+        return np.dtype(dtype)
+    except TypeError:
+        raise TypeError(
+            f"dtype {dtype!r}: not a NumPy or JAX dtype. Fix: pass a dtype or its "
+            "name, such as float32, bfloat16, int32 or bool.") from None
+
+
 def dtype_kind(dtype: Any) -> str:
     """``"float"``, ``"int"``, ``"bool"`` or ``"complex"`` for a dtype."""
-    dtype = np.dtype(dtype)
+    dtype = as_dtype(dtype)
     if jnp.issubdtype(dtype, jnp.bool_):
         return "bool"
     if jnp.issubdtype(dtype, jnp.integer):
@@ -84,7 +95,7 @@ def random_array(rng: np.random.Generator, shape: Shape, dtype: Any,
     holds exactly and whose short sums stay exact, so results are comparable
     bit for bit.
     """
-    dtype = np.dtype(jax.dtypes.canonicalize_dtype(dtype))
+    dtype = np.dtype(jax.dtypes.canonicalize_dtype(as_dtype(dtype)))
     kind = dtype_kind(dtype)
     if kind == "bool":
         return rng.integers(0, 2, size=shape).astype(dtype)

@@ -103,7 +103,7 @@ def check(
     """Run recipes in every form against the NumPy oracle.
 
     Args:
-      names: recipe names (default: all of :data:`RECIPES`).
+      names: recipe names, or one name (default: all of :data:`RECIPES`).
       dtypes: input dtypes to try; recipes skip dtypes they do not accept.
       configs: ``(mesh_shape, mesh_names, axis)`` triples; default
         :func:`standard_configs`.
@@ -142,6 +142,8 @@ def check(
       >>> [(r.recipe, r.mesh, r.ok) for r in rows]
       [('psum', '8', True)]
     """
+    if isinstance(names, str):  # one recipe's name
+        names = [names]
     chosen = list(RECIPES) if names is None else list(names)
     for name in chosen:
         if name not in RECIPES:

@@ -18,6 +18,7 @@ from collectives._recipe import FORMS
 from collectives._recipe import Recipe
 from collectives._rounding import infer_n_terms
 from collectives._tolerance import can_fail
+from collectives._tolerance import check_tolerances
 from collectives._tolerance import describe_tolerance
 from collectives._tolerance import tolerance
 
@@ -272,9 +273,10 @@ def assert_forms_agree(
         output: the worst index, both values, the difference and what was
         allowed; then the tolerance used and the inputs.
       TypeError, ValueError: ``recipe_or_forms`` is neither a recipe nor a
-        mapping of at least two callables; or the inferred ``n_terms`` is so
-        large for the dtype (64 in bfloat16) that the comparison could not
-        fail.
+        mapping of at least two callables; ``rtol`` or ``atol`` is not a
+        finite number >= 0, or ``n_terms`` not a count; or the inferred
+        ``n_terms`` is so large for the dtype (64 in bfloat16) that the
+        comparison could not fail.
       RuntimeError: ``n_terms`` is to be inferred but a form's jaxpr holds
         an equation that this package cannot read on the running JAX (the
         message names the version and the equation); pass ``n_terms=``.
@@ -298,6 +300,9 @@ def assert_forms_agree(
       AssertionError: forms: jit disagrees with the reference.
         jit vs reference, output: 2 of 2 elements differ; worst at index (1,): ...
     """
+    check_tolerances("assert_forms_agree", rtol=rtol, atol=atol)
+    if n_terms is not None:
+        tolerance("float32", n_terms)  # refuses a count that is not one
     forms, recipe, axes = _bind_forms(recipe_or_forms, args, mesh, axis)
     return forms_agree(forms, args, recipe=recipe, axes=axes,
                        rtol=rtol, atol=atol, n_terms=n_terms)

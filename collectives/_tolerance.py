@@ -82,3 +82,25 @@ def describe_tolerance(dtype: Any, rtol: float, atol: float) -> str:
     if rtol == 0 and atol == 0:
         return f"exact ({np.dtype(dtype).name})"
     return f"rtol={rtol:.3g}, atol={atol:.3g} ({np.dtype(dtype).name})"
+
+
+def check_tolerances(caller: str, **given: Any) -> None:
+    """Refuse a tolerance (``rtol=``, ``atol=``) that is not a finite number
+    >= 0, or an array of them; ``None`` is the default.
+
+    Raises:
+      ValueError: naming the caller, the argument, the value and the fix.
+    """
+    for name, value in given.items():
+        if value is None:
+            continue
+        try:
+            values = None if isinstance(value, (bool, str)) else np.asarray(
+                value, dtype=np.float64)
+        except (TypeError, ValueError):
+            values = None
+        if values is None or not np.all(np.isfinite(values)) or np.any(values < 0):
+            raise ValueError(
+                f"{caller}({name}={value!r}): expected a finite number >= 0 (0 "
+                f"compares exactly). Fix: pass e.g. {name}=1e-5, or leave it out "
+                "for the default.")

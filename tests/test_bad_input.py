@@ -271,3 +271,48 @@ def test_body_helpers_reject_bad_arguments(name, call):
 def test_init_mlp_rejects_bad_sizes(sizes):
     with pytest.raises(ValueError, match="sizes: expected five positive ints"):
         cx.init_mlp(sizes)
+
+
+# -- the test toolkit's own arguments ----------------------------------------------
+
+@pytest.mark.parametrize("given", [{"rtol": -1}, {"atol": float("nan")},
+                                   {"rtol": "tight"}, {"atol": True},
+                                   {"atol": np.array([1e-6, -1.0])}])
+def test_a_tolerance_must_be_a_finite_number_at_least_zero(given):
+    from collectives.testing import assert_forms_agree
+
+    (name,) = given
+    with pytest.raises(ValueError, match=rf"assert_forms_agree\({name}=.*>= 0.*Fix:"):
+        assert_forms_agree({"jit": np.sum, "reference": np.sum}, np.ones(8), **given)
+
+
+def test_n_terms_must_be_a_count():
+    from collectives.testing import assert_forms_agree
+
+    with pytest.raises(ValueError, match="n_terms: expected a count"):
+        assert_forms_agree({"jit": np.sum, "reference": np.sum}, np.ones(8),
+                           n_terms=-2)
+
+
+def test_check_kernel_names_a_kernel_that_is_not_a_function():
+    from collectives.testing import check_kernel
+
+    with pytest.raises(TypeError, match=r"check_kernel\(fn=None\): expected the "
+                                        r"function.*Fix:"):
+        check_kernel(None, np.ones(8))
+    with pytest.raises(ValueError, match=r"check_kernel\(rtol=-0.5\)"):
+        check_kernel(np.sum, np.ones(8), rtol=-0.5)
+
+
+def test_check_takes_one_recipe_name_as_a_string():
+    rows = cx.check("psum", configs=[((8,), ("i",), None)])
+    assert [row.recipe for row in rows] == ["psum"] and rows[0].ok
+
+
+def test_an_unknown_dtype_is_named_with_the_fix(mesh):
+    for call in (lambda: cx.check(["psum"], dtypes=["float99"],
+                                  configs=[((8,), ("i",), None)]),
+                 lambda: cx.RECIPES["psum"].example_args(mesh, dtype="float99")):
+        with pytest.raises(TypeError, match=r"dtype 'float99': not a NumPy or JAX "
+                                            r"dtype\. Fix: .*bfloat16"):
+            call()

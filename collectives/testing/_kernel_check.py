@@ -31,6 +31,7 @@ from collectives._kernel_runs import bug_error
 from collectives._kernel_runs import detected_run
 from collectives._kernel_runs import detector_params
 from collectives._kernel_runs import nan_finding
+from collectives._tolerance import check_tolerances
 
 __all__ = ["DMA_MODES", "KernelBugError", "KernelRun", "check_kernel"]
 
@@ -119,10 +120,17 @@ def check_kernel(fn: Callable[..., Any], *args: Any, expected: Any = None,
     Raises:
       KernelBugError: any run found anything; the message lists each finding
         under its DMA mode.
-      ValueError: a mode is not one of :data:`DMA_MODES`.
+      ValueError: a mode is not one of :data:`DMA_MODES`, or ``rtol`` or
+        ``atol`` is not a finite number >= 0.
+      TypeError: ``fn`` is not callable.
       NotImplementedError: this JAX predates the interpret mode the kernels
         need (0.10.2).
     """
+    if not callable(fn):
+        raise TypeError(
+            f"check_kernel(fn={fn!r}): expected the function that runs the kernel "
+            "(a callable taking *args). Fix: pass it first, then its arguments.")
+    check_tolerances("check_kernel", rtol=rtol, atol=atol)
     unknown = [mode for mode in modes if mode not in DMA_MODES]
     if unknown or not modes:
         raise ValueError(
