@@ -32,6 +32,7 @@ from collectives._recipe import Recipe
 from collectives._recipe import RecipeUnavailable
 from collectives._recipe import UnsupportedDtypeError
 from collectives._registry import RECIPES
+from collectives._registry import no_recipe
 from collectives._tolerance import can_fail
 from collectives._tolerance import tolerance
 
@@ -148,7 +149,7 @@ def check(
     for name in chosen:
         if name not in RECIPES:
             raise KeyError(
-                f"no recipe named {name!r}; known recipes: {', '.join(RECIPES)}.")
+                no_recipe(name))
     forms_for = _forms_hook(forms)
     rows = []
     for name in chosen:
@@ -433,6 +434,9 @@ def print_check(args: argparse.Namespace, *, forms: FormsFor | None = None,
     """
     configs = configs_from_args(args)
     names = chosen_names(args)
+    for name in names or ():  # refused before the table starts
+        if name not in RECIPES:
+            raise KeyError(no_recipe(name))
     width = max(len("recipe"), *map(len, names or RECIPES))
     header = (f"{'recipe':<{width}} {'mesh':<5} {'axis':<5} {'dtype':<10} "
               f"{'forms':<18} {'explicit':<8} {'max error':>10}  status")
@@ -481,8 +485,7 @@ def summarize(rows: Sequence[CheckResult]) -> str:
 def print_run(args: argparse.Namespace, *, forms: FormsFor | None = None) -> None:
     """Run one recipe in every form on small integer data and print it all."""
     if args.name not in RECIPES:
-        raise KeyError(f"no recipe named {args.name!r}; known recipes: "
-                       f"{', '.join(RECIPES)}.")
+        raise KeyError(no_recipe(args.name))
     recipe = RECIPES[args.name]
     shape = args.mesh or (jax.device_count(),)
     mesh = make_mesh(shape, MESH_NAMES[: len(shape)])

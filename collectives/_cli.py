@@ -27,6 +27,7 @@ from collectives._diagram import diagram
 from collectives._diagram import diagram_names
 from collectives._kernels import KernelTimeout
 from collectives._registry import RECIPES
+from collectives._registry import no_recipe
 from collectives.bench import add_arguments as add_bench_arguments
 from collectives.distributed._cli import add_launch_arguments
 from collectives.distributed._cli import add_worker_command
@@ -71,8 +72,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def _lookup(name: str):
     if name not in RECIPES:
-        print(f"error: no recipe named {name!r}. Known recipes: "
-              f"{', '.join(RECIPES)}", file=sys.stderr)
+        print(f"error: {no_recipe(name)}", file=sys.stderr)
         return None
     return RECIPES[name]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Iterator
 from collections.abc import Mapping
 
@@ -49,3 +50,11 @@ def register(recipe: Recipe) -> Recipe:
     ordered = sorted([*RECIPES.values(), recipe], key=lambda r: rank[r.family])
     RECIPES._recipes = {r.name: r for r in ordered}  # type: ignore[attr-defined]
     return recipe
+
+
+def no_recipe(name: str) -> str:
+    """The message for an unknown recipe ``name``: the closest names ("did
+    you mean"), then every name."""
+    close = difflib.get_close_matches(name, list(RECIPES), n=3, cutoff=0.6)
+    hint = f" Did you mean {' or '.join(map(repr, close))}?" if close else ""
+    return f"no recipe named {name!r}.{hint} Known recipes: {', '.join(RECIPES)}."

@@ -327,3 +327,19 @@ def test_every_refusal_type_names_the_value_and_a_fix():
                        (_args.output_file, MISSING)):
         with pytest.raises(argparse.ArgumentTypeError, match=rf"'{bad}'.*Fix:"):
             parse(bad)
+
+
+@pytest.mark.parametrize("argv,close", [
+    (["check", "psumm"], "Did you mean 'psum'?"),
+    (["check", "psum", "fsdp"], "Did you mean 'fsdp_mlp'"),
+    (["run", "pmaxx"], "Did you mean 'pmax' or 'pmean'?"),
+    (["show", "ring_all_reduc"], "Did you mean 'ring_all_reduce'"),
+    (["check", "zzz"], "Known recipes: all_gather"),
+])
+def test_a_near_miss_recipe_name_is_refused_with_the_closest_names(
+        capsys, argv, close):
+    # one line, exit 2, before the table's header (nothing on stdout)
+    code = _cli.main(argv)
+    out, err = capsys.readouterr()
+    assert code == 2 and not out, (argv, out, err)
+    assert len(err.strip().splitlines()) == 1 and close in err, err

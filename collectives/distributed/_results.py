@@ -19,6 +19,7 @@ from typing import Any
 
 from collectives import _check
 from collectives._registry import RECIPES
+from collectives._registry import no_recipe
 from collectives.distributed import _bench
 from collectives.distributed import _check as _process_check
 
@@ -191,8 +192,7 @@ def _check_arguments(target: list[str]) -> None:
     unknown = [name for name in names if name not in RECIPES]
     if unknown:
         raise ValueError(
-            f"target {' '.join(target)!r}: no recipe named {unknown[0]!r}. Known "
-            f"recipes: {', '.join(RECIPES)}.")
+            f"target {' '.join(target)!r}: {no_recipe(unknown[0])}")
     if target[0] == "check" and (args.mesh or args.axis):  # (no device query:
         try:                                                # JAX must not start)
             _check.configs_from_args(args)
