@@ -386,10 +386,15 @@ def test_bad_targets_are_refused(target, problem):
         worker_argv(target)
 
 
-def test_targets():
+def test_targets(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "x.py").write_text("")
     assert worker_argv(["--", "check", "psum"]) == ["check", "psum"]
     assert worker_argv(["python3.12", "x.py", "-v"]) == ["python", "x.py", "-v"]
     assert worker_argv([sys.executable, "-m", "m"]) == ["python", "-m", "m"]
+    # a script that is not there is refused before any rank starts
+    with pytest.raises(ValueError, match=r"no script 'y\.py' \(from .*Fix:"):
+        worker_argv(["python", "y.py"])
 
 
 @pytest.mark.parametrize("kwargs,problem", [

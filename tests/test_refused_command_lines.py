@@ -49,6 +49,11 @@ REFUSED = {  # command line: words the one line must hold (flag, value, fix)
     "worker --coordinator 127.0.0.1:99999 -- check": ["--coordinator", "99999",
                                                       "1 to 65535"],
     "worker --cpu-devices 0 -- check": ["--cpu-devices", "'0'", "Fix:"],
+    "worker --coordinator 127.0.0.1:1234 --num-processes 2 --process-id 5 -- check": [
+        "--process-id 5", "from 0 to 1", "Fix:"],
+    "launch -n 2 -- python no_such_script.py": ["no script 'no_such_script.py'",
+                                                "Fix:"],
+    "worker -- python no_such_script.py --flag": ["no script", "Fix:"],
     "plan --mesh data=2,data=4": ["--mesh", "'data' is named twice", "Fix:"],
     "plan --mesh data=0": ["--mesh", "size 0", "Fix:"],
     f"check psum --json {MISSING}": ["--json", MISSING, "existing folder"],

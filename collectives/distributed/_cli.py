@@ -134,6 +134,13 @@ def run_worker_command(args: argparse.Namespace) -> int:
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    given = (args.coordinator, args.num_processes, args.process_id)
+    if any(value is not None for value in given) and None not in given \
+            and not args.process_id < args.num_processes:
+        raise _args.Refused(
+            f"--process-id {args.process_id}: expected a rank from 0 to "
+            f"{args.num_processes - 1} (--num-processes {args.num_processes}). "
+            "Fix: number the ranks 0 to N-1.")
     options = _worker.WorkerOptions(
         cpu_devices=args.cpu_devices, log_dir=args.log_dir,
         startup_timeout=args.startup_timeout,

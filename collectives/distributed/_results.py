@@ -168,6 +168,12 @@ def worker_argv(target: Sequence[str]) -> list[str]:
             "`-- run psum` or `-- python my_script.py`.")
     head = target[0]
     if re.fullmatch(r"python[0-9.]*", os.path.basename(head)):
+        script = target[1] if len(target) > 1 else ""
+        if script.endswith(".py") and not os.path.isfile(script):
+            raise ValueError(
+                f"target {' '.join(target)!r}: no script {script!r} (from "
+                f"{os.getcwd()}). Fix: give the script's path, relative to "
+                "where you run the launcher, or an absolute one.")
         return ["python", *target[1:]]
     if head in _TARGETS:
         _check_arguments(target)
