@@ -49,6 +49,9 @@ REFUSED = {  # command line: words the one line must hold (flag, value, fix)
     "worker --coordinator 127.0.0.1:99999 -- check": ["--coordinator", "99999",
                                                       "1 to 65535"],
     "worker --cpu-devices 0 -- check": ["--cpu-devices", "'0'", "Fix:"],
+    "bench -n 99999999999999": ["--iters", "'99999999999999'", "int32", "Fix:"],
+    "bench -w 99999999": ["--warmup", "1,000,000", "Fix:"],
+    "bench -r 10000000": ["--samples", "1,000,000", "Fix:"],
     "worker --coordinator 127.0.0.1:1234 --num-processes 2 --process-id 5 -- check": [
         "--process-id 5", "from 0 to 1", "Fix:"],
     "launch -n 2 -- python no_such_script.py": ["no script 'no_such_script.py'",

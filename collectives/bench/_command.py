@@ -43,6 +43,11 @@ _POSITIVE = _args.real("a positive number", above=0)
 _SECONDS = _args.real("seconds, 0 or more", low=0)
 
 
+
+_INT32_MAX = 2**31 - 1
+_MANY = 1_000_000
+"""More untimed calls or timed rounds than this would run for days."""
+
 def _size_arg(text: str) -> int:
     try:
         return parse_size(text)
@@ -71,14 +76,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-f", "--stepfactor", default=4.0, metavar="F",
                         type=_args.real("a factor above 1", above=1, fix="e.g. -f 4"),
                         help="multiply the size by F each step (default: 4)")
-    parser.add_argument("-n", "--iters", type=_args.at_least_one, default=None,
+    parser.add_argument("-n", "--iters", default=None,
+                        type=_args.whole(
+                            f"a count from 1 to {_INT32_MAX} (the timed loop counts "
+                            "in int32)", low=1, high=_INT32_MAX),
                         metavar="N",
                         help="collectives inside one timed call (default: enough "
                         "for --min-time)")
     parser.add_argument("-w", "--warmup", default=1, metavar="N",
-                        type=_args.whole("a count of 0 or more", low=0),
+                        type=_args.whole(f"a count from 0 to {_MANY:,}", low=0,
+                                         high=_MANY),
                         help="untimed calls before timing (default: 1)")
-    parser.add_argument("-r", "--samples", type=_args.at_least_one, default=None,
+    parser.add_argument("-r", "--samples", default=None,
+                        type=_args.whole(f"a count from 1 to {_MANY:,}", low=1,
+                                         high=_MANY),
                         metavar="N",
                         help="timed rounds at least; more are taken until every "
                         "interval meets --precision or --budget runs out "
