@@ -485,6 +485,24 @@ def launch(target: Sequence[str], *, num_processes: int = 2,
     raise AssertionError("unreachable")  # pragma: no cover
 
 
+PROCESS_BYTES = 2**29
+"""The least memory one launched process takes: a Python with JAX and its
+CPU client (about 0.3 to 0.5 GiB)."""
+
+
+def _memory_bytes() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # not a POSIX system
+        return 2**40
+
+
+def max_local_processes() -> int:
+    """How many processes ``launch`` starts at most on this machine: its
+    memory over :data:`PROCESS_BYTES` (at least 2)."""
+    return max(2, _memory_bytes() // PROCESS_BYTES)
+
+
 def _validate_launch_arguments(*, num_processes: int, devices_per_process: int,
                                heartbeat_timeout: int, collective_timeout: int,
                                timeout: float, startup_timeout: float, echo: str,
@@ -501,6 +519,14 @@ def _validate_launch_arguments(*, num_processes: int, devices_per_process: int,
                              ("collective_timeout", collective_timeout, 1)):
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise ValueError(f"{name}: expected an int >= {low}, got {value!r}.")
+    most = max_local_processes()
+    if num_processes > most:
+        raise ValueError(
+            f"num_processes: {num_processes} processes on this machine, each a "
+            f"Python with JAX (about {PROCESS_BYTES / 2**30:.1f} GiB), would need "
+            f"more than its {_memory_bytes() / 2**30:.0f} GiB: at most {most}. Fix: "
+            "fewer processes with more devices each (devices_per_process), or a "
+            "cluster (python -m collectives worker under srun or mpirun).")
     for name, value in (("timeout", timeout), ("startup_timeout", startup_timeout)):
         if not value > 0:
             raise ValueError(f"{name}: expected a positive number of seconds, got "
