@@ -44,6 +44,14 @@ fail with "Multiprocess computations aren't implemented on the CPU
 backend"); each takes threads and memory, so big counts are for compiling
 (``plan``), not for running."""
 
+def memory_bytes() -> int:
+    """This machine's memory in bytes (a terabyte where it cannot be read)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # not a POSIX system
+        return 2**40
+
+
 MAX_SEED = 2**32 - 1
 """NumPy's and JAX's seeds are unsigned 32-bit integers."""
 

@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import inspect
 import json
+import math
 import time
 from collections.abc import Callable
 from collections.abc import Iterable
@@ -365,6 +366,33 @@ def add_check_arguments(parser: argparse.ArgumentParser) -> None:
                              "recipes)")
 
 
+COPIES = 4
+"""Arrays of a row's input size held at once, at least: the input, a form's
+result, the oracle's and the comparison's."""
+
+
+def _fits_in_memory(dims: Sequence[int] | None, dtypes: Sequence[str],
+                    configs: Sequence[MeshConfig]) -> None:
+    """Refuse ``--dims`` whose inputs cannot fit this machine's memory.
+
+    Raises:
+      ValueError: naming the dims, the bytes and the fix.
+    """
+    if not dims:
+        return
+    devices = max(math.prod(shape) for shape, _, _ in configs)
+    itemsize = max(np.dtype(dtype).itemsize for dtype in dtypes)
+    need = math.prod(dims) * devices * itemsize * COPIES
+    have = _args.memory_bytes()
+    if need > have:
+        raise ValueError(
+            f"--dims {' '.join(map(str, dims))}: {math.prod(dims):,} elements a "
+            f"device over {devices} devices, at {itemsize} bytes each and "
+            f"{COPIES} copies, need {need / 2**30:,.0f} GiB; this machine has "
+            f"{have / 2**30:,.0f} GiB. Fix: smaller --dims (256 1024 is 1 MiB of "
+            "float32 a device).")
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -423,6 +451,22 @@ def configs_from_args(args: argparse.Namespace) -> list[MeshConfig]:
     return [(args.mesh, MESH_NAMES[: len(args.mesh)], axis_from_args(args))]
 
 
+def check_arguments(args: argparse.Namespace) -> list[MeshConfig]:
+    """``check``'s command line checked before any work: the meshes (its
+    configs, returned), the recipe names and whether ``--dims`` fits.
+
+    Raises:
+      KeyError: an unknown recipe name.
+      ValueError: ``--axis`` without ``--mesh``; ``--dims`` beyond memory.
+    """
+    configs = configs_from_args(args)
+    _fits_in_memory(getattr(args, "dims", None), args.dtype, configs)
+    for name in chosen_names(args):
+        if name not in RECIPES:
+            raise KeyError(no_recipe(name))
+    return configs
+
+
 def print_check(args: argparse.Namespace, *, forms: FormsFor | None = None,
                 on_report: Callable[..., None] | None = None
                 ) -> list[CheckResult]:
@@ -432,11 +476,8 @@ def print_check(args: argparse.Namespace, *, forms: FormsFor | None = None,
       KeyError: an unknown recipe name.
       ValueError: ``--axis`` without ``--mesh``.
     """
-    configs = configs_from_args(args)
+    configs = check_arguments(args)
     names = chosen_names(args)
-    for name in names or ():  # refused before the table starts
-        if name not in RECIPES:
-            raise KeyError(no_recipe(name))
     width = max(len("recipe"), *map(len, names or RECIPES))
     header = (f"{'recipe':<{width}} {'mesh':<5} {'axis':<5} {'dtype':<10} "
               f"{'forms':<18} {'explicit':<8} {'max error':>10}  status")

@@ -17,6 +17,7 @@ from collectives._check import add_check_arguments
 from collectives._check import add_mesh_arguments
 from collectives._check import add_run_arguments
 from collectives._check import axis_from_args
+from collectives._check import check_arguments
 from collectives._check import print_check
 from collectives._check import print_run
 from collectives._check import write_check_json
@@ -125,6 +126,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_check(args: argparse.Namespace) -> int:
     _setup(args)
     try:
+        check_arguments(args)  # before the devices start
         rows = print_check(args)
     except (KeyError, ValueError) as err:
         print(f"error: {err.args[0]}", file=sys.stderr)

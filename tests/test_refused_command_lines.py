@@ -49,6 +49,7 @@ REFUSED = {  # command line: words the one line must hold (flag, value, fix)
     "worker --coordinator 127.0.0.1:99999 -- check": ["--coordinator", "99999",
                                                       "1 to 65535"],
     "worker --cpu-devices 0 -- check": ["--cpu-devices", "'0'", "Fix:"],
+    "check psum --dims 100000 100000": ["--dims 100000 100000", "GiB", "Fix:"],
     "launch -n 100000 -- check": ["num_processes: 100000", "at most", "Fix:"],
     "bench -n 99999999999999": ["--iters", "'99999999999999'", "int32", "Fix:"],
     "bench -w 99999999": ["--warmup", "1,000,000", "Fix:"],

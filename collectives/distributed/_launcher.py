@@ -35,6 +35,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO
 
+from collectives import _args
 from collectives import _compat
 from collectives.distributed import _watch
 from collectives.distributed._results import LOOPBACK
@@ -490,17 +491,10 @@ PROCESS_BYTES = 2**29
 CPU client (about 0.3 to 0.5 GiB)."""
 
 
-def _memory_bytes() -> int:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):  # not a POSIX system
-        return 2**40
-
-
 def max_local_processes() -> int:
     """How many processes ``launch`` starts at most on this machine: its
     memory over :data:`PROCESS_BYTES` (at least 2)."""
-    return max(2, _memory_bytes() // PROCESS_BYTES)
+    return max(2, _args.memory_bytes() // PROCESS_BYTES)
 
 
 def _validate_launch_arguments(*, num_processes: int, devices_per_process: int,
@@ -524,9 +518,10 @@ def _validate_launch_arguments(*, num_processes: int, devices_per_process: int,
         raise ValueError(
             f"num_processes: {num_processes} processes on this machine, each a "
             f"Python with JAX (about {PROCESS_BYTES / 2**30:.1f} GiB), would need "
-            f"more than its {_memory_bytes() / 2**30:.0f} GiB: at most {most}. Fix: "
-            "fewer processes with more devices each (devices_per_process), or a "
-            "cluster (python -m collectives worker under srun or mpirun).")
+            f"more than its {_args.memory_bytes() / 2**30:.0f} GiB: at most "
+            f"{most}. Fix: fewer processes with more devices each "
+            "(devices_per_process), or a cluster (python -m collectives worker "
+            "under srun or mpirun).")
     for name, value in (("timeout", timeout), ("startup_timeout", startup_timeout)):
         if not value > 0:
             raise ValueError(f"{name}: expected a positive number of seconds, got "
