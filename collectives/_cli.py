@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import inspect
 import math
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -225,6 +226,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     except _args.Refused as err:
         print(f"python -m collectives {args.command}: error: {err}", file=sys.stderr)
+        return 2
+    except RuntimeError as err:
+        if "Unable to initialize backend" not in str(err):
+            raise
+        # JAX_PLATFORMS names a backend this machine cannot start
+        print(f"python -m collectives {args.command}: error: JAX_PLATFORMS="
+              f"{os.environ.get('JAX_PLATFORMS', '')!r}: {str(err).splitlines()[0]} "
+              "Fix: unset JAX_PLATFORMS, or name a backend this machine has (cpu).",
+              file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # Ctrl-C: one line, no traceback
         print(f"\n{args.command}: interrupted", file=sys.stderr)

@@ -353,3 +353,17 @@ def test_a_near_miss_recipe_name_is_refused_with_the_closest_names(
     out, err = capsys.readouterr()
     assert code == 2 and not out, (argv, out, err)
     assert len(err.strip().splitlines()) == 1 and close in err, err
+
+
+def test_a_backend_this_machine_cannot_start_is_one_line_naming_jax_platforms():
+    # JAX_PLATFORMS=gpu on a machine without one: 29-46 lines of JAX's
+    # traceback before; one line naming the variable and the fix now
+    import shutil
+
+    if shutil.which("nvidia-smi") or shutil.which("rocm-smi"):
+        pytest.skip("this machine may have a GPU")
+    result = run_python("-m", "collectives", "check", "psum",
+                        env={"JAX_PLATFORMS": "gpu"}, check=False)
+    assert result.returncode == 2 and not result.stdout, result
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert "JAX_PLATFORMS='gpu'" in result.stderr and "Fix:" in result.stderr
