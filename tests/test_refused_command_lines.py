@@ -123,7 +123,7 @@ def test_a_bad_command_line_is_refused_in_one_line_before_any_work(
 @pytest.mark.parametrize("argv,words", [
     (["bench", "--json", "b.json", "--csv", "b.json"], ["--json and --csv", "b.json"]),
     (["bench", "--json", "-", "--csv", "-"], ["--json and --csv", "'-'"]),
-    (["plan", "--json", "p.png", "--plot", "./p.png"], ["--json and --plot"]),
+    (["bench", "--csv", "b.csv", "--json", "./b.csv"], ["--json and --csv"]),
     (["check", "psum", "--json", "out/"], ["--json", "'out/'", "not a folder"]),
     (["check", "psum", "--json", ""], ["--json", "not an empty one"]),
     (["bench", "--plot", "-"], ["--plot", "'-'", "plot.png"]),
