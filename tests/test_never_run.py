@@ -82,6 +82,35 @@ def test_allowed_tests_pass_with_their_reason(tree, capsys):
         {}, {"tests/test_a.py::test_x[0.8.0-psum]": "no accelerator in CI"})
 
 
+def _module_skipped(path, why):
+    """A report like pytest's for a module that skips itself at collection
+    (``pytest.importorskip`` at its top): no class, the module's dotted name."""
+    path.write_text(
+        '<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest">'
+        '<testcase classname="" name="tests.test_a" time="0.0">'
+        '<skipped message="collection skipped">(&apos;tests/test_a.py&apos;, 8, '
+        f'"Skipped: {why}")</skipped></testcase></testsuite></testsuites>')
+    return path
+
+
+def test_a_module_skipped_at_collection_ran_where_its_tests_ran(tree, capsys):
+    why = "could not import 'matplotlib': No module named 'matplotlib'"
+    readme = _module_skipped(tree / "readme.xml", why)
+    # Skipped whole in every report: the file is named, with pytest's reason.
+    assert never_run.never_run([readme], tree, allowed=()) == (
+        {"tests/test_a.py": why}, {})
+    assert never_run.main([str(readme), "--root", str(tree)], allowed=()) == 1
+    assert f"tests/test_a.py: {why}" in capsys.readouterr().out
+    # Its tests ran in another venv's report (the one with matplotlib).
+    extras = _report(tree / "extras.xml", {B: "passed"})
+    assert never_run.never_run([readme, extras], tree, allowed=()) == ({}, {})
+    # Only its own tests count: another file's running does not.
+    (tree / "tests" / "test_b.py").write_text("")
+    other = _report(tree / "other.xml", {("tests.test_b", "test_y"): "passed"})
+    assert never_run.never_run([readme, other], tree, allowed=())[0] == {
+        "tests/test_a.py": why}
+
+
 def test_node_ids_name_the_file_classes_and_doctests():
     assert never_run.node_id("tests.test_docs", "test_a[x.y]") == (
         "tests/test_docs.py::test_a[x.y]")
@@ -89,6 +118,8 @@ def test_node_ids_name_the_file_classes_and_doctests():
         "tests/test_docs.py::TestK::test_a")
     assert never_run.node_id("collectives._layout", "collectives._layout.Axes") == (
         "collectives/_layout.py::collectives._layout.Axes")
+    # a module skipped whole at collection: no class, its dotted name
+    assert never_run.node_id("", "tests.test_never_run") == "tests/test_never_run.py"
 
 
 def test_a_missing_report_is_refused_with_the_fix(tmp_path, capsys):

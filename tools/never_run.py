@@ -73,7 +73,11 @@ ALLOWED = (
 def node_id(classname: str, name: str, root: Path = ROOT) -> str:
     """A JUnit test case's pytest node id: ``tests.test_x.TestY`` + ``test_z[a]``
     -> ``tests/test_x.py::TestY::test_z[a]`` (the module is the longest
-    dotted prefix that is a file under ``root``)."""
+    dotted prefix that is a file under ``root``). A module skipped as a
+    whole at collection (``pytest.importorskip`` at its top) reports no class
+    and its dotted name: its node id is the file, ``tests/test_x.py``."""
+    if not classname and (root / (name.replace(".", "/") + ".py")).is_file():
+        return name.replace(".", "/") + ".py"
     parts = classname.split(".")
     for end in range(len(parts), 0, -1):
         path = "/".join(parts[:end]) + ".py"
@@ -90,6 +94,9 @@ def outcomes(report: Path, root: Path = ROOT) -> dict[str, tuple[bool, str]]:
         skipped = case.find("skipped")
         ran = skipped is None or skipped.get("type") == "pytest.xfail"
         message = "" if ran else skipped.get("message", "")
+        if message == "collection skipped":  # (file, line, "Skipped: why")
+            why = re.search(r"Skipped: (.*)['\"]\)\s*$", skipped.text or "")
+            message = why.group(1) if why else message
         found[node_id(case.get("classname", ""), case.get("name", ""), root)] = (
             ran, message)
     return found
@@ -99,9 +106,11 @@ def never_run(reports, root: Path = ROOT,
               allowed=ALLOWED) -> tuple[dict[str, str], dict[str, str]]:
     """(never run, allowed): node id -> its skip messages, and node id -> the
     reason ``allowed`` gives, for the tests skipped in every report that
-    lists them. An entry of ``allowed`` covers a test when it matches the
-    message of one of its skips (the default run's "runs with -m ..." is
-    not the reason a test is skipped in its own step)."""
+    lists them. A module skipped whole at collection in one report ran
+    where any of its tests ran in another. An entry of ``allowed`` covers a
+    test when it matches the message of one of its skips (the default run's
+    "runs with -m ..." is not the reason a test is skipped in its own
+    step)."""
     ran, skipped = set(), {}
     for report in reports:
         for node, (did_run, message) in outcomes(Path(report), root).items():
@@ -110,7 +119,10 @@ def never_run(reports, root: Path = ROOT,
             else:
                 skipped.setdefault(node, []).append(message)
     missing, excused = {}, {}
+    ran_files = {node.split("::", 1)[0] for node in ran}
     for node in sorted(set(skipped) - ran):
+        if "::" not in node and node in ran_files:
+            continue
         entry = next((a for a in allowed for message in skipped[node]
                       if a.covers(node, message)), None)
         if entry is None:
