@@ -16,6 +16,13 @@ Examples:
   True
 """
 
+import sys as _sys
+
+from collectives import _interrupt
+
+if _interrupt.run_as_command(_sys.orig_argv):  # Ctrl-C during the imports below
+    _interrupt.at_startup(_sys.orig_argv)
+
 from collectives import _facts  # noqa: F401  (registers every recipe, in order)
 from collectives._check import CheckResult
 from collectives._check import check

@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any
 from typing import TextIO
 
+from collectives import _interrupt
+
 
 class Parser(argparse.ArgumentParser):
     """An ``ArgumentParser`` whose refusal is one line on stderr, naming the
@@ -245,7 +247,8 @@ def write_atomic(path: str | os.PathLike, write: Callable[[Path], object]) -> No
     one. ``-`` (:data:`STDOUT`) and an existing device or FIFO get the
     finished file's bytes written in place."""
     if str(path) == STDOUT or _special(Path(path)):
-        with tempfile.TemporaryDirectory() as folder:
+        with tempfile.TemporaryDirectory() as folder, \
+                _interrupt.temporary(Path(folder)):
             temporary = Path(folder) / Path(str(path)).name.replace(STDOUT, "out")
             write(temporary)
             _copy_in_place(str(path), temporary)
@@ -254,8 +257,9 @@ def write_atomic(path: str | os.PathLike, write: Callable[[Path], object]) -> No
     # the same suffix: writers such as matplotlib's choose the format by it
     temporary = target.with_name(f".{target.stem}.{os.getpid()}.tmp{target.suffix}")
     try:
-        write(temporary)
-        os.replace(temporary, target)
+        with _interrupt.temporary(temporary):
+            write(temporary)
+            os.replace(temporary, target)
     finally:
         temporary.unlink(missing_ok=True)
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import jax
 
 from collectives import _args
+from collectives import _interrupt
 from collectives import bench
 from collectives._check import add_check_arguments
 from collectives._check import add_mesh_arguments
@@ -218,9 +219,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        _args.one_output_each(args)
-        with _args.tables_to_stderr(args):
-            return args.func(args)
+        with _interrupt.during_command(args.command):
+            _args.one_output_each(args)
+            with _args.tables_to_stderr(args):
+                return args.func(args)
     except BrokenPipeError:  # e.g. `python -m collectives list | head`
         sys.stderr.close()
         return 0

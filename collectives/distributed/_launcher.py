@@ -37,6 +37,7 @@ from typing import IO
 
 from collectives import _args
 from collectives import _compat
+from collectives import _interrupt
 from collectives.distributed import _watch
 from collectives.distributed._results import LOOPBACK
 from collectives.distributed._results import LaunchResult
@@ -336,6 +337,12 @@ class _Launch:
                 f" processes {[w.index for w in waiting]} started but did not all "
                 f"connect to the coordinator at {self.coordinator}; stopped them all.")
 
+    def kill(self) -> None:
+        """SIGKILL every process group now (a Ctrl-C the main thread did not
+        take: the launcher ends at once)."""
+        for w in self.workers:
+            w.signal_group(signal.SIGKILL)
+
     def stop(self) -> None:
         """SIGTERM every process group, SIGKILL after the grace period, reap."""
         for w in self.workers:
@@ -359,8 +366,9 @@ class _Launch:
         with tempfile.TemporaryDirectory(prefix="collectives-launch-") as launch_dir:
             kind, culprit, message = "failed", None, "launch interrupted"
             try:
-                self.start(launch_dir)
-                kind, culprit, message = self.watch()
+                with _interrupt.on_hard_exit(self.kill):
+                    self.start(launch_dir)
+                    kind, culprit, message = self.watch()
             finally:
                 self.stop()
             results = self.results(kind, time.monotonic() - start)
