@@ -20,8 +20,12 @@ import sys as _sys
 
 from collectives import _interrupt
 
-if _interrupt.run_as_command(_sys.orig_argv):  # Ctrl-C during the imports below
-    _interrupt.at_startup(_sys.orig_argv)
+if _interrupt.run_as_command(_sys.orig_argv):
+    from collectives import _environment
+
+    _interrupt.at_startup(_sys.orig_argv)  # Ctrl-C during the imports below
+    # what JAX and XLA read as they start: one line each, before they fail
+    _environment.refuse_bad_environment(_interrupt.command_name(_sys.orig_argv))
 
 from collectives import _facts  # noqa: F401  (registers every recipe, in order)
 from collectives._check import CheckResult

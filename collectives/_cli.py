@@ -46,7 +46,8 @@ def _device_options() -> argparse.ArgumentParser:
     parent.add_argument(
         "--devices", type=_args.devices, default=DEFAULT_DEVICES, metavar="N",
         help=f"simulated CPU devices, 1 to {_args.MAX_CPU_DEVICES} (default: "
-             "%(default)s); ignored where JAX runs on accelerators")
+             "%(default)s; JAX_NUM_CPU_DEVICES does not change it); ignored "
+             "where JAX runs on accelerators")
     parent.add_argument(
         "--x64", action="store_true", help="enable 64-bit types (jax_enable_x64)")
     return parent

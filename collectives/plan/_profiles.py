@@ -33,6 +33,7 @@ import jax
 import jax.numpy as jnp
 
 from collectives._compat import mesh_scope
+from collectives._environment import cache_folder
 from collectives.hlo import KINDS
 
 MEASURED = "measured"
@@ -239,8 +240,7 @@ def load_profiles(*extra: str | os.PathLike[str]) -> dict[str, Profile]:
 # -- measured on this machine --------------------------------------------------
 
 def _cache_path() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "jax-collectives" / "measured-profile.json"
+    return cache_folder() / "measured-profile.json"
 
 
 def _machine_key(devices: int) -> dict[str, Any]:
