@@ -24,6 +24,16 @@ def as_dtype(dtype: Any) -> np.dtype:
             "name, such as float32, bfloat16, int32 or bool.") from None
 
 
+def narrowed(dtype: Any) -> str | None:
+    """The dtype JAX computes in instead of ``dtype`` here: a 64-bit type's
+    32-bit twin while ``jax_enable_x64`` is off (JAX narrows silently or with
+    a warning, and a row would be labelled with a type it never ran);
+    ``None`` where JAX keeps ``dtype``."""
+    wanted = as_dtype(dtype)
+    kept = np.dtype(jax.dtypes.canonicalize_dtype(wanted))
+    return None if kept == wanted else kept.name
+
+
 def dtype_kind(dtype: Any) -> str:
     """``"float"``, ``"int"``, ``"bool"`` or ``"complex"`` for a dtype."""
     dtype = as_dtype(dtype)

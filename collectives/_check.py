@@ -19,6 +19,7 @@ import numpy as np
 
 from collectives import _args
 from collectives._arrays import dtype_kind
+from collectives._arrays import narrowed
 from collectives._compare import Agreement
 from collectives._compare import forms_agree
 from collectives._devices import MESH_NAMES
@@ -132,6 +133,8 @@ def check(
 
     Raises:
       KeyError: a name is not a registered recipe.
+      ValueError: a 64-bit dtype while ``jax_enable_x64`` is off (JAX would
+        compute in its 32-bit twin).
       TypeError: ``forms`` does not take ``(recipe, axes)``; the message
         names the hook and the fix (read ``axes.mesh`` and ``axes.axis``).
       KernelTimeout: a kernel was stopped but still holds XLA:CPU's threads
@@ -151,6 +154,14 @@ def check(
         if name not in RECIPES:
             raise KeyError(
                 no_recipe(name))
+    for dtype in dtypes:
+        twin = narrowed(dtype)
+        if twin:
+            raise ValueError(
+                f"check(dtypes=...): {dtype!r} is computed as {twin} while 64-bit "
+                "types are off, and its rows would say otherwise. Fix: call "
+                "jax.config.update('jax_enable_x64', True) before any JAX "
+                f"operation (or set JAX_ENABLE_X64=1), or pass {twin!r}.")
     forms_for = _forms_hook(forms)
     rows = []
     for name in chosen:

@@ -15,6 +15,7 @@ import jax
 from collectives import _args
 from collectives import _interrupt
 from collectives import bench
+from collectives._arrays import narrowed
 from collectives._check import add_check_arguments
 from collectives._check import add_mesh_arguments
 from collectives._check import add_run_arguments
@@ -56,6 +57,13 @@ def _device_options() -> argparse.ArgumentParser:
 def _setup(args: argparse.Namespace) -> None:
     if args.x64:
         jax.config.update("jax_enable_x64", True)
+    dtypes = getattr(args, "dtype", None) or ()
+    for name in [dtypes] if isinstance(dtypes, str) else dtypes:
+        twin = narrowed(name)
+        if twin:
+            raise _args.Refused(
+                f"--dtype {name}: JAX computes it as {twin} while 64-bit types "
+                f"are off. Fix: add --x64 (or set JAX_ENABLE_X64=1), or use {twin}.")
     use_cpu_devices(args.devices)
     mesh = getattr(args, "mesh", None)
     needed = math.prod(mesh) if mesh else 0

@@ -89,3 +89,15 @@ def test_mesh_must_be_a_mesh():
 def test_bad_permutations(perm, error, words):
     with pytest.raises(error, match=words):
         cx.check_permutation(perm, 8)
+
+
+@pytest.mark.parametrize("dtype,twin", [
+    ("float64", "float32"), ("complex128", "complex64"), ("int64", "int32")])
+def test_check_refuses_a_64_bit_dtype_jax_would_narrow(dtype, twin):
+    # without jax_enable_x64 the row would say complex128 and run complex64
+    import jax
+
+    assert not jax.config.jax_enable_x64
+    with pytest.raises(ValueError, match=f"'{dtype}' is computed as {twin}.*"
+                                         "jax_enable_x64"):
+        cx.check(["psum"], dtypes=[dtype], configs=[((8,), ("i",), None)])

@@ -39,6 +39,11 @@ REFUSED = {  # command line: words the one line must hold (flag, value, fix)
     "check psum --devices 0": ["--devices", "'0'", "Fix:"],
     "check psum --seed -1": ["--seed", "'-1'", "non-negative"],
     "check psum --dtype float99": ["--dtype", "'float99'", "float32"],
+    # a 64-bit type JAX would compute as its 32-bit twin, labelled 64-bit
+    "check psum --dtype complex128": ["--dtype complex128", "complex64", "--x64"],
+    "check psum --dtype float32 float64": ["--dtype float64", "float32", "--x64"],
+    "run psum --dtype int64": ["--dtype int64", "int32", "--x64"],
+    "bench -d uint64": ["--dtype uint64", "uint32", "--x64"],
     "plan --dtype float99": ["--dtype", "'float99'", "Fix:"],
     "run psum --mesh 16": ["--mesh 16", "16 devices", "--devices 16"],
     "run psum --dtype float99": ["--dtype", "'float99'", "Fix:"],
