@@ -314,26 +314,93 @@ VALUES = st.sampled_from(["1", "2", "4", "8", "0", "-1", "nan", "2049", "x", "",
                           "127.0.0.1:1", "1.5", "--"])
 
 
+# What else a user's shell hands a command: the variables JAX and XLA read
+# as they start (good and bad values), an output that is not a plain new file
+# (standard output, a character device the test makes standing for
+# /dev/null, a file in /proc, a folder, an existing file), and a Ctrl-C at
+# a drawn moment.
+ENVIRONMENT = st.sampled_from([
+    {}, {"JAX_NUM_CPU_DEVICES": "4"}, {"JAX_NUM_CPU_DEVICES": "x"},
+    {"JAX_NUM_CPU_DEVICES": "0"}, {"JAX_ENABLE_X64": "1"},
+    {"JAX_ENABLE_X64": "perhaps"}, {"XLA_FLAGS": "--xla_no_such_flag"},
+    {"XLA_FLAGS": "--xla_force_host_platform_device_count=x"},
+    {"XLA_FLAGS": "-x"}, {"JAX_PLATFORMS": "cpu"}, {"JAX_PLATFORMS": "tpu"}])
+OUTPUTS = st.sampled_from([None, "-", "device", "/proc/out.json", "folder/",
+                           "existing.json", "new.json"])
+INTERRUPT = st.one_of(st.none(), st.floats(0.05, 6.0))
+WRITES = {"check": "--json", "bench": "--json", "plan": "--json"}
+
+
+def _output(where, tmp_path):
+    """The ``--json`` argument for ``where``, made in ``tmp_path``."""
+    if where == "device":
+        try:
+            os.mknod(tmp_path / "null", 0o666 | __import__("stat").S_IFCHR,
+                     os.makedev(1, 3))
+        except PermissionError:
+            return "-"
+        return str(tmp_path / "null")
+    if where == "existing.json":
+        (tmp_path / where).write_text('{"old": true}')
+    return where
+
+
+def _run_interrupted(argv, cwd, env, after):
+    """``python -m collectives *argv``, SIGINT ``after`` seconds in (if it
+    still runs); (exit code, stdout, stderr)."""
+    import signal
+    import sys
+    import time
+
+    from helpers import rank_env
+
+    full_env = {**rank_env(), **env}
+    with subprocess.Popen([sys.executable, "-m", "collectives", *argv], cwd=cwd,
+                          env=full_env, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True) as proc:
+        if after is not None:
+            time.sleep(after)
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGINT)
+        try:
+            out, err = proc.communicate(timeout=180)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+            pytest.fail(f"{argv} {env}: still running after 180 s\n{err[-2000:]}")
+    return proc.returncode, out, err
+
+
 @pytest.mark.slow
 @settings(max_examples=examples(8), deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(command=st.sampled_from(sorted(WHOLE)), data=st.data())
-def test_fuzzed_whole_commands_finish_or_are_refused_in_one_line(request, tmp_path,
-                                                                 command, data):
+def test_fuzzed_whole_commands_finish_or_are_refused_in_one_line(
+        request, tmp_path_factory, command, data):
     if settings.get_current_profile_name() != "deep":  # (the deep run: always)
         only_with_marker(request, "slow", SLOW)
+    tmp_path = tmp_path_factory.mktemp("fuzz")
     base, flags = WHOLE[command]
     words = data.draw(st.lists(st.one_of(st.sampled_from(flags), VALUES),
                                max_size=4))
-    argv = [*base, *words] if command != "worker" else [*base, *words, "--",
-                                                         "check", "psum"]
-    result = run_python("-m", "collectives", *argv, cwd=tmp_path, timeout=180,
-                        check=False)
-    why = (argv, result.returncode, result.stdout[-2000:], result.stderr[-2000:])
-    assert result.returncode in (0, 2), why
-    assert "Traceback" not in result.stderr + result.stdout, why
-    if result.returncode == 2:
-        assert len(result.stderr.strip().splitlines()) == 1, why
+    env = data.draw(ENVIRONMENT)
+    where = data.draw(OUTPUTS) if command in WRITES else None
+    after = data.draw(INTERRUPT)
+    output = [] if where is None else [WRITES[command], _output(where, tmp_path)]
+    argv = [*base, *output, *words] if command != "worker" else [
+        *base, *words, "--", "check", "psum"]
+    code, out, err = _run_interrupted(argv, tmp_path, env, after)
+    why = (argv, env, after, code, out[-2000:], err[-2000:])
+    assert code in (0, 2, 130), why
+    assert "Traceback" not in err + out, why
+    if code in (2, 130):
+        assert len(err.strip().splitlines()) == 1, why
+    if code != 0 and where == "existing.json":  # never half a file
+        assert json.loads((tmp_path / where).read_text()) == {"old": True}, why
+    if where == "device":
+        assert (tmp_path / "null").is_char_device(), why
+    leftovers = [p.name for p in tmp_path.iterdir() if ".tmp" in p.name]
+    assert not leftovers, (why, leftovers)
 
 
 def test_every_refusal_type_names_the_value_and_a_fix():
