@@ -490,3 +490,39 @@ def test_a_ranks_own_verdict_beats_a_peers_guess_at_how_it_ended():
     launch.workers[1] = _Seen(1, False, None)
     assert launch._culprit()[1].startswith(
         "launch failed: process 1 (pid 1001) ended without reporting a result")
+
+
+class _Array:
+    """Stands for a JAX array whose wait is C++: no Python frame of its own."""
+
+    def __init__(self, lock):
+        self.block_until_ready = lock.acquire  # a builtin method, as in JAX 0.10
+
+
+def test_a_rank_waiting_in_a_method_call_counts_as_inside_jax():
+    # out.block_until_ready() leaves the user's line as the innermost frame:
+    # the call that line makes says it waits inside JAX
+    import threading
+    import time
+
+    from collectives.distributed import _watch
+
+    lock, seen = threading.Lock(), []
+    out = _Array(lock)
+
+    def look(thread):
+        time.sleep(0.3)
+        seen.append(_watch._where(thread))
+        lock.release()
+
+    for wait in (lambda: out.block_until_ready(),  # the line calls the method
+                 lambda: lock.acquire()):  # another call: not a JAX wait
+        lock.acquire()
+        looker = threading.Thread(target=look, args=(threading.get_ident(),))
+        looker.start()
+        wait()
+        looker.join()
+        lock.release()
+    (inside, place), (other, other_place) = seen
+    assert inside and place.endswith("in .block_until_ready()"), place
+    assert not other and "test_distributed.py" in other_place, other_place

@@ -513,6 +513,67 @@ def test_each_fault_names_the_rank_that_failed_first(request, tmp_path, job,
         assert "faults.py:12 (<module>)" in out, out  # where it sat
 
 
+WAITS = textwrap.dedent("""
+    import os, sys, time
+    import numpy as np
+    import jax
+    from jax.experimental import multihost_utils
+    from jax.sharding import NamedSharding, PartitionSpec as P
+    rank, how = jax.process_index(), sys.argv[2]
+    mesh = jax.make_mesh((jax.device_count(),), ("i",))
+    total = jax.jit(lambda a: a.sum(), out_shardings=NamedSharding(mesh, P()))
+    multihost_utils.sync_global_devices("up")
+    for step in range(10**6):
+        if rank == 1 and step == 3:
+            with open(os.path.join(sys.argv[1], "asleep"), "w") as f:
+                f.write(str(os.getpid()))
+            time.sleep(600)  # asleep outside JAX: never enters the sum below
+        out = total(jax.make_array_from_process_local_data(
+            NamedSharding(mesh, P("i")),
+            np.ones((jax.local_device_count(), 4), np.float32)))
+        if how == "method":
+            out.block_until_ready()  # C++ in JAX 0.10: no JAX frame on the stack
+        elif how == "function":
+            jax.block_until_ready(out)
+        elif how == "asarray":
+            np.asarray(out)
+        else:
+            multihost_utils.sync_global_devices("tick")
+""")
+
+
+@pytest.mark.faults
+@pytest.mark.launchers
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("wait", ["method", "function", "asarray", "sync"])
+@pytest.mark.parametrize("launcher", ["launch", "mpirun", "srun"])
+def test_a_rank_asleep_is_named_however_the_others_wait(request, tmp_path, job,
+                                                       launcher, wait):
+    # rank 0 waits for a sum rank 1 never joins: with out.block_until_ready(),
+    # jax.block_until_ready(out), np.asarray(out) or sync_global_devices
+    _selected(request)
+    _need(launcher)
+    script = tmp_path / "waits.py"
+    script.write_text(WAITS)
+    started = job(command(launcher, 2, 2, ["python", str(script), str(tmp_path), wait],
+                          "--timeout", "300"))
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not (tmp_path / "asleep").exists():
+        assert started.proc.poll() is None, started.output()
+        time.sleep(0.1)
+    asleep = time.monotonic()
+    code, out = started.wait(120)
+    seconds = time.monotonic() - asleep
+    pid = int((tmp_path / "asleep").read_text())
+    assert code != 0 and seconds < FAULT_BOUND, f"{seconds:.1f} s:\n{out}"
+    assert not CPP_TRACE.search(out) and "stack trace" not in out, out
+    named = (f"launch failed: process 1 (pid {pid}) has been idle outside JAX"
+             if launcher == "launch" else
+             f"error: rank 1 (host {os.uname().nodename}, pid {pid}) has been "
+             "idle outside JAX")
+    assert named in out and "waits.py:15 (<module>)" in out, out
+
+
 SILENCE = textwrap.dedent("""
     import sys, time
     import jax

@@ -39,8 +39,11 @@ Python), with a message naming the signal and exit code 128 + its number.
 
 from __future__ import annotations
 
+import ast
 import contextlib
+import dis
 import functools
+import linecache
 import os
 import select
 import signal
@@ -499,6 +502,41 @@ def _jax_dirs() -> tuple[str, ...]:
               for m in (jax, jaxlib)), os.path.join(here, "_compat.py"))
 
 
+JAX_WAITS = frozenset({"block_until_ready", "copy_to_host_async", "item",
+                       "tolist", "addressable_data", "is_ready"})
+"""Methods of a JAX array that wait for its value (or its peers) in C++ on
+some releases: ``out.block_until_ready()`` puts no JAX Python frame on the
+stack, so the line's own call says the rank waits inside JAX."""
+
+
+def calling(frame: types.FrameType) -> str | None:
+    """The name ``frame`` is calling where it stopped: ``block_until_ready``
+    for a frame stopped in ``out.block_until_ready()``, ``print`` in
+    ``print(x)``; ``None`` where it is not in a call or the source is not at
+    hand. Read from the call's own source span (``co_positions``), so the
+    arguments' names never count."""
+    code = frame.f_code
+    at = frame.f_lasti
+    if at < 0 or not dis.opname[code.co_code[at]].startswith("CALL"):
+        return None
+    first, last, start, end = list(code.co_positions())[at // 2]
+    lines = linecache.getlines(code.co_filename)
+    if None in (first, last, start, end) or not lines or last > len(lines):
+        return None
+    text = "".join(lines[first - 1:last]).encode()
+    cut = len(text) - len(lines[last - 1].encode()) + end
+    source = text[start:cut].decode(errors="replace")
+    try:
+        call = ast.parse(source.strip(), mode="eval").body
+    except SyntaxError:
+        return None
+    if not isinstance(call, ast.Call):
+        return None
+    func = call.func
+    return (func.attr if isinstance(func, ast.Attribute)
+            else func.id if isinstance(func, ast.Name) else None)
+
+
 def _where(thread: int | None) -> tuple[bool, str] | None:
     """(whether thread ``thread`` is inside a JAX call, the innermost place
     outside JAX as ``file:line (function)``); ``None`` where its stack could
@@ -533,8 +571,13 @@ def _where(thread: int | None) -> tuple[bool, str] | None:
         if not isinstance(frame, types.FrameType):
             return None
         code = frame.f_code
-        return inside, (f"{os.path.basename(code.co_filename)}:{frame.f_lineno} "
-                        f"({code.co_name})")
+        place = (f"{os.path.basename(code.co_filename)}:{frame.f_lineno} "
+                 f"({code.co_name})")
+        if not inside:  # a wait JAX implements in C++ leaves no JAX frame
+            called = calling(frame)
+            if called in JAX_WAITS:
+                return True, f"{place} in .{called}()"
+        return inside, place
     except Exception:  # a racing read: unknown this time
         return None
     finally:
