@@ -574,6 +574,58 @@ def test_a_rank_asleep_is_named_however_the_others_wait(request, tmp_path, job,
     assert named in out and "waits.py:15 (<module>)" in out, out
 
 
+MISMATCH = textwrap.dedent("""
+    import os, sys
+    import numpy as np
+    import jax
+    from jax.experimental import multihost_utils
+    from jax.sharding import NamedSharding, PartitionSpec as P
+    mesh = jax.make_mesh((jax.device_count(),), ("i",))
+    total = jax.jit(lambda a: a.sum(), out_shardings=NamedSharding(mesh, P()))
+    twice = jax.jit(lambda a: 2 * a, out_shardings=NamedSharding(mesh, P()))
+    x = jax.make_array_from_process_local_data(
+        NamedSharding(mesh, P("i")), np.ones((jax.local_device_count(), 4), np.float32))
+    multihost_utils.sync_global_devices("up")
+    open(os.path.join(sys.argv[1], f"in-{jax.process_index()}"), "w").close()
+    if jax.process_index() == 0:
+        total(x).block_until_ready()  # an all-reduce
+    else:
+        twice(x).block_until_ready()  # an all-gather: the two never meet
+""")
+
+
+@pytest.mark.faults
+@pytest.mark.launchers
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("launcher", ["launch", "mpirun", "srun"])
+def test_ranks_in_different_collectives_are_named_each_where_it_waits(
+        request, tmp_path, job, launcher):
+    # gloo would wait its 120 s and end in a C++ stack trace under srun
+    _selected(request)
+    _need(launcher)
+    script = tmp_path / "mismatch.py"
+    script.write_text(MISMATCH)
+    started = job(command(launcher, 2, 2, ["python", str(script), str(tmp_path)],
+                          "--timeout", "300"))
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not all(
+            (tmp_path / f"in-{r}").exists() for r in range(2)):
+        assert started.proc.poll() is None, started.output()
+        time.sleep(0.1)
+    entered = time.monotonic()
+    code, out = started.wait(120)
+    seconds = time.monotonic() - entered
+    assert code != 0 and seconds < FAULT_BOUND, f"{seconds:.1f} s:\n{out}"
+    assert not CPP_TRACE.search(out) and "stack trace" not in out, out
+    lines = out.strip().splitlines()
+    said = ([lines[-1]] if launcher == "launch" else  # the launcher's verdict
+            [line for line in lines if line.startswith("error: the ranks wait")])
+    assert said and all(
+        "the ranks wait in different collectives" in line
+        and "rank 0 at mismatch.py:15 (<module>)" in line
+        and "rank 1 at mismatch.py:17 (<module>)" in line for line in said), out
+
+
 SILENCE = textwrap.dedent("""
     import sys, time
     import jax

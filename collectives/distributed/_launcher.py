@@ -285,6 +285,11 @@ class _Launch:
         they stopped because of, which may still be running: stopped or
         stuck), then the order of the exits."""
         blames = {w.index: w.blame() for w in self.workers}
+        every = [blame[1] for blame in blames.values()
+                 if blame is not None and blame[0] == _watch.EVERY_RANK]
+        if every:  # no one rank: the verdict names each
+            return self.workers[0], (f"launch failed: {every[0]}; the launcher "
+                                     "stopped them all.")
         named = collections.Counter(
             blame for i, blame in blames.items()
             if blame is not None and 0 <= blame[0] < self.n and blame[0] != i)
@@ -398,7 +403,7 @@ class _Launch:
                 summary = record["error"].splitlines()[0][:80]
             blame = w.blame()
             if status == "failed" and blame is not None:
-                if blame[0] == w.index:  # the others stopped because of it
+                if blame[0] in (w.index, _watch.EVERY_RANK):  # it is to blame
                     summary = blame[1][:80]
                 else:
                     status = "stopped"

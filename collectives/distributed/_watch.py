@@ -63,6 +63,13 @@ EXIT_PEER_LOST = 4
 EXIT_NO_PROGRESS = 124
 """Exit code of a rank that made no progress for its ``--timeout``."""
 
+EXIT_MISMATCH = 5
+"""Exit code of the ranks stopped because they wait in different
+collectives (each idle inside a JAX call at another line)."""
+
+EVERY_RANK = -1
+"""The rank a verdict names where no one rank is to blame (a mismatch)."""
+
 BEAT_SECONDS = 1.0
 """How often every rank sends its heartbeat."""
 
@@ -333,8 +340,9 @@ class PeerWatch:
                 if rank not in self._reported}
 
     def _judge(self) -> None:
-        """Rank 0: stop the job if a rank is silent, or idle outside JAX while
-        another rank waits for it inside a JAX call."""
+        """Rank 0: stop the job if a rank is silent, idle outside JAX while
+        another rank waits for it inside a JAX call, or every rank waits
+        inside a JAX call but not all at one place (different collectives)."""
         now = time.monotonic()
         beats = self._live_beats()
         for rank, (heard, *_) in beats.items():
@@ -346,6 +354,10 @@ class PeerWatch:
                    if inside and idle >= self.stall]
         stuck = [rank for rank, (_, idle, inside, _) in beats.items()
                  if not inside and idle >= self.stall]
+        places = {beats[r][3] for r in waiting}
+        if len(beats) > 1 and len(waiting) == len(beats) and len(places) > 1:
+            self._mismatch(beats)
+            return
         if waiting and stuck:
             rank = max(stuck, key=lambda r: beats[r][1])
             _, idle, _, place = beats[rank]
@@ -356,6 +368,24 @@ class PeerWatch:
                 f"{others} waited for it inside a JAX call: it never entered the "
                 "collective they wait in (a deadlock, a sleep, a read that never "
                 f"returns; --stall-timeout {self.stall:g} s)"))
+
+    def _mismatch(self, beats: dict[int, tuple[float, float, bool, str]]) -> None:
+        """Every rank idle inside a JAX call, not all at one line: they wait in
+        different collectives, which never meet. Named, and every rank stops."""
+        idle = min(beat[1] for beat in beats.values())
+        where = "; ".join(f"rank {rank} at {place}" for rank, (_, _, _, place)
+                          in sorted(beats.items()))
+        how = (f"the ranks wait in different collectives, each idle inside a "
+               f"JAX call for {idle:.0f} s: {where}. Every rank must run the same "
+               "collectives in the same order with the same shapes (look for a "
+               "branch on the rank or a shape that depends on the data; "
+               f"--stall-timeout {self.stall:g} s)")
+        message = f"error: {how}. Every rank stops (exit {EXIT_MISMATCH})."
+        self._broadcast(f"stop {EXIT_MISMATCH} {message}")
+        if self.on_stop is not None:
+            with contextlib.suppress(Exception):  # the launcher's evidence
+                self.on_stop(EVERY_RANK, how)
+        self._stop(None, "", message, EXIT_MISMATCH)
 
     def _judge_rank0(self) -> None:
         heard = self._beats[0][0]
