@@ -360,6 +360,24 @@ LOOP = textwrap.dedent("""
 """)
 
 
+def _start_two(job, launcher, tmp_path, name, source, *argv, markers):
+    """Start 2 ranks of 2 devices running ``source`` (saved as ``name`` in
+    ``tmp_path``, given ``tmp_path`` and ``argv``) and wait until every file
+    of ``markers`` exists in ``tmp_path``; the started job."""
+    script = tmp_path / name
+    script.write_text(source)
+    started = job(command(launcher, 2, 2,
+                          ["python", str(script), str(tmp_path), *argv],
+                          "--timeout", "300"))
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not all(
+            (tmp_path / marker).exists() for marker in markers):
+        assert started.proc.poll() is None, started.output()
+        time.sleep(0.1)
+    assert all((tmp_path / marker).exists() for marker in markers), started.output()
+    return started
+
+
 def _signal_rank(request, tmp_path, job, launcher, signum, rank=1):
     """Start a job of 2 ranks looping over collectives, send ``signum`` to
     ``rank`` from outside (as a scheduler would); (seconds to the job's end,
@@ -367,16 +385,8 @@ def _signal_rank(request, tmp_path, job, launcher, signum, rank=1):
     if launcher != "launch":
         _selected(request)
     _need(launcher)
-    script = tmp_path / "loop.py"
-    script.write_text(LOOP)
-    started = job(command(launcher, 2, 2, ["python", str(script), str(tmp_path)],
-                          "--timeout", "300"))
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and not all(
-            (tmp_path / f"pid-{r}").exists() for r in range(2)):
-        assert started.proc.poll() is None, started.output()
-        time.sleep(0.2)
-    assert all((tmp_path / f"pid-{r}").exists() for r in range(2)), started.output()
+    started = _start_two(job, launcher, tmp_path, "loop.py", LOOP,
+                         markers=["pid-0", "pid-1"])
     time.sleep(1.0)  # well inside the loop
     pid = int((tmp_path / f"pid-{rank}").read_text())
     environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
@@ -457,15 +467,8 @@ def _fault(request, tmp_path, job, launcher, how):
     if how == "kill rank 0":
         return _signal_rank(request, tmp_path, job, launcher, signal.SIGKILL, rank=0)
     _need(launcher)
-    script = tmp_path / "faults.py"
-    script.write_text(FAULTS)
-    started = job(command(launcher, 2, 2, ["python", str(script), str(tmp_path), how],
-                          "--timeout", "300"))
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and not (tmp_path / "pid-1").exists():
-        assert started.proc.poll() is None, started.output()
-        time.sleep(0.1)
-    assert (tmp_path / "pid-1").exists(), started.output()
+    started = _start_two(job, launcher, tmp_path, "faults.py", FAULTS, how,
+                         markers=["pid-1"])
     faulted = time.monotonic()
     code, out = started.wait(120)
     return time.monotonic() - faulted, code, out, int((tmp_path / "pid-1").read_text())
@@ -553,14 +556,8 @@ def test_a_rank_asleep_is_named_however_the_others_wait(request, tmp_path, job,
     # jax.block_until_ready(out), np.asarray(out) or sync_global_devices
     _selected(request)
     _need(launcher)
-    script = tmp_path / "waits.py"
-    script.write_text(WAITS)
-    started = job(command(launcher, 2, 2, ["python", str(script), str(tmp_path), wait],
-                          "--timeout", "300"))
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and not (tmp_path / "asleep").exists():
-        assert started.proc.poll() is None, started.output()
-        time.sleep(0.1)
+    started = _start_two(job, launcher, tmp_path, "waits.py", WAITS, wait,
+                         markers=["asleep"])
     asleep = time.monotonic()
     code, out = started.wait(120)
     seconds = time.monotonic() - asleep
@@ -603,15 +600,8 @@ def test_ranks_in_different_collectives_are_named_each_where_it_waits(
     # gloo would wait its 120 s and end in a C++ stack trace under srun
     _selected(request)
     _need(launcher)
-    script = tmp_path / "mismatch.py"
-    script.write_text(MISMATCH)
-    started = job(command(launcher, 2, 2, ["python", str(script), str(tmp_path)],
-                          "--timeout", "300"))
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and not all(
-            (tmp_path / f"in-{r}").exists() for r in range(2)):
-        assert started.proc.poll() is None, started.output()
-        time.sleep(0.1)
+    started = _start_two(job, launcher, tmp_path, "mismatch.py", MISMATCH,
+                         markers=["in-0", "in-1"])
     entered = time.monotonic()
     code, out = started.wait(120)
     seconds = time.monotonic() - entered

@@ -70,6 +70,9 @@ collectives (each idle inside a JAX call at another line)."""
 EVERY_RANK = -1
 """The rank a verdict names where no one rank is to blame (a mismatch)."""
 
+PEERS_GONE_SECONDS = 3.0
+"""How long rank 0, stopping, waits for the other ranks to end first."""
+
 BEAT_SECONDS = 1.0
 """How often every rank sends its heartbeat."""
 
@@ -97,7 +100,8 @@ def say_and_exit(message: str, code: int) -> None:
     """Print ``message`` to stderr and end the process at once (no JAX
     shutdown barrier: peers may be stuck waiting for this process)."""
     try:
-        print(message, file=sys.stderr, flush=True)
+        if message:
+            print(message, file=sys.stderr, flush=True)
         sys.stdout.flush()
     finally:
         os._exit(code)
@@ -295,7 +299,34 @@ class PeerWatch:
         if self.on_stop is not None and rank is not None:
             with contextlib.suppress(Exception):  # the evidence is a courtesy
                 self.on_stop(rank, how)
+        if self.rank == 0 and self._peers:
+            # Rank 0 hosts JAX's coordination service: a peer still alive as
+            # it vanishes has its JAX client log a fatal line ("Terminating
+            # process because the JAX distributed service detected fatal
+            # errors"). The peers, told, end first.
+            with contextlib.suppress(Exception):
+                print(message, file=sys.stderr, flush=True)
+            self._await_peers_gone(PEERS_GONE_SECONDS)
+            say_and_exit("", code)
         say_and_exit(message, code)
+
+    def _await_peers_gone(self, seconds: float) -> None:
+        """Wait up to ``seconds`` for every peer's connection to close (each
+        closes as its process ends); only peeks, so the thread reading the
+        peers reads on."""
+        deadline = time.monotonic() + seconds
+        open_ = list(self._peers.values())
+        while open_ and time.monotonic() < deadline:
+            ready, _, _ = select.select(open_, [], [], 0.05)
+            for conn in ready:
+                try:
+                    data = conn.recv(1, socket.MSG_PEEK)
+                except OSError:
+                    data = b""
+                if not data:
+                    open_.remove(conn)
+            if ready and open_:
+                time.sleep(0.01)  # unread lines: the other thread takes them
 
     # -- every rank: a heartbeat each second; rank 0 judges them all -----------
 
