@@ -570,14 +570,14 @@ some releases: ``out.block_until_ready()`` puts no JAX Python frame on the
 stack, so the line's own call says the rank waits inside JAX."""
 
 
-def calling(frame: types.FrameType) -> str | None:
-    """The name ``frame`` is calling where it stopped: ``block_until_ready``
-    for a frame stopped in ``out.block_until_ready()``, ``print`` in
-    ``print(x)``; ``None`` where it is not in a call or the source is not at
-    hand. Read from the call's own source span (``co_positions``), so the
-    arguments' names never count."""
-    code = frame.f_code
-    at = frame.f_lasti
+def calling(code: types.CodeType, at: int) -> str | None:
+    """The name code ``code`` stopped at instruction offset ``at`` (a
+    frame's ``f_lasti``) is calling: ``block_until_ready`` in
+    ``out.block_until_ready()``, ``print`` in ``print(x)``; ``None`` where it
+    is not in a call or the source is not at hand. Read from the call's own
+    source span (``co_positions``), so the arguments' names never count.
+    Reads the source file: call it outside :func:`_where`'s walk (I/O lets
+    the watched thread run, for a whole raised switch interval)."""
     if at < 0 or not dis.opname[code.co_code[at]].startswith("CALL"):
         return None
     first, last, start, end = list(code.co_positions())[at // 2]
@@ -631,18 +631,21 @@ def _where(thread: int | None) -> tuple[bool, str] | None:
             return inside, "?"
         if not isinstance(frame, types.FrameType):
             return None
-        code = frame.f_code
+        code, at = frame.f_code, frame.f_lasti
         place = (f"{os.path.basename(code.co_filename)}:{frame.f_lineno} "
                  f"({code.co_name})")
-        if not inside:  # a wait JAX implements in C++ leaves no JAX frame
-            called = calling(frame)
-            if called in JAX_WAITS:
-                return True, f"{place} in .{called}()"
-        return inside, place
     except Exception:  # a racing read: unknown this time
         return None
     finally:
         sys.setswitchinterval(interval)
+    if not inside:  # a wait JAX implements in C++ leaves no JAX frame
+        try:
+            called = calling(code, at)
+        except Exception:  # source changed or unreadable: no evidence
+            called = None
+        if called in JAX_WAITS:
+            return True, f"{place} in .{called}()"
+    return inside, place
 
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
