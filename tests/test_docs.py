@@ -69,6 +69,15 @@ def test_every_page_is_reachable_from_the_index():
     assert pages <= entries, f"not in any toctree: {sorted(pages - entries)}"
 
 
+def test_no_page_names_a_private_module():
+    # The site's browser check finds these in the built pages, near CI's end;
+    # a page's own source is where they are written.
+    named = {page.name: sorted(set(re.findall(r"collectives\._\w+", page.read_text())))
+             for page in sorted(DOCS.glob("*.md"))}
+    assert not {page: names for page, names in named.items() if names}, (
+        "a page of the site names private modules; name the public API or the test")
+
+
 def test_migration_guide_points_at_functions_and_tests_that_exist():
     text = (DOCS / "migration.md").read_text()
     shown = re.findall(r"\{literalinclude\} \.\./recipes/(\w+)\.py\s+"
