@@ -429,7 +429,8 @@ def _timeline(ax, record, slots, narrow, font, other):
         ax.set_yticks(np.arange(len(slots)) + 0.5,
                       [s.kind for _, s in slots], fontsize=font)
         ax.axhline(split, color="#555555", lw=1, ls=":")
-        ax.text(2.5, split + 0.5, "\u2191 forward pass   backward pass \u2193",
+        # time runs down the page: the forward pass above the line
+        ax.text(2.5, split + 0.5, "forward pass above, backward pass below \u2193",
                 ha="center", va="center", fontsize=font, style="italic")
         ax.set_xlabel("bytes: what each device sends", fontsize=font)
     else:
@@ -440,7 +441,8 @@ def _timeline(ax, record, slots, narrow, font, other):
         ax.set_xticks([])
         ax.axvline(split, color="#555555", lw=1, ls=":")
         below = other_lane + 0.75
-        ax.text(split - 0.15, below, "\u2190 forward pass", ha="right",
+        # time runs to the right: the forward pass left of the line
+        ax.text(split - 0.15, below, "forward pass \u2192", ha="right",
                 va="center", fontsize=font, style="italic")
         ax.text(split + 0.15, below, "backward pass \u2192", ha="left",
                 va="center", fontsize=font, style="italic")
