@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import textwrap
 from typing import Any
 
 import jax
@@ -93,7 +94,8 @@ class Diagram:
         column = max(len(line) for panel in panels_before + panels_after
                      for line in panel)
         column = max(column, len(f"device {self.n_devices - 1}"))
-        lines = [header, legend, ""]
+        # the prose wrapped to a terminal's 79 columns (and a page's code box)
+        lines = [*textwrap.wrap(header, 79), *textwrap.wrap(legend, 79), ""]
         lines.append(" " * 8 + "  ".join(
             f"device {d}".rjust(column) for d in range(self.n_devices)))
         for label, panels in (("before", panels_before), ("after", panels_after)):

@@ -230,14 +230,34 @@
       problems.push(`plot does not open full size on a click: ${src}`);
     }
   }
-  // On a desktop (1000 px and wider) every table shows all its columns: one
-  // that scrolls sideways hides some (on a phone it may scroll).
+  // On a desktop (1000 px and wider) the article is read whole: every table
+  // shows all its columns and every code box all its text (a command line
+  // cut at the box's edge hides its last flags). On a phone they may scroll.
   if (vw >= 1000) {
     for (const box of document.querySelectorAll(".bd-article .pst-scrollable-table-container")) {
-      if (!visible(box) || box.closest(".compat-matrix")) continue;
+      if (!visible(box)) continue;
       if (box.scrollWidth > box.clientWidth + 1) {
         problems.push(`table hides columns (${box.clientWidth}px of ${box.scrollWidth}px ` +
                       `in view, scrolls sideways): ${label(box)}`);
+      }
+    }
+    for (const pre of document.querySelectorAll(".bd-article pre")) {
+      if (!visible(pre) || pre.closest("table")) continue;
+      if (pre.scrollWidth > pre.clientWidth + 1) {
+        problems.push(`code box hides text (${pre.clientWidth}px of ${pre.scrollWidth}px ` +
+                      `in view, scrolls sideways): ${label(pre)}`);
+      }
+    }
+  }
+  // Narrower (a phone), a table may scroll sideways with its first column
+  // pinned, and a line above it says so (collectives.js).
+  if (vw < 1000) {
+    for (const box of document.querySelectorAll(".bd-article .pst-scrollable-table-container")) {
+      if (!visible(box) || box.scrollWidth <= box.clientWidth + 1) continue;
+      const line = box.previousElementSibling;
+      if (!line || !line.classList.contains("swipe-hint") || !visible(line)) {
+        problems.push(`table scrolls sideways with no line saying so (${box.clientWidth}px ` +
+                      `of ${box.scrollWidth}px in view): ${label(box)}`);
       }
     }
   }

@@ -31,8 +31,11 @@ default). The check fails (exit status 1, one line per problem) on:
   shown width over the natural width; an SVG without a record is measured
   from its glyphs; a raster without one is a problem); a raster plot that
   does not open full size on a click;
-* on a desktop (1000 px and wider), a table that scrolls sideways (it hides
-  columns); inline code broken inside a word (700 px and wider); a caption
+* on a desktop (1000 px and wider), a table or a code box that scrolls
+  sideways (it hides columns, or a command line's last flags), the
+  compatibility matrices included; narrower, a table that scrolls sideways
+  without the line above it that says so (``_theme/collectives.js``);
+  inline code broken inside a word (700 px and wider); a caption
   that names code (a name with an underscore, or a call) other than the
   collectives and recipes; more than one search box on screen;
 * a strategy recipe page that the strategies page neither links to nor

@@ -114,6 +114,7 @@ html_theme = "sphinx_book_theme"
 html_title = f"collectives {release}"
 html_static_path = ["_static", "_theme"]
 html_css_files = ["collectives.css"]
+html_js_files = ["collectives.js"]
 html_theme_options = {
     "show_toc_level": 2,
     "home_page_in_toc": True,

@@ -79,8 +79,10 @@ def legacy(name):
 # [start:shard_map]
 def normalise_shard_map(x, mesh):
     # x: f32[n*k, m] rows over "i"; block: f32[k, m] on each device
-    f = jax.shard_map(lambda block: block / lax.psum(block.sum(0, keepdims=True), "i"),
-                      mesh=mesh, in_specs=P("i"), out_specs=P("i"))
+    def body(block):
+        return block / lax.psum(block.sum(0, keepdims=True), "i")
+
+    f = jax.shard_map(body, mesh=mesh, in_specs=P("i"), out_specs=P("i"))
     return jax.jit(f)(x)
 
 

@@ -194,8 +194,8 @@ def ring_attention_pmap_2d(q, k, v, shape, causal=False):
 
 # [start:shard_map]
 def ring_attention_shard_map(q, k, v, mesh, causal=False, axis=AXIS):
-    f = jax.shard_map(functools.partial(ring_attention_body, axis=axis, causal=causal),
-                      mesh=mesh, in_specs=(P(axis),) * 3, out_specs=P(axis))
+    body = functools.partial(ring_attention_body, axis=axis, causal=causal)
+    f = jax.shard_map(body, mesh=mesh, in_specs=(P(axis),) * 3, out_specs=P(axis))
     return jax.jit(f)(q, k, v)
 # [end:shard_map]
 

@@ -98,9 +98,10 @@ def test_axis_index_adds_the_device_index(diagrams):
 
 def test_text_grid_has_a_column_per_device_and_both_grids(diagrams):
     text = diagrams["psum"].text()
-    lines = text.splitlines()
-    assert lines[0].startswith("psum over 4 devices")
-    assert "* = combined from every device" in lines[1]
+    prose, grid = text.split("\n\n", 1)
+    assert prose.startswith("psum over 4 devices")
+    assert "* = combined from every device" in " ".join(prose.splitlines())
+    lines = grid.splitlines()
     header = next(line for line in lines if "device 0" in line)
     assert all(f"device {d}" in header for d in range(N))
     before = next(line for line in lines if line.startswith("before"))
@@ -108,8 +109,16 @@ def test_text_grid_has_a_column_per_device_and_both_grids(diagrams):
     assert before.split()[1:] == ["0", "10", "20", "30"]
     assert after.split()[1:] == ["*60"] * N
     # A copy is not marked: no star in ppermute's grid.
-    grid = diagrams["ppermute_ring"].text().splitlines()[3:]
+    grid = diagrams["ppermute_ring"].text().split("\n\n", 1)[1].splitlines()
     assert not any("*" in line for line in grid)
+
+
+def test_text_prose_fits_a_terminal(diagrams):
+    # the header and legend wrap at 79 columns (a summary runs longer)
+    for name, d in diagrams.items():
+        prose = d.text().split("\n\n", 1)[0].splitlines()
+        assert max(map(len, prose)) <= 79, (name, prose)
+    assert len(diagrams["psum_scatter"].text().split("\n\n", 1)[0].splitlines()) > 2
 
 
 def test_eight_devices():

@@ -1,12 +1,17 @@
-"""The Sphinx extensions in docs/_ext, which need the docs extra (Sphinx).
+"""The Sphinx extensions in docs/_ext, which need the docs extra (Sphinx),
+and the site's browser check on pages made here, which needs Chromium.
 
-Skipped where Sphinx is not installed; CI runs this file in its docs venv
-(``.ci/run``'s docs step), and ``tools/never_run.py`` fails CI if no venv
-runs it.
+Skipped where Sphinx (or Chromium) is not installed; CI runs this file in its
+docs venv (``.ci/run``'s docs step, Chromium installed), and
+``tools/never_run.py`` fails CI if no venv runs it.
 """
 
 import ast
+import importlib.util
 import re
+import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -129,3 +134,72 @@ def test_the_explicit_form_has_its_own_matrix_with_each_skip_reason_once(docs_ex
     assert "1. `mc`: skipped: this release cannot reshard keys" in text, text
     assert "2." not in text, text
     assert "Not yet measured (?): 1 rows" in text and "--missing" in text, text
+
+
+WIDE_COMMAND = "python -m collectives plan " + " ".join(
+    f"--flag-{i} {i}" for i in range(20))
+WIDE_TABLE = ("<table><thead><tr><th>row</th>"
+              + "".join(f"<th>column&nbsp;number&nbsp;{i}</th>" for i in range(24))
+              + "</tr></thead><tbody><tr><td>a</td>"
+              + "".join(f"<td>{i}</td>" for i in range(24)) + "</tr></tbody></table>")
+PAGE = f"""<!doctype html><html><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<style>.bd-article {{ max-width: 800px; }}
+.pst-scrollable-table-container, pre {{ overflow-x: auto; }}</style>{{script}}</head>
+<body><article class="bd-article"><p>A page.</p>
+<pre>{WIDE_COMMAND}</pre>
+<div class="pst-scrollable-table-container">{WIDE_TABLE}</div>
+</article></body></html>"""
+
+
+def _problems_at(page: str, widths: tuple[int, ...]) -> dict[int, list[str]]:
+    """The page script's problems on ``page`` (HTML) at each width."""
+    binary = shutil.which("chromium") or shutil.which("chromium-browser")
+    if binary is None:
+        pytest.skip("the browser check needs Chromium (apt-get install chromium)")
+    spec = importlib.util.spec_from_file_location(
+        "browser_check", DOCS / "browser_check.py")
+    check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(check)
+    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as root:
+        (Path(root) / "page.html").write_text(page)
+        (Path(root) / "collectives.js").write_text(
+            (DOCS / "_theme" / "collectives.js").read_text())
+        server, base = check.serve(Path(root))
+        process, url = check.start_chromium(binary, str(Path(root) / "profile"))
+        socket = None
+        try:
+            socket = check.WebSocket(url)
+            tools = check.DevTools(socket)
+            tools.call("Page.enable")
+            return {width: check.check_page(tools, base + "page.html", width, None,
+                                            {}, [])["problems"]
+                    for width in widths}
+        finally:
+            if socket is not None:
+                socket.close()
+            process.kill()
+            process.wait()
+            process.stderr.close()
+            server.shutdown()
+            server.server_close()
+
+
+def test_the_browser_check_refuses_a_command_line_or_table_cut_on_a_desktop():
+    # At 1400 px the article is read whole: a code box or a table that
+    # scrolls sideways hides text. On a phone a table may scroll, with the
+    # line above it (the theme's collectives.js) saying so; without that
+    # line it is a problem too.
+    bare = _problems_at(PAGE.replace("{script}", ""), (1400, 390))
+    assert any(p.startswith("code box hides text") and "--flag-0" in p
+               for p in bare[1400]), bare[1400]
+    assert any(p.startswith("table hides columns") for p in bare[1400]), bare[1400]
+    assert any(p.startswith("table scrolls sideways with no line saying so")
+               for p in bare[390]), bare[390]
+    script = '<script src="collectives.js"></script>'
+    hinted = _problems_at(PAGE.replace("{script}", script), (390,))
+    assert not [p for p in hinted[390] if "table" in p], hinted[390]
+    narrow = PAGE.replace("{script}", "").replace(
+        WIDE_COMMAND, "python -m collectives check")
+    narrow = narrow.replace(WIDE_TABLE, "<table><tr><td>a</td><td>1</td></tr></table>")
+    assert _problems_at(narrow, (1400,)) == {1400: []}
