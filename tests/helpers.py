@@ -242,7 +242,8 @@ def per_device(body, mesh, axes, x):
 def run_kernel_detected(body, x, mesh, in_spec, out_spec, mode):
     """``body`` (which calls a Pallas kernel) under shard_map in interpret mode
     with ``dma_execution_mode=mode``, race detection on and unwritten memory
-    as NaN, bounded in time; its result as a NumPy array. Fails on a race."""
+    as NaN, bounded in time; its result as a NumPy array. Fails on a race.
+    ``x`` a tuple: the body's arguments (``in_spec`` a tuple of specs)."""
     import jax
     import numpy as np
     from jax.experimental.pallas import tpu as pltpu
@@ -257,7 +258,7 @@ def run_kernel_detected(body, x, mesh, in_spec, out_spec, mode):
 
     def run():  # in call_bounded's worker: the interpret context is per thread
         with pltpu.force_tpu_interpret_mode(params):
-            return f(x)
+            return f(*x) if isinstance(x, tuple) else f(x)
 
     name = getattr(body, "__name__", None) or getattr(
         getattr(body, "func", None), "__name__", "kernel")
