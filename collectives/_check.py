@@ -8,10 +8,12 @@ import inspect
 import json
 import math
 import time
+import traceback
 from collections.abc import Callable
 from collections.abc import Iterable
 from collections.abc import Mapping
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -186,6 +188,26 @@ def check(
     return rows
 
 
+def error_detail(err: BaseException) -> str:
+    """``Type: message``; for an error without a message (a bare ``assert``),
+    where it was raised: the file (from ``jax/`` or the package where it is
+    one of theirs), the line and the function."""
+    if str(err).strip():
+        return f"{type(err).__name__}: {err}"
+    frames = traceback.extract_tb(err.__traceback__)
+    if not frames:
+        return f"{type(err).__name__} with no message"
+    last = frames[-1]
+    parts = Path(last.filename).parts
+    anchor = max((i for i, part in enumerate(parts)
+                  if part in ("jax", "jaxlib", "collectives", "recipes")), default=None)
+    where = "/".join(parts[anchor:]) if anchor is not None else last.filename
+    in_jax = anchor is not None and parts[anchor].startswith("jax")
+    inside = " (inside JAX)" if in_jax else ""
+    return (f"{type(err).__name__} with no message, raised at {where}:{last.lineno} "
+            f"in {last.name}{inside}")
+
+
 def _check_row(recipe: Recipe, shape: tuple[int, ...], mesh: Any, axis: Any,
                dtype: Any, *, seed: int, exact: bool, forms_for: FormsFor,
                dims: Sequence[int] | None = None
@@ -205,7 +227,7 @@ def _check_row(recipe: Recipe, shape: tuple[int, ...], mesh: Any, axis: Any,
         ok, detail, done, error = True, str(err), (), float("nan")
         skipped = True
     except Exception as err:  # reported in the table, not raised
-        ok, detail = False, f"{type(err).__name__}: {err}"
+        ok, detail = False, error_detail(err)
         done, error = (), float("nan")
     row = CheckResult(
         recipe=recipe.name, mesh="x".join(map(str, shape)),

@@ -1,5 +1,8 @@
 """Wrong use of the forms gives a clear error naming argument, value and fix."""
 
+import re
+
+import jax
 import numpy as np
 import pytest
 
@@ -101,3 +104,25 @@ def test_check_refuses_a_64_bit_dtype_jax_would_narrow(dtype, twin):
     with pytest.raises(ValueError, match=f"'{dtype}' is computed as {twin}.*"
                                          "jax_enable_x64"):
         cx.check(["psum"], dtypes=[dtype], configs=[((8,), ("i",), None)])
+
+
+def test_a_check_row_of_an_error_without_a_message_says_where_it_was_raised():
+    # A bare ``assert`` (JAX has some) reads "AssertionError: " and nothing
+    # more; the row names the file, line and function instead.
+    from collectives._check import error_detail
+
+    def body():  # (pytest rewrites a bare assert here to carry a message)
+        raise AssertionError
+
+    try:
+        body()
+    except AssertionError as err:
+        detail = error_detail(err)
+    assert re.fullmatch(r"AssertionError with no message, raised at "
+                        r"\S*test_errors\.py:\d+ in body", detail), detail
+    assert error_detail(ValueError("x: 3 is odd")) == "ValueError: x: 3 is odd"
+    try:
+        jax.numpy.zeros(3).reshape(-1, -1)
+    except Exception as err:  # JAX's own message is kept as it is
+        detail = error_detail(err)
+        assert detail.startswith(f"{type(err).__name__}: "), detail
