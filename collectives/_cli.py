@@ -25,6 +25,7 @@ from collectives._check import print_check
 from collectives._check import print_run
 from collectives._check import write_check_json
 from collectives._compiled_view import compiled_view
+from collectives._compiled_view import target_view
 from collectives._devices import MESH_NAMES
 from collectives._devices import use_cpu_devices
 from collectives._diagram import diagram
@@ -38,6 +39,7 @@ from collectives.distributed._cli import add_worker_command
 from collectives.distributed._cli import run_launch_command
 from collectives.plan._command import add_arguments as add_plan_arguments
 from collectives.plan._command import main as plan_main
+from collectives.plan._targets import TARGETS
 
 DEFAULT_DEVICES = 8
 
@@ -104,6 +106,20 @@ def cmd_show(args: argparse.Namespace) -> int:
     recipe = _lookup(args.name)
     if recipe is None:
         return 2
+    if args.target or args.topology:  # compiled for devices that are not here
+        if args.hlo_text:
+            raise _args.Refused(
+                "--hlo-text: not with --target or --topology (the target's program "
+                "is read in a child process, which reports each op, not its text). "
+                "Fix: drop --hlo-text.")
+        shape = args.mesh or (args.devices,)
+        try:
+            print(target_view(recipe, shape, MESH_NAMES[:len(shape)],
+                              axis_from_args(args), target=args.target,
+                              topology=args.topology))
+        except ValueError as err:  # no compiler, or a mesh it has no topology of
+            raise _args.Refused(str(err)) from None
+        return 0
     _setup(args)
     if args.hlo or args.hlo_text:
         shape = args.mesh or (args.devices,)
@@ -180,6 +196,14 @@ def build_parser() -> argparse.ArgumentParser:
                         "bytes) beside the recipe's cost model, instead of the source")
     p.add_argument("--hlo-text", action="store_true",
                    help="with --hlo: each collective's HLO instruction too")
+    p.add_argument("--target", choices=tuple(TARGETS),
+                   help="with --hlo: compile with the target's own compiler, "
+                        "without the hardware (h100: XLA:GPU; v5p, v5e, v6e: the "
+                        "TPU compiler), for its topology of as many devices as "
+                        "the mesh; needs the target extra")
+    p.add_argument("--topology", metavar="NAME",
+                   help="with --hlo: compile with the TPU compiler for this "
+                        "topology, e.g. v5p:4x4x4 (as many devices as the mesh)")
     add_mesh_arguments(p)
     p.set_defaults(func=cmd_show)
 

@@ -1,4 +1,6 @@
-"""What a recipe's forms compile to: ``python -m collectives show NAME --hlo``.
+"""What a recipe's forms compile to: ``python -m collectives show NAME --hlo``
+(``--target h100``, ``--target v5p``, ``--topology v5p:4x4x4``: the target's
+own compiler, without the hardware).
 
 For each placed form (shard_map, jit and explicit) on one mesh: the collectives XLA
 emitted (kind, count, operand dtype, bytes each device sends, the mesh axes
@@ -83,6 +85,57 @@ def compiled_view(recipe: Recipe, shape: Sequence[int], names: Sequence[str],
             sent = "".join(f", {kind}: {b:,.0f} bytes sent per device"
                            for kind, b in e.bytes.items())
             lines.append(f"  cost model: {dict(e.counts)}{sent}")
+    return "\n".join(lines)
+
+
+def target_view(recipe: Recipe, shape: Sequence[int], names: Sequence[str],
+                axis: Sequence[str] | None = None, *, target: str | None = None,
+                topology: str | None = None) -> str:
+    """What the shard_map and jit forms of ``recipe`` compile to with the
+    target's own compiler (``target``: a key of
+    :data:`collectives.plan.TARGETS`, or a TPU ``topology``), without the
+    hardware: each collective's kind, axes, dtype, group and bytes each
+    device sends as that program holds them (an op that stands for another,
+    such as TPU's zero-padded all-reduce for a gather, counted as what it
+    moves), with the compiler's memory analysis; in a child process (the
+    target extra's compilers, one at a time).
+
+    Raises:
+      ValueError: the compiler is not installed, or refuses the mesh (one
+        line that names the fix).
+    """
+    from collectives.plan._plan import compile_units
+
+    doc = compile_units(names, shape, recipes=[recipe.name], forms=("shard_map", "jit"),
+                        target=target, topology=topology, axis=axis)
+    mesh = dict(zip(names, shape, strict=True))
+    lines = [f"{recipe.name} on mesh {mesh}, compiled by {doc['compiler']}"]
+    for unit in doc["units"]:
+        form = unit["form"]
+        if "skipped" in unit:
+            lines += ["", f"{form} form: skipped ({unit['skipped']})"]
+            continue
+        over = ",".join(unit["axis"]) if isinstance(unit["axis"], list) else (
+            unit["axis"] or ",".join(names))
+        verdict = ("meets its cost model" if unit["cost_model"] is None
+                   else f"DIFFERS from its cost model: {unit['cost_model']}")
+        lines += ["", f"{form} form, axis {over}: {verdict}"]
+        if not unit["ops"]:
+            lines.append("  no collectives")
+        for op in unit["ops"]:
+            stands = f" (compiled as {op['written']})" if op.get("written") else ""
+            overlap = op.get("overlap_flops")
+            runs = ("" if overlap is None else
+                    f"; asynchronous, {overlap:,.0f} FLOPs of matmuls run meanwhile")
+            lines.append(f"  {op['kind']} over {','.join(op['axes']) or '-'}{stands}: "
+                         f"{op['dtype']}, group of {op['group']}, "
+                         f"{op['bytes']:,.0f} bytes sent per device{runs}")
+        memory = unit["memory"]
+        if memory.get("temp") is not None:
+            lines.append(
+                f"  memory per device (the compiler's analysis): arguments "
+                f"{memory['arguments']:,} B, outputs {memory['outputs']:,} B, "
+                f"temporaries {memory['temp']:,} B")
     return "\n".join(lines)
 
 

@@ -141,11 +141,11 @@ def _values(argv, start):
 
 def _needs_what_is_missing(argv):
     """A command that needs a compiler this venv lacks: the target's own for
-    ``plan --topology`` and ``plan --target`` (it is parsed instead; CI's
-    target step compiles for both targets)."""
+    ``plan --topology``, ``plan --target`` and ``show --target`` (it is
+    parsed instead; CI's target step compiles for both targets)."""
     if "--topology" in argv:
         wanted = "libtpu"
-    elif "--target" in argv and argv[3] == "plan":
+    elif "--target" in argv and argv[3] in ("plan", "show"):
         target = argv[argv.index("--target") + 1]
         wanted = "jax_plugins.xla_cuda12" if target == "h100" else "libtpu"
     else:

@@ -156,6 +156,16 @@ def test_a_target_without_its_compiler_says_how_to_install_it(capsys):
     assert "pip install 'jax[tpu,cuda12-local]'" in err, err
 
 
+def test_show_for_a_target_without_its_compiler_says_how_to_install_it(capsys):
+    if importlib.util.find_spec("jax_plugins") is not None:
+        pytest.skip("a compiler plugin is installed here")
+    argv = ["show", "psum_scatter", "--hlo", "--target", "h100", "--mesh", "16"]
+    assert _cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "--target h100" in err and "pip install 'jax[tpu,cuda12-local]'" in err, err
+    assert len(err.strip().splitlines()) == 1, err
+
+
 def test_a_target_with_no_shipped_interconnect_asks_for_one(capsys):
     argv = ["plan", "--devices", "16", "--target", "v6e", "-s", "DP"]
     assert _cli.main(argv) == 2
@@ -284,3 +294,32 @@ def test_the_h100_schedule_hides_part_of_fsdps_collectives_and_not_the_rest(
     assert 0 < schedule["hidden_s"] < schedule["comm_s"]
     assert schedule["exposed_s"] == pytest.approx(
         schedule["comm_s"] - schedule["hidden_s"])
+
+
+# -- show --hlo --target: one recipe, as the target's compiler builds it -------
+
+@pytest.mark.parametrize("target", ["h100", "v5p"])
+def test_show_hlo_for_a_target_prints_that_compilers_program(target, capsys):
+    # psum_scatter over 16 devices; each device's block holds 16 chunks (one
+    # per device) of the example's 2 x 3 float32: 384 bytes. A reduce-scatter
+    # sends (n-1)/n of it; XLA:GPU writes one. The TPU compiler writes an
+    # all-reduce and a slice instead: 2 (n-1)/n, twice the bytes, and the
+    # view says that this differs from the cost model.
+    _compiler(target)
+    argv = ["show", "psum_scatter", "--hlo", "--target", target, "--mesh", "16"]
+    assert _cli.main(argv) == 0
+    out = capsys.readouterr().out
+    block, n = 4 * 16 * 2 * 3, 16
+    compiler = {"h100": "XLA:GPU", "v5p": "TPU compiler"}[target]
+    assert out.splitlines()[0].startswith(
+        f"psum_scatter on mesh {{'i': 16}}, compiled by {compiler} "), out
+    if target == "h100":
+        want = (f"reduce-scatter over i: f32, group of 16, {block * (n - 1) // n} "
+                "bytes sent per device")
+        assert out.count("axis i: meets its cost model") == 2, out
+    else:
+        want = (f"all-reduce over i: f32, group of 16, {2 * block * (n - 1) // n} "
+                "bytes sent per device")
+        assert out.count("axis i: DIFFERS from its cost model") == 2, out
+    assert out.count(want) == 2, out  # the shard_map form and the jit form
+    assert out.count("memory per device (the compiler's analysis)") == 2, out

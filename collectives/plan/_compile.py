@@ -79,7 +79,7 @@ def abstract(recipe: Recipe, axes: Axes, args: Sequence[Any]) -> tuple[Any, ...]
 
 def compile_unit(recipe: Recipe, mesh: jax.sharding.Mesh, form: str, *,
                  model: Any = None, dims: Sequence[int] = (2, 3),
-                 dtype: Any = "float32") -> dict[str, Any]:
+                 dtype: Any = "float32", axis: Any = None) -> dict[str, Any]:
     """Compile one unit of ``recipe`` on ``mesh`` and read what it sends.
 
     Args:
@@ -90,6 +90,7 @@ def compile_unit(recipe: Recipe, mesh: jax.sharding.Mesh, form: str, *,
       model: a :class:`collectives.plan.Model` to size the unit by; ``None``:
         the recipe's ``example_shapes`` for ``dims`` (what the conformance
         suite checks, at this mesh's size).
+      axis: the collective axes (default: the plan's, :func:`plan_axis`).
       dtype: the arguments' dtype. XLA:CPU runs 16-bit float collectives in
         float32 (it widens them), so a plan compiles in float32 and counts
         float collectives at the model's dtype afterwards.
@@ -112,7 +113,7 @@ def compile_unit(recipe: Recipe, mesh: jax.sharding.Mesh, form: str, *,
       ValueError: the model does not fit the mesh (a dimension that does
         not split evenly), with the recipe's message.
     """
-    axis = plan_axis(recipe, mesh)
+    axis = plan_axis(recipe, mesh) if axis is None else axis
     axes = recipe.axes(mesh, axis)
     shapes = (recipe.example_shapes(axes, dims) if model is None
               else recipe.plan.shapes(axes, model))

@@ -135,6 +135,7 @@ def compile_units(names: Sequence[str], shape: Sequence[int], *,
                   model: Model | None = None, dims: Sequence[int] = (2, 3),
                   dtype: str = "float32", topology: str | None = None,
                   target: str | None = None, microbatches: int | None = None,
+                  axis: Sequence[str] | None = None,
                   timeout: float = 600) -> dict[str, Any]:
     """Compile one unit of each recipe for the mesh, in a child process with
     ``prod(shape)`` simulated CPU devices; the worker's JSON document.
@@ -144,6 +145,7 @@ def compile_units(names: Sequence[str], shape: Sequence[int], *,
     ``"v5p:8x16x16"``), the target's own compiler compiles for its devices
     instead (no accelerator needed: the ``target`` extra's compilers), in
     ``dtype`` as given; the document's ``compiler`` names it and its version.
+    ``axis``: the collective axes (default: each plan's own).
 
     Raises:
       ValueError: a target or topology that does not fit the mesh.
@@ -156,6 +158,7 @@ def compile_units(names: Sequence[str], shape: Sequence[int], *,
                "recipes": list(recipes), "forms": list(forms), "dims": list(dims),
                "dtype": dtype, "topology": topology, "target": target,
                "microbatches": microbatches,
+               "axis": None if axis is None else list(axis),
                "model": None if model is None else dataclasses.asdict(model)}
     # JAX_PLATFORMS=cpu: the CUDA plugin then skips its check for CUDA
     # libraries a compile-only run does not need

@@ -56,7 +56,8 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
                 with target():
                     row |= compile_unit(recipe, mesh, form, model=model,
                                         dims=tuple(request.get("dims", (2, 3))),
-                                        dtype=request.get("dtype", "float32"))
+                                        dtype=request.get("dtype", "float32"),
+                                        axis=tuple(request.get("axis") or ()) or None)
             except (TypeError, ValueError) as err:
                 row["skipped"] = f"does not fit: {err}"
             except Exception as err:  # the target's compiler: out of memory
