@@ -280,3 +280,33 @@ def documented_deferred_bytes(recipe, layout):
             return int(cells[2]), int(cells[3])
     raise AssertionError(
         f"docs/strategies.md has no deferred-sum row {recipe} | {layout}")
+
+
+# -- the kernel recipes' own test modules -------------------------------------
+
+KERNEL_MODES = ("eager", "on_wait")
+"""Interpret mode's DMA execution modes: a kernel is run in each."""
+
+
+def kernel_module_marks():
+    """A kernel test module's ``pytestmark``: skipped, saying why, on a JAX
+    without interpret-mode kernels."""
+    import jax
+    import pytest
+
+    from collectives import _compat
+
+    return pytest.mark.skipif(
+        not _compat.HAS_INTERPRET_KERNELS,
+        reason=f"the kernels need JAX 0.10.2 or newer (this is {jax.__version__})")
+
+
+def over_kernel_meshes(test):
+    """``test(shape, names, axis)`` on a 1-D mesh of 8 and over each axis of
+    a 4 x 2 mesh (the meshes a kernel runs on: one axis at a time)."""
+    import pytest
+
+    return pytest.mark.parametrize(
+        "shape, names, axis",
+        [((8,), ("i",), "i"), ((4, 2), ("i", "j"), "i"), ((4, 2), ("i", "j"), "j")],
+        ids=["8-i", "4x2-i", "4x2-j"])(test)

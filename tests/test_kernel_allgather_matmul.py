@@ -13,24 +13,19 @@ import functools
 
 import jax
 import numpy as np
-import pytest
 from jax.sharding import PartitionSpec as P
 
 import collectives as cx
-from collectives import _compat
 from collectives.recipes import kernel_allgather_matmul as file
+from helpers import KERNEL_MODES
+from helpers import kernel_module_marks
+from helpers import over_kernel_meshes
 from helpers import run_kernel_detected
 
-pytestmark = pytest.mark.skipif(
-    not _compat.HAS_INTERPRET_KERNELS,
-    reason=f"the kernels need JAX 0.10.2 or newer (this is {jax.__version__})")
-
-MODES = ("eager", "on_wait")
-CONFIGS = [((8,), ("i",), "i"), ((4, 2), ("i", "j"), "i"), ((4, 2), ("i", "j"), "j")]
+pytestmark = kernel_module_marks()
 
 
-@pytest.mark.parametrize("shape, names, axis", CONFIGS,
-                         ids=["8-i", "4x2-i", "4x2-j"])
+@over_kernel_meshes
 def test_the_kernel_matches_the_gather_then_matmul_and_numpy(shape, names, axis):
     mesh = cx.make_mesh(shape, names)
     kernel = cx.RECIPES["kernel_allgather_matmul"]
@@ -43,7 +38,7 @@ def test_the_kernel_matches_the_gather_then_matmul_and_numpy(shape, names, axis)
         mesh=mesh, in_specs=in_specs, out_specs=out_spec))
     np.testing.assert_array_equal(np.asarray(lax_form(x, w)), want)
     body = functools.partial(file.kernel_allgather_matmul_body, axis=axis)
-    for mode in MODES:
+    for mode in KERNEL_MODES:
         got = run_kernel_detected(body, (x, w), mesh, in_specs, out_spec, mode)
         np.testing.assert_array_equal(got, want, err_msg=f"dma_execution_mode={mode!r}")
 

@@ -18,16 +18,13 @@ from jax import lax
 from jax.sharding import PartitionSpec as P
 
 import collectives as cx
-from collectives import _compat
 from collectives.recipes import kernel_ppermute as file
+from helpers import KERNEL_MODES
+from helpers import kernel_module_marks
+from helpers import over_kernel_meshes
 from helpers import run_kernel_detected
 
-pytestmark = pytest.mark.skipif(
-    not _compat.HAS_INTERPRET_KERNELS,
-    reason=f"the kernels need JAX 0.10.2 or newer (this is {jax.__version__})")
-
-MODES = ("eager", "on_wait")
-CONFIGS = [((8,), ("i",), "i"), ((4, 2), ("i", "j"), "i"), ((4, 2), ("i", "j"), "j")]
+pytestmark = kernel_module_marks()
 
 
 def run_detected(body, x, mesh, spec, mode):
@@ -35,8 +32,7 @@ def run_detected(body, x, mesh, spec, mode):
     return run_kernel_detected(body, x, mesh, spec, spec, mode)
 
 
-@pytest.mark.parametrize("shape, names, axis", CONFIGS,
-                         ids=["8-i", "4x2-i", "4x2-j"])
+@over_kernel_meshes
 def test_the_ring_shift_matches_lax_ppermute_and_numpy_bit_for_bit(shape, names, axis):
     mesh = cx.make_mesh(shape, names)
     kernel, native = cx.RECIPES["kernel_ppermute"], cx.RECIPES["ppermute_ring"]
@@ -46,7 +42,7 @@ def test_the_ring_shift_matches_lax_ppermute_and_numpy_bit_for_bit(shape, names,
                                   want)
     (spec,) = kernel.in_specs(kernel.axes(mesh, axis))
     body = functools.partial(file.kernel_ppermute_body, axis=axis)
-    for mode in MODES:
+    for mode in KERNEL_MODES:
         np.testing.assert_array_equal(run_detected(body, x, mesh, spec, mode), want,
                                       err_msg=f"dma_execution_mode={mode!r}")
 
@@ -65,7 +61,7 @@ def test_any_static_permutation_matches_lax_ppermute(perm, mesh):
     lax_form = jax.jit(jax.shard_map(lambda b: lax.ppermute(b, "i", perm), mesh=mesh,
                                      in_specs=P("i"), out_specs=P("i")))
     np.testing.assert_array_equal(np.asarray(lax_form(x)), want)
-    for mode in MODES:
+    for mode in KERNEL_MODES:
         got = run_detected(lambda b: file.kernel_permute(b, "i", perm), x, mesh,
                            P("i"), mode)
         np.testing.assert_array_equal(got, want, err_msg=f"dma_execution_mode={mode!r}")

@@ -17,17 +17,14 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import collectives as cx
-from collectives import _compat
 from collectives._facts import kernel_psum as facts
 from collectives.recipes import kernel_psum as file
+from helpers import KERNEL_MODES
+from helpers import kernel_module_marks
+from helpers import over_kernel_meshes
 from helpers import run_kernel_detected
 
-pytestmark = pytest.mark.skipif(
-    not _compat.HAS_INTERPRET_KERNELS,
-    reason=f"the kernels need JAX 0.10.2 or newer (this is {jax.__version__})")
-
-MODES = ("eager", "on_wait")
-CONFIGS = [((8,), ("i",), "i"), ((4, 2), ("i", "j"), "i"), ((4, 2), ("i", "j"), "j")]
+pytestmark = kernel_module_marks()
 
 
 
@@ -37,8 +34,7 @@ def run_on_8(x, mesh, mode):
     return run_kernel_detected(body, x, mesh, P("i"), P(), mode)
 
 
-@pytest.mark.parametrize("shape, names, axis", CONFIGS,
-                         ids=["8-i", "4x2-i", "4x2-j"])
+@over_kernel_meshes
 def test_the_kernel_matches_lax_psum_and_numpy_bit_for_bit(shape, names, axis):
     mesh = cx.make_mesh(shape, names)
     kernel, native = cx.RECIPES["kernel_psum"], cx.RECIPES["psum"]
@@ -49,7 +45,7 @@ def test_the_kernel_matches_lax_psum_and_numpy_bit_for_bit(shape, names, axis):
     axes = kernel.axes(mesh, axis)
     (in_spec,), out_spec = kernel.in_specs(axes), kernel.out_specs(axes)
     body = functools.partial(file.kernel_psum_body, axis=axis)
-    for mode in MODES:
+    for mode in KERNEL_MODES:
         got = run_kernel_detected(body, x, mesh, in_spec, out_spec, mode)
         np.testing.assert_array_equal(got, want, err_msg=f"dma_execution_mode={mode!r}")
 

@@ -12,23 +12,19 @@ checked here too.
 
 import functools
 
-import jax
 import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
 import collectives as cx
-from collectives import _compat
 from collectives._facts import kernel_psum_scatter as facts
 from collectives.recipes import kernel_psum_scatter as file
+from helpers import KERNEL_MODES
+from helpers import kernel_module_marks
+from helpers import over_kernel_meshes
 from helpers import run_kernel_detected
 
-pytestmark = pytest.mark.skipif(
-    not _compat.HAS_INTERPRET_KERNELS,
-    reason=f"the kernels need JAX 0.10.2 or newer (this is {jax.__version__})")
-
-MODES = ("eager", "on_wait")
-CONFIGS = [((8,), ("i",), "i"), ((4, 2), ("i", "j"), "i"), ((4, 2), ("i", "j"), "j")]
+pytestmark = kernel_module_marks()
 KERNELS = {
     "kernel_psum_scatter": file.kernel_psum_scatter_body,
     "kernel_psum_scatter_bidirectional": file.kernel_psum_scatter_bidirectional_body,
@@ -41,8 +37,7 @@ def run_detected(body, x, mesh, spec, mode):
 
 
 @pytest.mark.parametrize("name", KERNELS)
-@pytest.mark.parametrize("shape, names, axis", CONFIGS,
-                         ids=["8-i", "4x2-i", "4x2-j"])
+@over_kernel_meshes
 def test_the_kernel_matches_lax_psum_scatter_and_numpy_bit_for_bit(
         name, shape, names, axis):
     mesh = cx.make_mesh(shape, names)
@@ -53,7 +48,7 @@ def test_the_kernel_matches_lax_psum_scatter_and_numpy_bit_for_bit(
                                   want)
     (spec,) = kernel.in_specs(kernel.axes(mesh, axis))
     body = functools.partial(KERNELS[name], axis=axis)
-    for mode in MODES:
+    for mode in KERNEL_MODES:
         np.testing.assert_array_equal(run_detected(body, x, mesh, spec, mode), want,
                                       err_msg=f"dma_execution_mode={mode!r}")
 
