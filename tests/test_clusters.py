@@ -156,7 +156,7 @@ def test_a_lone_rank_fails_in_bounded_time_naming_the_variables(ranks, rank):
     start = time.monotonic()
     port = _free_port()
     proc = ranks.start(slurm_env(rank, 2, port), "--cpu-devices", "4",
-                       "--startup-timeout", "10", "--", "check", "psum", rank=rank)
+                       "--startup-timeout", "5", "--", "check", "psum", rank=rank)
     code, out = ranks.wait(proc)
     assert time.monotonic() - start < BOUND_SECONDS
     assert code == _cluster.EXIT_NOT_JOINED, out

@@ -294,11 +294,11 @@ def test_a_missing_worker_fails_start_up_clearly(tmp_path):
         "    time.sleep(600)\n")
     start = time.monotonic()
     result = distributed.launch(["check", "psum"], num_processes=2,
-                                devices_per_process=1, startup_timeout=15,
+                                devices_per_process=1, startup_timeout=8,
                                 env={"PYTHONPATH": str(tmp_path)}, echo="none")
     assert time.monotonic() - start < BOUND_SECONDS
     assert not result.ok
-    assert "start-up timed out after 15 s" in result.message
+    assert "start-up timed out after 8 s" in result.message
     # (process 0 counts as never started too if the machine is slow to import)
     assert re.search(r"process\(es\) \[(0, )?1\] never started", result.message)
     assert result.processes[1].status == "not started"
