@@ -232,144 +232,222 @@ def draw(record: MoeTrace, path, width: str = "wide") -> None:
 
     matplotlib.use("Agg")
     from matplotlib.figure import Figure
-    from matplotlib.patches import FancyArrowPatch
-    from matplotlib.patches import Patch
-    from matplotlib.patches import Rectangle
 
-    n, t, e, c = (record.n_devices, record.tokens_per_device, record.n_experts,
-                  record.capacity)
-    narrow = width == "narrow"
-    palette = matplotlib.colormaps["tab10"]
+    place = _Placement.of(record, narrow=width == "narrow")
+    fig = Figure(figsize=(place.fig_w, place.fig_h))
+    ax = fig.add_axes((0, 0, 1, 1))
+    ax.set_xlim(-0.2 / place.unit, place.across)
+    ax.set_ylim(place.bottom, 0)
+    ax.axis("off")
+    sheet = _Sheet(ax, width, matplotlib.colormaps["tab10"])
+    _dispatch_panel(sheet, record, place)
+    _buffer_panel(sheet, record, place)
+    _combine_panel(sheet, record, place)
+    _moves(sheet, record, place)
+    _titles(sheet, record, place)
+    _legend(fig, sheet, record, place)
+    _figure.save(fig, path)
 
-    def pt(points):
-        return _figure.font_pt(width, points)
 
-    def colour(j: int):
-        r, g, b, _ = palette(j % 10)
+@dataclasses.dataclass(frozen=True)
+class _Placement:
+    """Where the three panels go, in cell units (x right, y down; one unit is
+    ``unit`` inches): side by side (wide) or stacked (narrow)."""
+
+    narrow: bool
+    unit: float
+    across: float
+    bottom: float
+    gap: float  # between the buffers from each source device
+    width_b: float  # the buffer panel's width
+    x_a: float
+    x_b: float
+    x_c: float
+    y_a: float
+    y_b: float
+    y_c: float
+
+    @classmethod
+    def of(cls, record: MoeTrace, narrow: bool) -> _Placement:
+        n, t, e, c = (record.n_devices, record.tokens_per_device, record.n_experts,
+                      record.capacity)
+        gap = 0.25 if narrow else 0.5
+        width_b = n * c + (n - 1) * gap
+        label = 1.0 if narrow else 1.9  # room for the row names
+        if narrow:
+            unit, across = 0.35, label + max(t, width_b)
+            x_a = x_b = x_c = label
+            y_a, step = 3.9, max(n, e) + 4.2
+            y_b, y_c = y_a + step, y_a + 2 * step
+            bottom = y_c + n + 3.4
+        else:
+            unit, arrow = 0.265, 3.6
+            x_a = label
+            x_b = x_a + t + arrow + 0.9
+            x_c = x_b + width_b + arrow
+            across = x_c + t + 1.3
+            y_a = y_b = y_c = 4.1
+            bottom = y_a + max(n, e) + 2.6
+        return cls(narrow, unit, across, bottom, gap, width_b, x_a, x_b, x_c,
+                   y_a, y_b, y_c)
+
+    @property
+    def fig_w(self) -> float:
+        return self.across * self.unit + 0.2
+
+    @property
+    def fig_h(self) -> float:
+        return self.bottom * self.unit
+
+    def frac(self, x: float, y: float) -> tuple[float, float]:
+        """Cell units -> figure fraction."""
+        return (x + 0.2 / self.unit) / (self.fig_w / self.unit), 1 - y / self.bottom
+
+
+class _Sheet:
+    """The axes and the drawing's vocabulary: cells, headings, row and
+    column names, an expert's colour, text sizes for the column."""
+
+    def __init__(self, ax, width: str, palette) -> None:
+        self.ax, self.width, self.palette = ax, width, palette
+        self.narrow = width == "narrow"
+        self.cell_pt = self.pt(10.5) if not self.narrow else 8
+        self.small = self.pt(10)
+
+    def pt(self, points: float) -> float:
+        return _figure.font_pt(self.width, points)
+
+    def colour(self, j: int):
+        r, g, b, _ = self.palette(j % 10)
         return (0.45 + 0.55 * r, 0.45 + 0.55 * g, 0.45 + 0.55 * b)
 
-    # the drawing in cell units (x right, y down), one unit = `unit` inches
-    gap = 0.25 if narrow else 0.5  # between the buffers from each source device
-    width_b = n * c + (n - 1) * gap
-    label = 1.0 if narrow else 1.9  # room for the row names
-    if narrow:
-        unit, across = 0.35, label + max(t, width_b)
-        x_a = x_b = x_c = label
-        y_a, step = 3.9, max(n, e) + 4.2
-        y_b, y_c = y_a + step, y_a + 2 * step
-        bottom = y_c + n + 3.4
-    else:
-        unit, arrow = 0.265, 3.6
-        x_a = label
-        x_b = x_a + t + arrow + 0.9
-        x_c = x_b + width_b + arrow
-        across = x_c + t + 1.3
-        y_a = y_b = y_c = 4.1
-        bottom = y_a + max(n, e) + 2.6
-    fig_w, fig_h = across * unit + 0.2, bottom * unit
-    fig = Figure(figsize=(fig_w, fig_h))
-    ax = fig.add_axes((0, 0, 1, 1))
-    ax.set_xlim(-0.2 / unit, across)
-    ax.set_ylim(bottom, 0)
-    ax.axis("off")
+    def box(self, x, y, face, text, dropped=False) -> None:
+        from matplotlib.patches import Rectangle
 
-    def frac(x, y):  # cell units -> figure fraction
-        return (x + 0.2 / unit) / (fig_w / unit), 1 - y / bottom
-
-    cell_pt = pt(10.5) if not narrow else 8
-    small = pt(10)
-
-    def box(x, y, face, text, dropped=False):
         if dropped:  # white, a dashed red frame inside the cell
-            ax.add_patch(Rectangle((x + 0.05, y + 0.05), 0.9, 0.9, facecolor="white",
-                                   edgecolor="#b00000", lw=1, linestyle=(0, (3, 2))))
+            self.ax.add_patch(Rectangle((x + 0.05, y + 0.05), 0.9, 0.9,
+                                        facecolor="white", edgecolor="#b00000", lw=1,
+                                        linestyle=(0, (3, 2))))
         else:
-            ax.add_patch(Rectangle((x, y), 1, 1, facecolor=face, edgecolor="white",
-                                   lw=1.5))
-        ax.text(x + 0.5, y + 0.5, text, ha="center", va="center", fontsize=cell_pt,
-                color="#b00000" if dropped else "black")
+            self.ax.add_patch(Rectangle((x, y), 1, 1, facecolor=face,
+                                        edgecolor="white", lw=1.5))
+        self.ax.text(x + 0.5, y + 0.5, text, ha="center", va="center",
+                     fontsize=self.cell_pt, color="#b00000" if dropped else "black")
 
-    def heading(x, y, span, text):
-        ax.text(x + span / 2, y - 0.95, text, ha="center", va="bottom",
-                fontsize=pt(11.5), weight="bold")
+    def heading(self, x, y, span, text) -> None:
+        self.ax.text(x + span / 2, y - 0.95, text, ha="center", va="bottom",
+                     fontsize=self.pt(11.5), weight="bold")
 
-    def rows(x, y, names):
+    def rows(self, x, y, names) -> None:
         for k, name in enumerate(names):
-            ax.text(x - 0.15, y + k + 0.5, name, ha="right", va="center",
-                    fontsize=small)
+            self.ax.text(x - 0.15, y + k + 0.5, name, ha="right", va="center",
+                         fontsize=self.small)
 
-    def columns(x, y):
-        for i in range(t):
-            ax.text(x + i + 0.5, y - 0.12, str(i), ha="center", va="bottom",
-                    fontsize=small, color="#555555")
+    def columns(self, x, y, count: int) -> None:
+        for i in range(count):
+            self.ax.text(x + i + 0.5, y - 0.12, str(i), ha="center", va="bottom",
+                         fontsize=self.small, color="#555555")
 
-    devices = [f"d{d}" if narrow else f"device {d}" for d in range(n)]
-    # dispatch: each device's tokens, coloured by their expert
-    heading(x_a, y_a - 0.1, t, "dispatch: each token's expert")
-    rows(x_a, y_a, devices)
-    columns(x_a, y_a)
+    def devices(self, n: int) -> list[str]:
+        return [f"d{d}" if self.narrow else f"device {d}" for d in range(n)]
+
+
+def _dispatch_panel(sheet: _Sheet, record: MoeTrace, place: _Placement) -> None:
+    """Each device's tokens, coloured by their expert."""
+    n, t = record.n_devices, record.tokens_per_device
+    x, y = place.x_a, place.y_a
+    sheet.heading(x, y - 0.1, t, "dispatch: each token's expert")
+    sheet.rows(x, y, sheet.devices(n))
+    sheet.columns(x, y, t)
     for d in range(n):
         for i in range(t):
             j = int(record.expert[d, i])
-            box(x_a + i, y_a + d, colour(j), str(j),
-                dropped=record.slot[d, i] == DROPPED)
+            sheet.box(x + i, y + d, sheet.colour(j), str(j),
+                      dropped=record.slot[d, i] == DROPPED)
 
-    # expert buffers: slot s of expert j from source device d holds token i
-    heading(x_b, y_b - 0.1, width_b, "each expert's buffer: token in slot")
-    rows(x_b, y_b, [f"E{j}" for j in range(e)])
+
+def _buffer_panel(sheet: _Sheet, record: MoeTrace, place: _Placement) -> None:
+    """Each expert's buffer: slot s of expert j from source device d holds
+    token i."""
+    from matplotlib.patches import Rectangle
+
+    n, e, c = record.n_devices, record.n_experts, record.capacity
+    x, y, gap = place.x_b, place.y_b, place.gap
+    sheet.heading(x, y - 0.1, place.width_b, "each expert's buffer: token in slot")
+    sheet.rows(x, y, [f"E{j}" for j in range(e)])
     buffers = record.buffers()
     for j in range(e):
         for d in range(n):
-            x0 = x_b + d * (c + gap)
+            x0 = x + d * (c + gap)
             for s in range(c):
                 i = int(buffers[j, d, s])
                 if i < 0:
-                    ax.add_patch(Rectangle((x0 + s, y_b + j), 1, 1,
-                                           facecolor=EMPTY_FACE, edgecolor="white",
-                                           lw=1.5))
+                    sheet.ax.add_patch(Rectangle((x0 + s, y + j), 1, 1,
+                                                 facecolor=EMPTY_FACE,
+                                                 edgecolor="white", lw=1.5))
                 else:
-                    box(x0 + s, y_b + j, colour(j), str(i))
+                    sheet.box(x0 + s, y + j, sheet.colour(j), str(i))
     for d in range(n):
-        ax.text(x_b + d * (c + gap) + c / 2, y_b - 0.12, f"from d{d}", ha="center",
-                va="bottom", fontsize=small, color="#555555")
+        sheet.ax.text(x + d * (c + gap) + c / 2, y - 0.12, f"from d{d}", ha="center",
+                      va="bottom", fontsize=sheet.small, color="#555555")
 
-    # combine: what came back to each token's row
-    heading(x_c, y_c - 0.1, t, "combine: back from expert")
-    rows(x_c, y_c, devices if narrow else [])
-    columns(x_c, y_c)
+
+def _combine_panel(sheet: _Sheet, record: MoeTrace, place: _Placement) -> None:
+    """What came back to each token's row: its expert, ``?`` for another
+    token, 0 for a dropped one."""
+    n, t = record.n_devices, record.tokens_per_device
+    x, y = place.x_c, place.y_c
+    sheet.heading(x, y - 0.1, t, "combine: back from expert")
+    sheet.rows(x, y, sheet.devices(n) if sheet.narrow else [])
+    sheet.columns(x, y, t)
     for d in range(n):
         for i in range(t):
             back = record.returned_token[d, i] != DROPPED
             j = int(record.returned_expert[d, i])
             home = back and record.returned_token[d, i] == record.home[d, i]
-            box(x_c + i, y_c + d, colour(j), (str(j) if home else "?") if back
-                else "0", dropped=not back)
+            sheet.box(x + i, y + d, sheet.colour(j), (str(j) if home else "?") if back
+                      else "0", dropped=not back)
 
-    if narrow:
+
+def _moves(sheet: _Sheet, record: MoeTrace, place: _Placement) -> None:
+    """The two all-to-alls, as arrows between the panels."""
+    from matplotlib.patches import FancyArrowPatch
+
+    n, t, e = record.n_devices, record.tokens_per_device, record.n_experts
+    ax = sheet.ax
+    if place.narrow:
         moves = ("all-to-all (dispatch)", "expert FFN, then\nall-to-all (combine)")
-        spans = ((y_a + n, y_b - 1.7), (y_b + e, y_c - 1.7))
+        spans = ((place.y_a + n, place.y_b - 1.7), (place.y_b + e, place.y_c - 1.7))
         for (y0, y1), words in zip(spans, moves, strict=True):
-            ax.add_patch(FancyArrowPatch((x_a + 0.8, y0 + 0.6), (x_a + 0.8, y1 - 0.1),
+            ax.add_patch(FancyArrowPatch((place.x_a + 0.8, y0 + 0.6),
+                                         (place.x_a + 0.8, y1 - 0.1),
                                          arrowstyle="-|>", mutation_scale=16,
                                          lw=2, color="#333333"))
-            ax.text(x_a + 1.5, (y0 + y1) / 2 + 0.25, words, ha="left", va="center",
-                    fontsize=pt(10.5), linespacing=1.2)
+            ax.text(place.x_a + 1.5, (y0 + y1) / 2 + 0.25, words, ha="left",
+                    va="center", fontsize=sheet.pt(10.5), linespacing=1.2)
     else:
         moves = ("all-to-all\n(dispatch)", "expert\nFFN, then\nall-to-all\n(combine)")
-        mid = y_a + max(n, e) / 2
-        spans = ((x_a + t, x_b - 0.9), (x_b + width_b, x_c))
+        mid = place.y_a + max(n, e) / 2
+        spans = ((place.x_a + t, place.x_b - 0.9),
+                 (place.x_b + place.width_b, place.x_c))
         for (x0, x1), words in zip(spans, moves, strict=True):
             ax.add_patch(FancyArrowPatch((x0 + 0.2, mid), (x1 - 0.2, mid),
                                          arrowstyle="-|>", mutation_scale=18,
                                          lw=2, color="#333333"))
             ax.text((x0 + x1) / 2, mid - 0.25, words, ha="center", va="bottom",
-                    fontsize=pt(10.5), linespacing=1.2)
+                    fontsize=sheet.pt(10.5), linespacing=1.2)
 
+
+def _titles(sheet: _Sheet, record: MoeTrace, place: _Placement) -> None:
+    """The title and the case above, the compiled layer's all-to-alls below."""
+    n, t, e, c = (record.n_devices, record.tokens_per_device, record.n_experts,
+                  record.capacity)
+    ax, pt, across, bottom = sheet.ax, sheet.pt, place.across, place.bottom
     sent = (f"{record.all_to_alls} all-to-alls in the compiled layer, "
             f"{_bytes(record.all_to_all_bytes)} sent per device")
     kept = int(np.sum(record.kept))
     one_each = record.experts_per_device == 1
-    if narrow:
+    if place.narrow:
         ax.text(-0.1, 0.25, f"Mixture of experts, {n} devices", ha="left",
                 va="top", fontsize=9.5, weight="bold")
         ax.text(-0.1, 0.95, f"top-1: each of {t} tokens on devices d0\u2013d{n - 1} "
@@ -378,6 +456,9 @@ def draw(record: MoeTrace, path, width: str = "wide") -> None:
                 f"{c} slots per "
                 f"device\nand expert: {kept} kept, {record.dropped} dropped",
                 ha="left", va="top", fontsize=pt(7.5), color="#333333",
+                linespacing=1.25)
+        ax.text(-0.1, bottom - 0.25, sent.replace("layer, ", "layer,\n"),
+                ha="left", va="bottom", fontsize=pt(10.5), color="#333333",
                 linespacing=1.25)
     else:
         ax.text(across / 2, 0.3, f"Mixture of experts, top-1: {n} devices \u00d7 "
@@ -388,21 +469,24 @@ def draw(record: MoeTrace, path, width: str = "wide") -> None:
         ax.text(across / 2, 1.35, f"{c} slots per (device, expert): {kept} tokens "
                 f"kept, {record.dropped} dropped (their expert's slots were full)",
                 ha="center", va="top", fontsize=pt(11), color="#333333")
-    handles = [Patch(facecolor=colour(j), label=f"expert {j} (device "
+        ax.text(across / 2, bottom - 0.25, sent, ha="center", va="bottom",
+                fontsize=pt(10.5), color="#333333")
+
+
+def _legend(fig, sheet: _Sheet, record: MoeTrace, place: _Placement) -> None:
+    """One swatch per expert (and its device), and the dropped cell."""
+    from matplotlib.patches import Patch
+
+    n, e = record.n_devices, record.n_experts
+    handles = [Patch(facecolor=sheet.colour(j), label=f"expert {j} (device "
                      f"{_device_of(record, j)})") for j in range(e)]
     handles.append(Patch(facecolor="white", edgecolor="#b00000", linestyle="--",
                          label="dropped: output 0"))
-    legend_y = y_c + n + 0.45 if narrow else y_a + max(n, e) + 0.35
+    narrow = place.narrow
+    legend_y = place.y_c + n + 0.45 if narrow else place.y_a + max(n, e) + 0.35
     fig.legend(handles=handles, loc="upper left" if narrow else "upper center",
-               ncol=2 if narrow else len(handles), fontsize=pt(10.5),
+               ncol=2 if narrow else len(handles), fontsize=sheet.pt(10.5),
                frameon=False, borderaxespad=0, handlelength=1.2,
                columnspacing=1.0,
-               bbox_to_anchor=frac(-0.1 if narrow else across / 2, legend_y))
-    if narrow:
-        ax.text(-0.1, bottom - 0.25, sent.replace("layer, ", "layer,\n"),
-                ha="left", va="bottom", fontsize=pt(10.5), color="#333333",
-                linespacing=1.25)
-    else:
-        ax.text(across / 2, bottom - 0.25, sent, ha="center", va="bottom",
-                fontsize=pt(10.5), color="#333333")
-    _figure.save(fig, path)
+               bbox_to_anchor=place.frac(-0.1 if narrow else place.across / 2,
+                                         legend_y))
