@@ -249,100 +249,152 @@ def draw(record: DpTpTrace, path, width: str = "wide") -> None:
 
     matplotlib.use("Agg")
     from matplotlib.figure import Figure
+
+    frame = _Frame.of(record, width)
+    fig = Figure(figsize=(frame.fig_w, frame.fig_h))
+    ax = fig.add_axes((0, 0, 1, 1))
+    ax.set_xlim(0, frame.fig_w)
+    ax.set_ylim(frame.fig_h, 0)
+    ax.set_axis_off()
+    for lane, (layout, run) in enumerate(zip((record.dp, record.tp), frame.runs,
+                                             strict=True)):
+        _lane(ax, frame, lane, layout, run)
+        _lane_heading(ax, frame, lane, layout)
+    _passes_and_title(ax, frame, record)
+    _key(ax, frame)
+    _figure.save(fig, path)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Frame:
+    """Where everything goes, in inches: each layout's run of boxes along
+    the step (``runs``: kind, item, phase, start, length), the lanes, the
+    figure's size and the text size."""
+
+    narrow: bool
+    fs: float
+    fig_w: float
+    fig_h: float
+    gap: float
+    places: dict
+    room: dict
+    runs: list
+    length_of_step: float
+    top: float = 0.0  # narrow: where the lanes start (down)
+    lane_w: float = 0.0
+    lane_x: tuple = ()
+    left: float = 0.0  # wide: where the lanes start (across)
+    lane_h: float = 0.0
+    lane_y: tuple = ()
+
+    @classmethod
+    def of(cls, record: DpTpTrace, width: str) -> _Frame:
+        narrow = width == "narrow"
+        fs = _figure.font_pt(width, 9.5)  # 9.5 pt wide, 8 pt narrow
+        sequences = [_sequence(layout) for layout in (record.dp, record.tp)]
+        # along the step (inches): the DP x TP sequence sets the places; the
+        # data-parallel one keeps each layer's place (its gaps: no collective)
+        if narrow:
+            fig_w, compute, collective, gap = 3.7, 0.27, 0.56, 0.07
+        else:  # 9 matmul boxes and 4 collectives across 9.5 inches
+            fig_w, compute, collective, gap = 10.0, 0.4, 1.3, 0.06
+        # narrow: room after the loss and the last matmul for the divider's words
+        room = {("loss", "fwd"): 0.2, ("W1", "bwd"): 0.2} if narrow else {}
+        places, at = {}, 0.0
+        for kind, item, phase in sequences[1]:
+            length = compute if kind == "compute" else collective
+            if kind == "compute":
+                places[item[0], phase] = (at, length)
+                at += room.get((item[0], phase), 0.0)
+            at += length + gap
+        runs = []
+        for sequence in sequences:
+            run, after = [], 0.0
+            for kind, item, phase in sequence:
+                if kind == "compute":
+                    start, length = places[item[0], phase]
+                    end = start + length + room.get((item[0], phase), 0.0)
+                else:
+                    start, length = after + gap, collective
+                    end = start + length
+                run.append((kind, item, phase, start, length))
+                after = end
+            runs.append(run)
+        length_of_step = max(r[-1][3] + r[-1][4] for r in runs)
+        common = dict(narrow=narrow, fs=fs, fig_w=fig_w, gap=gap, places=places,
+                      room=room, runs=runs, length_of_step=length_of_step)
+        if narrow:
+            top = 1.3
+            return cls(**common, fig_h=top + length_of_step + 1.95, top=top,
+                       lane_w=1.74, lane_x=(0.07, 1.89))
+        return cls(**common, fig_h=4.25, left=(fig_w - length_of_step) / 2,
+                   lane_h=0.98, lane_y=(1.0, 2.45))
+
+    def rect(self, lane: int, start: float, length: float):
+        """(x, y, w, h) in inches of a box ``length`` long at ``start``."""
+        if self.narrow:
+            return self.lane_x[lane], self.top + start, self.lane_w, length
+        return self.left + start, self.lane_y[lane], length, self.lane_h
+
+    def end_of(self, item: str, phase: str) -> float:
+        """Along the step: halfway through the gap after ``item``'s box."""
+        return (sum(self.places[item, phase])
+                + (self.room.get((item, phase), 0) + self.gap) / 2)
+
+
+def _lane(ax, frame: _Frame, lane: int, layout: Layout, run) -> None:
+    """One layout's step: its matmuls in grey, its all-reduces in colour."""
     from matplotlib.patches import FancyBboxPatch
 
-    narrow = width == "narrow"
-    fs = _figure.font_pt(width, 9.5)  # 9.5 pt wide, 8 pt narrow
-    layouts = (record.dp, record.tp)
-    sequences = [_sequence(layout) for layout in layouts]
-    # along the step (inches): the DP x TP sequence sets the places; the
-    # data-parallel one keeps each layer's place (its gaps: no collective)
-    if narrow:
-        fig_w, compute, collective, gap = 3.7, 0.27, 0.56, 0.07
-    else:  # 9 matmul boxes and 4 collectives across 9.5 inches
-        fig_w, compute, collective, gap = 10.0, 0.4, 1.3, 0.06
-    # narrow: room after the loss and the last matmul for the divider's words
-    room = {("loss", "fwd"): 0.2, ("W1", "bwd"): 0.2} if narrow else {}
-    places, at = {}, 0.0
-    for kind, item, phase in sequences[1]:
-        length = compute if kind == "compute" else collective
+    for kind, item, phase, start, length in run:
+        x, y, w, h = frame.rect(lane, start, length)
         if kind == "compute":
-            places[item[0], phase] = (at, length)
-            at += room.get((item[0], phase), 0.0)
-        at += length + gap
-    runs = []
-    for sequence in sequences:
-        run, after = [], 0.0
-        for kind, item, phase in sequence:
-            if kind == "compute":
-                start, length = places[item[0], phase]
-                end = start + length + room.get((item[0], phase), 0.0)
-            else:
-                start, length = after + gap, collective
-                end = start + length
-            run.append((kind, item, phase, start, length))
-            after = end
-        runs.append(run)
-    length_of_step = max(r[-1][3] + r[-1][4] for r in runs)
-
-    if narrow:
-        top, lane_w, lane_x = 1.3, 1.74, (0.07, 1.89)
-        fig_h = top + length_of_step + 1.95
-    else:
-        left, lane_h, lane_y = (fig_w - length_of_step) / 2, 0.98, (1.0, 2.45)
-        fig_h = 4.25
-    fig = Figure(figsize=(fig_w, fig_h))
-    ax = fig.add_axes((0, 0, 1, 1))
-    ax.set_xlim(0, fig_w)
-    ax.set_ylim(fig_h, 0)
-    ax.set_axis_off()
-
-    def rect(lane, start, length):
-        """(x, y, w, h) in inches of a box ``length`` long at ``start``."""
-        if narrow:
-            return lane_x[lane], top + start, lane_w, length
-        return left + start, lane_y[lane], length, lane_h
-
-    for lane, (layout, run) in enumerate(zip(layouts, runs, strict=True)):
-        for kind, item, phase, start, length in run:
-            x, y, w, h = rect(lane, start, length)
-            if kind == "compute":
-                weight, split = item
-                label = weight if not split else (
-                    f"{weight} {split}" if narrow else f"{weight}\n{split}")
-                face, edge = _COMPUTE["fwd" if phase == "fwd" else "bwd"], "#888888"
-            else:
-                label = "\n".join(_collective_lines(item, layout, narrow))
-                face, edge = _COLOUR.get(item.axis, "#cccccc"), "#555555"
-            ax.add_patch(FancyBboxPatch(
-                (x, y), w, h, boxstyle="round,pad=0,rounding_size=0.04",
-                facecolor=face, edgecolor=edge, lw=0.9))
-            ax.text(x + w / 2, y + h / 2, label, ha="center", va="center",
-                    fontsize=fs, linespacing=1.2)
-        sent = sum(s.bytes for s in layout.steps)
-        count = f"{len(layout.steps)} all-reduce{'s' if len(layout.steps) > 1 else ''}"
-        if narrow:
-            name = (f"data parallel\n{layout.data} devices" if layout.model == 1 else
-                    f"Megatron TP\n{layout.data} data x {layout.model} model")
-            x = lane_x[lane] + lane_w / 2
-            ax.text(x, top - 0.08, f"{name}\n{layout.rows} rows a device", ha="center",
-                    va="bottom", fontsize=fs, weight="bold", linespacing=1.2)
-            ax.text(x, top + length_of_step + 0.08, f"{count}; each device\n"
-                    f"sends {sent:,.0f} B", ha="center", va="top", fontsize=fs)
+            weight, split = item
+            label = weight if not split else (
+                f"{weight} {split}" if frame.narrow else f"{weight}\n{split}")
+            face, edge = _COMPUTE["fwd" if phase == "fwd" else "bwd"], "#888888"
         else:
-            name = (f"{layout.data}-way data parallel: every weight whole" if
-                    layout.model == 1 else f"{layout.data}-way data x "
-                    f"{layout.model}-way model (Megatron tensor parallel)")
-            ax.text(left, lane_y[lane] - 0.08, f"{name}, {layout.rows} rows a device",
-                    ha="left", va="bottom", fontsize=fs + 0.5, weight="bold")
-            ax.text(left + length_of_step, lane_y[lane] - 0.08, f"{count}; each "
-                    f"device sends {sent:,.0f} B", ha="right", va="bottom",
-                    fontsize=fs + 0.5)
+            label = "\n".join(_collective_lines(item, layout, frame.narrow))
+            face, edge = _COLOUR.get(item.axis, "#cccccc"), "#555555"
+        ax.add_patch(FancyBboxPatch(
+            (x, y), w, h, boxstyle="round,pad=0,rounding_size=0.04",
+            facecolor=face, edgecolor=edge, lw=0.9))
+        ax.text(x + w / 2, y + h / 2, label, ha="center", va="center",
+                fontsize=frame.fs, linespacing=1.2)
 
-    # where the forward pass ends and the backward pass begins
-    loss_end = sum(places["loss", "fwd"]) + (room.get(("loss", "fwd"), 0) + gap) / 2
-    back_end = sum(places["W1", "bwd"]) + (room.get(("W1", "bwd"), 0) + gap) / 2
-    if narrow:
+
+def _lane_heading(ax, frame: _Frame, lane: int, layout: Layout) -> None:
+    """The layout's name and rows above its lane, what it sends at its end."""
+    fs, length_of_step = frame.fs, frame.length_of_step
+    sent = sum(s.bytes for s in layout.steps)
+    count = f"{len(layout.steps)} all-reduce{'s' if len(layout.steps) > 1 else ''}"
+    if frame.narrow:
+        name = (f"data parallel\n{layout.data} devices" if layout.model == 1 else
+                f"Megatron TP\n{layout.data} data x {layout.model} model")
+        x = frame.lane_x[lane] + frame.lane_w / 2
+        ax.text(x, frame.top - 0.08, f"{name}\n{layout.rows} rows a device",
+                ha="center", va="bottom", fontsize=fs, weight="bold", linespacing=1.2)
+        ax.text(x, frame.top + length_of_step + 0.08, f"{count}; each device\n"
+                f"sends {sent:,.0f} B", ha="center", va="top", fontsize=fs)
+    else:
+        name = (f"{layout.data}-way data parallel: every weight whole" if
+                layout.model == 1 else f"{layout.data}-way data x "
+                f"{layout.model}-way model (Megatron tensor parallel)")
+        y = frame.lane_y[lane] - 0.08
+        ax.text(frame.left, y, f"{name}, {layout.rows} rows a device",
+                ha="left", va="bottom", fontsize=fs + 0.5, weight="bold")
+        ax.text(frame.left + length_of_step, y, f"{count}; each "
+                f"device sends {sent:,.0f} B", ha="right", va="bottom",
+                fontsize=fs + 0.5)
+
+
+def _passes_and_title(ax, frame: _Frame, record: DpTpTrace) -> None:
+    """Where the forward pass ends and the backward pass begins (dashed
+    lines), and the title."""
+    fs, fig_w = frame.fs, frame.fig_w
+    loss_end, back_end = frame.end_of("loss", "fwd"), frame.end_of("W1", "bwd")
+    if frame.narrow:
+        top = frame.top
         for y, words in ((top + loss_end, "backward"),
                          (top + back_end, "gradients summed")):
             ax.plot([0.03, fig_w - 0.03], [y, y], color="#555555", lw=0.8,
@@ -353,45 +405,52 @@ def draw(record: DpTpTrace, path, width: str = "wide") -> None:
         ax.text(fig_w / 2, 0.1, "One training step on 8 devices:\nthe all-reduces "
                 "XLA compiled, in order", ha="center", va="top", fontsize=fs + 1,
                 weight="bold", linespacing=1.2)
-    else:
-        for x in (left + loss_end, left + back_end):
-            for y0, y1 in ((lane_y[0] - 0.32, lane_y[0] + lane_h + 0.03),
-                           (lane_y[1] - 0.03, lane_y[1] + lane_h + 0.03)):
-                ax.plot([x, x], [y0, y1], color="#555555", lw=0.8, ls=(0, (3, 2)))
-        for x0, x1, words in ((0, loss_end, "forward"),
-                              (loss_end, back_end, "backward"),
-                              (back_end, length_of_step, "sum")):
-            ax.text(left + (x0 + x1) / 2, lane_y[0] - 0.36, words, ha="center",
-                    va="bottom", fontsize=fs, style="italic", color="#333333")
-        ax.text(fig_w / 2, 0.08, f"One training step of the MLP {list(record.sizes)} "
-                "on 8 devices: the all-reduces XLA compiled, in program order",
-                ha="center", va="top", fontsize=fs + 1.5, weight="bold")
+        return
+    left, lane_y, lane_h = frame.left, frame.lane_y, frame.lane_h
+    for x in (left + loss_end, left + back_end):
+        for y0, y1 in ((lane_y[0] - 0.32, lane_y[0] + lane_h + 0.03),
+                       (lane_y[1] - 0.03, lane_y[1] + lane_h + 0.03)):
+            ax.plot([x, x], [y0, y1], color="#555555", lw=0.8, ls=(0, (3, 2)))
+    for x0, x1, words in ((0, loss_end, "forward"),
+                          (loss_end, back_end, "backward"),
+                          (back_end, frame.length_of_step, "sum")):
+        ax.text(left + (x0 + x1) / 2, lane_y[0] - 0.36, words, ha="center",
+                va="bottom", fontsize=fs, style="italic", color="#333333")
+    ax.text(fig_w / 2, 0.08, f"One training step of the MLP {list(record.sizes)} "
+            "on 8 devices: the all-reduces XLA compiled, in program order",
+            ha="center", va="top", fontsize=fs + 1.5, weight="bold")
+
+
+def _key(ax, frame: _Frame) -> None:
+    """What the colours say: the two all-reduces, the grey matmuls, the bytes."""
+    from matplotlib.patches import FancyBboxPatch
+
+    fs = frame.fs
     key = [(_COLOUR[MODEL], "all-reduce over model: adds up the 2 halves of a "
                             "layer pair's result"),
            (_COLOUR[DATA], "all-reduce over data: adds up the gradients of the "
                            "batch's parts")]
-    if narrow:
+    if frame.narrow:
         key = [(face, words.replace(": ", ":\n", 1)) for face, words in key]
         key.append((_COMPUTE["fwd"], "grey: a layer's matmuls on one\ndevice; "
                     "cols / rows: the half\nof the weight a device holds"))
-        y = top + length_of_step + 0.55
+        y = frame.top + frame.length_of_step + 0.55
         for face, words in key:
             ax.add_patch(FancyBboxPatch((0.07, y), 0.2, 0.16, boxstyle="round,pad=0",
                                         facecolor=face, edgecolor="#555555", lw=0.8))
             ax.text(0.34, y + 0.08, words, va="center", fontsize=fs, linespacing=1.15)
             y += 0.44
-    else:
-        y = lane_y[1] + lane_h + 0.22
-        x = left
-        for face, words in key:
-            ax.add_patch(FancyBboxPatch((x, y), 0.22, 0.15, boxstyle="round,pad=0",
-                                        facecolor=face, edgecolor="#555555", lw=0.8))
-            ax.text(x + 0.3, y + 0.075, words, va="center", fontsize=fs)
-            x += 4.85
-        ax.text(left, y + 0.28, "grey: a layer's matmuls on one device (forward "
-                "light, backward dark); cols / rows: the weight's half of the "
-                "columns or rows that a device holds.\nBytes: the buffer each "
-                "device adds up (each device's rows of the activation, or its "
-                "loss and gradients).", va="top", fontsize=fs, color="#333333",
-                linespacing=1.3)
-    _figure.save(fig, path)
+        return
+    y = frame.lane_y[1] + frame.lane_h + 0.22
+    x = frame.left
+    for face, words in key:
+        ax.add_patch(FancyBboxPatch((x, y), 0.22, 0.15, boxstyle="round,pad=0",
+                                    facecolor=face, edgecolor="#555555", lw=0.8))
+        ax.text(x + 0.3, y + 0.075, words, va="center", fontsize=fs)
+        x += 4.85
+    ax.text(frame.left, y + 0.28, "grey: a layer's matmuls on one device (forward "
+            "light, backward dark); cols / rows: the weight's half of the "
+            "columns or rows that a device holds.\nBytes: the buffer each "
+            "device adds up (each device's rows of the activation, or its "
+            "loss and gradients).", va="top", fontsize=fs, color="#333333",
+            linespacing=1.3)
