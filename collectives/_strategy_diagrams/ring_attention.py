@@ -206,6 +206,9 @@ def _bytes(n: float) -> str:
     return f"{n:,.0f} bytes" if n < 10_000 else f"{n / 1024:,.1f} KiB"
 
 
+_MASKED = dict(facecolor="#f2f2f2", edgecolor="#c8c8c8", hatch="xx")
+
+
 def draw(record: RingAttentionTrace, path, width: str = "wide") -> None:
     """Write the SVG: one panel per variant, steps as columns, devices as
     rows; side by side for the ``"wide"`` column, stacked for ``"narrow"``."""
@@ -213,17 +216,9 @@ def draw(record: RingAttentionTrace, path, width: str = "wide") -> None:
 
     matplotlib.use("Agg")
     from matplotlib.figure import Figure
-    from matplotlib.patches import Patch
-    from matplotlib.patches import Polygon
-    from matplotlib.patches import Rectangle
 
     n = record.n_devices
     narrow = width == "narrow"
-
-    def pt(points):
-        return _figure.font_pt(width, points)
-
-    masked = dict(facecolor="#f2f2f2", edgecolor="#c8c8c8", hatch="xx")
     # inches: figure size, panel size and where each panel's top-left sits
     if narrow:
         cell, left, top = 0.33, 0.62, 1.05
@@ -240,53 +235,83 @@ def draw(record: RingAttentionTrace, path, width: str = "wide") -> None:
         legend_top = top + grid + 0.62
         fig_h = legend_top + 0.6
     fig = Figure(figsize=(fig_w, fig_h))
-    titles = ("no mask", "causal mask")
-    same_query = tuple(record.query_block) == tuple(range(n))
     for variant, (x0, y0) in enumerate(spots):
         ax = fig.add_axes((x0 / fig_w, 1 - (y0 + grid) / fig_h, grid / fig_w,
                            grid / fig_h))
-        marks = folds(record, variant)
-        for step in range(n):
-            for device in range(n):
-                block = int(record.k_block[variant][step, device])
-                mark = int(marks[step, device])
-                x, y = step, device
-                face = _colour(block)
-                if mark == SKIPPED:
-                    ax.add_patch(Rectangle((x, y), 1, 1, linewidth=0, **masked))
-                else:
-                    ax.add_patch(Rectangle((x, y), 1, 1, facecolor=face,
-                                           linewidth=0))
-                if mark == PARTIAL:  # the keys after each query: masked
-                    ax.add_patch(Polygon([(x, y), (x + 1, y), (x + 1, y + 1)],
-                                         closed=True, linewidth=0, **masked))
-                ax.add_patch(Rectangle((x, y), 1, 1, fill=False, edgecolor="white",
-                                       linewidth=1.5))
-                # on a diagonal block, the number sits in its unmasked half
-                at = (x + 0.3, y + 0.66) if mark == PARTIAL else (x + 0.5, y + 0.5)
-                ax.text(*at, str(block), ha="center", va="center",
-                        fontsize=pt(13) if not narrow else 8, weight="bold",
-                        color="#8a8a8a" if mark == SKIPPED else "black")
-        ax.set_xlim(0, n)
-        ax.set_ylim(n, 0)
-        ax.set_xticks(np.arange(n) + 0.5, [str(s) for s in range(n)],
-                      fontsize=pt(11))
-        ax.set_yticks(np.arange(n) + 0.5,
-                      [str(d) if same_query else f"{d} (q {record.query_block[d]})"
-                       for d in range(n)], fontsize=pt(11))
-        ax.tick_params(length=0, pad=2)
-        for side in ax.spines.values():
-            side.set_visible(False)
-        ax.set_title(titles[variant], fontsize=pt(12.5), weight="bold", pad=4)
-        if narrow or variant == 0:
-            ax.set_ylabel("device" if narrow else
-                          "device  (keeps its query block)", fontsize=pt(11))
-        else:
-            ax.set_yticklabels([])
-        ax.set_xlabel("ring step", fontsize=pt(11), labelpad=2)
-    sent = (f"{record.permutes} ppermutes in the compiled program,"
-            f"{chr(10) if narrow else ' '}{_bytes(record.permute_bytes)} sent per "
-            "device")
+        _panel(ax, record, variant, width)
+    _headings(fig, record, width, fig_h)
+    _legend(fig, width, 1 - legend_top / fig_h)
+    _figure.save(fig, path)
+
+
+def _panel(ax, record: RingAttentionTrace, variant: int, width: str) -> None:
+    """One variant (0: no mask, 1: causal): the K/V block each device folds
+    in at each ring step, its mask drawn over it."""
+    n = record.n_devices
+    marks = folds(record, variant)
+    for step in range(n):
+        for device in range(n):
+            _cell(ax, step, device, int(record.k_block[variant][step, device]),
+                  int(marks[step, device]), width)
+    _axes(ax, record, variant, width)
+
+
+def _cell(ax, x: int, y: int, block: int, mark: int, width: str) -> None:
+    """One fold: the block's colour (grey where wholly masked), the masked
+    half of a diagonal block hatched, the block's number."""
+    from matplotlib.patches import Polygon
+    from matplotlib.patches import Rectangle
+
+    if mark == SKIPPED:
+        ax.add_patch(Rectangle((x, y), 1, 1, linewidth=0, **_MASKED))
+    else:
+        ax.add_patch(Rectangle((x, y), 1, 1, facecolor=_colour(block), linewidth=0))
+    if mark == PARTIAL:  # the keys after each query: masked
+        ax.add_patch(Polygon([(x, y), (x + 1, y), (x + 1, y + 1)],
+                             closed=True, linewidth=0, **_MASKED))
+    ax.add_patch(Rectangle((x, y), 1, 1, fill=False, edgecolor="white",
+                           linewidth=1.5))
+    # on a diagonal block, the number sits in its unmasked half
+    at = (x + 0.3, y + 0.66) if mark == PARTIAL else (x + 0.5, y + 0.5)
+    ax.text(*at, str(block), ha="center", va="center",
+            fontsize=_figure.font_pt(width, 13) if width != "narrow" else 8,
+            weight="bold", color="#8a8a8a" if mark == SKIPPED else "black")
+
+
+def _axes(ax, record: RingAttentionTrace, variant: int, width: str) -> None:
+    """A panel's ticks, labels and title."""
+    n = record.n_devices
+    narrow = width == "narrow"
+
+    def pt(points):
+        return _figure.font_pt(width, points)
+
+    same_query = tuple(record.query_block) == tuple(range(n))
+    ax.set_xlim(0, n)
+    ax.set_ylim(n, 0)
+    ax.set_xticks(np.arange(n) + 0.5, [str(s) for s in range(n)],
+                  fontsize=pt(11))
+    ax.set_yticks(np.arange(n) + 0.5,
+                  [str(d) if same_query else f"{d} (q {record.query_block[d]})"
+                   for d in range(n)], fontsize=pt(11))
+    ax.tick_params(length=0, pad=2)
+    for side in ax.spines.values():
+        side.set_visible(False)
+    ax.set_title(("no mask", "causal mask")[variant], fontsize=pt(12.5),
+                 weight="bold", pad=4)
+    if narrow or variant == 0:
+        ax.set_ylabel("device" if narrow else
+                      "device  (keeps its query block)", fontsize=pt(11))
+    else:
+        ax.set_yticklabels([])
+    ax.set_xlabel("ring step", fontsize=pt(11), labelpad=2)
+
+
+def _headings(fig, record: RingAttentionTrace, width: str, fig_h: float) -> None:
+    """The title and what a step does above, the compiled permutes below."""
+    n = record.n_devices
+    narrow = width == "narrow"
+    pt = functools.partial(_figure.font_pt, width)
     if narrow:
         _figure.heading(
             fig, f"Ring attention, {n} devices",
@@ -300,21 +325,30 @@ def draw(record: RingAttentionTrace, path, width: str = "wide") -> None:
         fig.text(0.5, 1 - 0.45 / fig_h, "step 0: the device's own block; each "
                  "later step: one ppermute of K and one of V, device d \u2192 d + 1",
                  ha="center", va="top", fontsize=11, color="#333333")
+    sent = (f"{record.permutes} ppermutes in the compiled program,"
+            f"{chr(10) if narrow else ' '}{_bytes(record.permute_bytes)} sent per "
+            "device")
+    fig.text(0.04 if narrow else 0.5, 0.1 / fig_h, sent,
+             ha="left" if narrow else "center", va="bottom", fontsize=pt(10.5),
+             color="#333333")
+
+
+def _legend(fig, width: str, top: float) -> None:
+    """The three kinds of fold: whole, diagonal, wholly masked."""
+    from matplotlib.patches import Patch
+
+    narrow = width == "narrow"
     handles = [
         Patch(facecolor=_colour(2), label="K/V block folded in (number: block id)"),
         Patch(facecolor=_colour(2), edgecolor="#c8c8c8", hatch="xx",
               label="diagonal block: later keys masked"),
-        Patch(label="later block: wholly masked (adds zeros)", **masked),
+        Patch(label="later block: wholly masked (adds zeros)", **_MASKED),
     ]
     if narrow:
         handles[0].set_label("K/V block folded in")
         handles[1].set_label("diagonal block: later keys masked")
         handles[2].set_label("later block: wholly masked")
     fig.legend(handles=handles, loc="upper left" if narrow else "upper center",
-               ncol=1 if narrow else 3, fontsize=pt(10.5), frameon=False,
-               handlelength=1.6, columnspacing=1.5, borderaxespad=0,
-               bbox_to_anchor=(0.04 if narrow else 0.5, 1 - legend_top / fig_h))
-    fig.text(0.04 if narrow else 0.5, 0.1 / fig_h, sent,
-             ha="left" if narrow else "center", va="bottom", fontsize=pt(10.5),
-             color="#333333")
-    _figure.save(fig, path)
+               ncol=1 if narrow else 3, fontsize=_figure.font_pt(width, 10.5),
+               frameon=False, handlelength=1.6, columnspacing=1.5, borderaxespad=0,
+               bbox_to_anchor=(0.04 if narrow else 0.5, top))
