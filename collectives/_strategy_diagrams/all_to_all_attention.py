@@ -255,72 +255,103 @@ def draw(record: AllToAllAttentionTrace, path, width: str = "wide") -> None:
 
     matplotlib.use("Agg")
     from matplotlib.figure import Figure
+
+    place = _Placement.of(record, width)
+    fig = Figure(figsize=(place.fig_w, place.fig_h))
+    for i, (grid, title, (x0, y0)) in enumerate(zip(panels(record), PANEL_TITLES,
+                                                    place.spots, strict=True)):
+        ax = fig.add_axes((*place.frac(x0, y0 + place.panel_h),
+                           place.panel_w / place.fig_w, place.panel_h / place.fig_h))
+        _fill(ax, grid, place.narrow, place.pt(13) if not place.narrow else 8)
+        _panel_axes(ax, record, place, i, title)
+    _moves(fig, record, place)
+    _headings(fig, record, place)
+    _figure.save(fig, path)
+
+
+@dataclass(frozen=True)
+class _Placement:
+    """The figure's size and each panel's top-left corner, in inches:
+    side by side (wide) or stacked (narrow)."""
+
+    width: str
+    fig_w: float
+    fig_h: float
+    left: float
+    panel_w: float
+    panel_h: float
+    spots: tuple
+
+    @classmethod
+    def of(cls, record: AllToAllAttentionTrace, width: str) -> _Placement:
+        seq, heads = record.seq, record.heads
+        if width == "narrow":
+            fig_w, cell, left, top, gap = 3.7, 0.19, 0.5, 1.3, 1.0
+            panel_w, panel_h = seq * cell, heads * cell
+            spots = [(left, top + i * (panel_h + gap)) for i in range(3)]
+            fig_h = spots[-1][1] + panel_h + 0.95
+        else:
+            fig_w, cell, left, top, gap = 10, 0.23, 0.75, 1.2, 1.7
+            panel_w, panel_h = heads * cell, seq * cell
+            spots = [(left + i * (panel_w + gap), top) for i in range(3)]
+            fig_h = top + panel_h + 0.95
+        return cls(width, fig_w, fig_h, left, panel_w, panel_h, tuple(spots))
+
+    @property
+    def narrow(self) -> bool:
+        return self.width == "narrow"
+
+    def pt(self, points: float) -> float:
+        return _figure.font_pt(self.width, points)
+
+    def frac(self, x: float, y: float) -> tuple[float, float]:
+        """Inches from the top-left -> figure fraction."""
+        return x / self.fig_w, 1 - y / self.fig_h
+
+
+def _panel_axes(ax, record: AllToAllAttentionTrace, place: _Placement, i: int,
+                title: str) -> None:
+    """Panel ``i``'s ticks (every other position), labels and title."""
+    seq, heads, pt = record.seq, record.heads, place.pt
+    positions = np.arange(0, seq, 2)
+    if place.narrow:
+        ax.set_xticks(positions + 0.5, [str(t) for t in positions],
+                      fontsize=pt(10.5))
+        ax.set_yticks(np.arange(heads) + 0.5, [str(h) for h in range(heads)],
+                      fontsize=pt(10.5))
+        ax.set_ylabel("head", fontsize=pt(11), labelpad=2)
+        if i == 2:
+            ax.set_xlabel("sequence position", fontsize=pt(11), labelpad=2)
+        ax.set_title(title, fontsize=pt(11.5), weight="bold", loc="left",
+                     pad=3)
+    else:
+        ax.set_xticks(np.arange(heads) + 0.5, [str(h) for h in range(heads)],
+                      fontsize=pt(10.5))
+        ax.set_yticks(positions + 0.5, [str(t) for t in positions],
+                      fontsize=pt(10.5))
+        ax.set_xlabel("head", fontsize=pt(11), labelpad=2)
+        if i == 0:
+            ax.set_ylabel("sequence position", fontsize=pt(11))
+        ax.set_title(title.replace(": ", ":\n"), fontsize=pt(12), pad=5)
+
+
+def _moves(fig, record: AllToAllAttentionTrace, place: _Placement) -> None:
+    """The all-to-alls between the panels: an arrow each, and what it moves."""
     from matplotlib.patches import FancyArrowPatch
 
-    seq, heads, n = record.seq, record.heads, record.n_devices
-    narrow = width == "narrow"
-
-    def pt(points):
-        return _figure.font_pt(width, points)
-
-    per = heads // n
-    group = "head" if per == 1 else "head block"
     first, last = _move(record, 0), _move(record, -1)
+    narrow, frac, spots = place.narrow, place.frac, place.spots
+    panel_w, panel_h = place.panel_w, place.panel_h
     if narrow:
         calls = (f"all-to-all \u00d73 (q, k, v):\n{first}",
                  f"all-to-all (the output):\n{last}")
     else:
         calls = ("all-to-all \u00d73\n(q, k, v)\n" + first.replace(", ", ",\n"),
                  "all-to-all\n(the output)\n" + last.replace(", ", ",\n"))
-    footer = (f"{record.all_to_alls} all-to-alls in the compiled program, "
-              f"{_bytes(record.all_to_all_bytes)} sent per device; the output "
-              f"{'equals' if record.matches_oracle else 'DIFFERS FROM'} "
-              "single-device attention")
-    if narrow:
-        fig_w, cell, left, top, gap = 3.7, 0.19, 0.5, 1.3, 1.0
-        panel_w, panel_h = seq * cell, heads * cell
-        spots = [(left, top + i * (panel_h + gap)) for i in range(3)]
-        fig_h = spots[-1][1] + panel_h + 0.95
-    else:
-        fig_w, cell, left, top, gap = 10, 0.23, 0.75, 1.2, 1.7
-        panel_w, panel_h = heads * cell, seq * cell
-        spots = [(left + i * (panel_w + gap), top) for i in range(3)]
-        fig_h = top + panel_h + 0.95
-    fig = Figure(figsize=(fig_w, fig_h))
-
-    def frac(x, y):  # inches from the top-left -> figure fraction
-        return x / fig_w, 1 - y / fig_h
-
-    step = 2
-    for i, (grid, title, (x0, y0)) in enumerate(zip(panels(record), PANEL_TITLES,
-                                                    spots, strict=True)):
-        ax = fig.add_axes((*frac(x0, y0 + panel_h), panel_w / fig_w,
-                           panel_h / fig_h))
-        _fill(ax, grid, narrow, pt(13) if not narrow else 8)
-        positions = np.arange(0, seq, step)
-        if narrow:
-            ax.set_xticks(positions + 0.5, [str(t) for t in positions],
-                          fontsize=pt(10.5))
-            ax.set_yticks(np.arange(heads) + 0.5, [str(h) for h in range(heads)],
-                          fontsize=pt(10.5))
-            ax.set_ylabel("head", fontsize=pt(11), labelpad=2)
-            if i == 2:
-                ax.set_xlabel("sequence position", fontsize=pt(11), labelpad=2)
-            ax.set_title(title, fontsize=pt(11.5), weight="bold", loc="left",
-                         pad=3)
-        else:
-            ax.set_xticks(np.arange(heads) + 0.5, [str(h) for h in range(heads)],
-                          fontsize=pt(10.5))
-            ax.set_yticks(positions + 0.5, [str(t) for t in positions],
-                          fontsize=pt(10.5))
-            ax.set_xlabel("head", fontsize=pt(11), labelpad=2)
-            if i == 0:
-                ax.set_ylabel("sequence position", fontsize=pt(11))
-            ax.set_title(title.replace(": ", ":\n"), fontsize=pt(12), pad=5)
     for i, words in enumerate(calls):
         (xa, ya), (xb, yb) = spots[i], spots[i + 1]
         if narrow:  # down from one panel to the next, the words beside it
-            x = left + 0.25
+            x = place.left + 0.25
             start, end = frac(x, ya + panel_h + 0.22), frac(x, yb - 0.25)
             at, align = frac(x + 0.2, (ya + panel_h + yb) / 2), "left"
         else:
@@ -331,8 +362,19 @@ def draw(record: AllToAllAttentionTrace, path, width: str = "wide") -> None:
             start, end, transform=fig.transFigure, arrowstyle="-|>",
             mutation_scale=18 if narrow else 22, linewidth=2, color="#444444"))
         fig.text(*at, words, ha=align, va="center" if narrow else "bottom",
-                 fontsize=pt(10.5), linespacing=1.25)
-    if narrow:
+                 fontsize=place.pt(10.5), linespacing=1.25)
+
+
+def _headings(fig, record: AllToAllAttentionTrace, place: _Placement) -> None:
+    """The title and what the middle layout means above; the compiled
+    program's all-to-alls and the check against one device below."""
+    n, fig_h, pt = record.n_devices, place.fig_h, place.pt
+    group = "head" if record.heads // n == 1 else "head block"
+    footer = (f"{record.all_to_alls} all-to-alls in the compiled program, "
+              f"{_bytes(record.all_to_all_bytes)} sent per device; the output "
+              f"{'equals' if record.matches_oracle else 'DIFFERS FROM'} "
+              "single-device attention")
+    if place.narrow:
         _figure.heading(
             fig, f"All-to-all attention, {n} devices",
             "The number: the device holding each (position, head).\n"
@@ -350,4 +392,3 @@ def draw(record: AllToAllAttentionTrace, path, width: str = "wide") -> None:
                  ha="center", va="top", fontsize=11, color="#333333")
         fig.text(0.5, 0.12 / fig_h, footer, ha="center", va="bottom",
                  fontsize=pt(10.5), color="#333333")
-    _figure.save(fig, path)
