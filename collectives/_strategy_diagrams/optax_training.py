@@ -169,14 +169,11 @@ def draw(record: DpAdamTrace, path, width: str = "wide", step: int = 0) -> None:
     import matplotlib  # optional: the docs extra
 
     matplotlib.use("Agg")
-    from matplotlib.colors import TwoSlopeNorm
     from matplotlib.figure import Figure
-    from matplotlib.patches import FancyArrowPatch
 
     narrow = width == "narrow"
     fs = _figure.font_pt(width, 10.5)  # 8.9 pt narrow
-    n, shown = record.n_devices, min(SHOWN, len(record.elements))
-    columns = ("loss", *record.elements[:shown])
+    shown = min(SHOWN, len(record.elements))
     into = np.column_stack([record.local_loss[step],
                             record.local_grad[step, :, :shown]])
     out = np.column_stack([record.mean_loss[step], record.mean_grad[step, :, :shown]])
@@ -191,39 +188,60 @@ def draw(record: DpAdamTrace, path, width: str = "wide", step: int = 0) -> None:
                                 hspace=0.3, left=0.09, right=0.98, top=0.8,
                                 bottom=0.07)
         table_cells = (grid[0, 0], grid[0, 1])
-    cmap = matplotlib.colormaps["RdBu_r"]
-    titles = (("into the all-reduce:", "the device's own rows"),
-              ("out of the all-reduce:", "the same average everywhere"))
+    columns = ("loss", *record.elements[:shown])
     tables = []
-    for col, (values, title) in enumerate(zip((into, out), titles, strict=True)):
+    for col, values in enumerate((into, out)):
         ax = fig.add_subplot(table_cells[col])
         tables.append(ax)
-        for j in range(len(columns)):  # one colour scale per column, in and out
-            scale = max(float(np.max(np.abs(into[:, j]))),
-                        float(np.max(np.abs(out[:, j]))), 1e-12)
-            norm = TwoSlopeNorm(0.0, -scale, scale)
-            for d in range(n):
-                value = float(values[d, j])
-                ax.add_patch(matplotlib.patches.Rectangle(
-                    (j, d), 1, 1, facecolor=cmap(0.15 + 0.7 * norm(value)),
-                    edgecolor="white", linewidth=1.5))
-                ax.text(j + 0.5, d + 0.5, f"{value:.2f}", ha="center", va="center",
-                        fontsize=fs)
-        ax.set_xlim(0, len(columns))
-        ax.set_ylim(n, 0)
-        ax.set_xticks(np.arange(len(columns)) + 0.5, columns, fontsize=fs,
-                      family="monospace")
-        ax.xaxis.tick_top()
-        ax.set_yticks(np.arange(n) + 0.5, [str(d) for d in range(n)], fontsize=fs)
-        ax.tick_params(length=0, pad=2)
-        for side in ax.spines.values():
-            side.set_visible(False)
-        if narrow or col == 0:
-            ax.set_ylabel("device", fontsize=fs, labelpad=2)
-        short = ("into the all-reduce: own rows", "out: the same average everywhere")
-        ax.set_title(short[col] if narrow else "\n".join(title),
-                     fontsize=fs + 0.5 if narrow else 12, pad=18 if narrow else 26,
-                     weight="bold" if narrow else "normal")
+        _table(ax, values, (into, out), columns, col, narrow, fs)
+    _all_reduce_arrow(fig, tables, narrow, fs)
+    _loss_curves(fig.add_subplot(grid[2, 0] if narrow else grid[1, :]), record,
+                 narrow, fs)
+    _headings(fig, record, step, narrow, fs)
+    _figure.save(fig, path)
+
+
+def _table(ax, values, both, columns, col: int, narrow: bool, fs: float) -> None:
+    """One side of the pmean (0: into it, 1: out of it): a row per device, a
+    column per value, coloured on one scale per column for both sides."""
+    import matplotlib
+    from matplotlib.colors import TwoSlopeNorm
+
+    cmap = matplotlib.colormaps["RdBu_r"]
+    n = values.shape[0]
+    for j in range(len(columns)):  # one colour scale per column, in and out
+        scale = max(*(float(np.max(np.abs(side[:, j]))) for side in both), 1e-12)
+        norm = TwoSlopeNorm(0.0, -scale, scale)
+        for d in range(n):
+            value = float(values[d, j])
+            ax.add_patch(matplotlib.patches.Rectangle(
+                (j, d), 1, 1, facecolor=cmap(0.15 + 0.7 * norm(value)),
+                edgecolor="white", linewidth=1.5))
+            ax.text(j + 0.5, d + 0.5, f"{value:.2f}", ha="center", va="center",
+                    fontsize=fs)
+    ax.set_xlim(0, len(columns))
+    ax.set_ylim(n, 0)
+    ax.set_xticks(np.arange(len(columns)) + 0.5, columns, fontsize=fs,
+                  family="monospace")
+    ax.xaxis.tick_top()
+    ax.set_yticks(np.arange(n) + 0.5, [str(d) for d in range(n)], fontsize=fs)
+    ax.tick_params(length=0, pad=2)
+    for side in ax.spines.values():
+        side.set_visible(False)
+    if narrow or col == 0:
+        ax.set_ylabel("device", fontsize=fs, labelpad=2)
+    titles = (("into the all-reduce:", "the device's own rows"),
+              ("out of the all-reduce:", "the same average everywhere"))
+    short = ("into the all-reduce: own rows", "out: the same average everywhere")
+    ax.set_title(short[col] if narrow else "\n".join(titles[col]),
+                 fontsize=fs + 0.5 if narrow else 12, pad=18 if narrow else 26,
+                 weight="bold" if narrow else "normal")
+
+
+def _all_reduce_arrow(fig, tables, narrow: bool, fs: float) -> None:
+    """The pmean, as an arrow from the first table to the second."""
+    from matplotlib.patches import FancyArrowPatch
+
     first, second = (a.get_position() for a in tables)
     if narrow:  # an arrow down from the first table to the second
         x = 0.5 * (first.x0 + first.x1)
@@ -241,12 +259,16 @@ def draw(record: DpAdamTrace, path, width: str = "wide", step: int = 0) -> None:
             arrowstyle="-|>", mutation_scale=22, linewidth=2, color="#444444"))
         fig.text(0.5 * (x0 + x1) - 0.012, y + 0.015, "all-reduce:\nlax.pmean\n"
                  "(loss, grads)", ha="center", va="bottom", fontsize=fs)
-    ax = fig.add_subplot(grid[2, 0] if narrow else grid[1, :])
+
+
+def _loss_curves(ax, record: DpAdamTrace, narrow: bool, fs: float) -> None:
+    """The loss of every step, data parallel over the one-device run."""
     steps = np.arange(1, record.n_steps + 1)
     ax.plot(steps, record.losses_one_device, color="#444444", linewidth=2.5,
             label="one device, whole batch")
     ax.plot(steps, record.losses, "o", color="#d62728",
-            markersize=5 if narrow else 7, label=f"{n} devices, data parallel")
+            markersize=5 if narrow else 7,
+            label=f"{record.n_devices} devices, data parallel")
     ax.set_xlabel("step", fontsize=fs if narrow else 11, labelpad=2)
     ax.set_ylabel("loss" if narrow else "loss before the step",
                   fontsize=fs if narrow else 11)
@@ -262,6 +284,11 @@ def draw(record: DpAdamTrace, path, width: str = "wide", step: int = 0) -> None:
         ax.set_title(f"loss per step: {agree} (parameters to "
                      f"{record.param_gap:.0e})", fontsize=12)
     ax.legend(fontsize=fs, frameon=False, loc="upper right")
+
+
+def _headings(fig, record: DpAdamTrace, step: int, narrow: bool, fs: float) -> None:
+    """The title (the step shown) and the layout under it."""
+    n = record.n_devices
     trap = "" if record.vary else " (vary=False: the n x gradient trap)"
     if narrow:
         fig.text(0.5, 0.992, f"Data-parallel Adam on {n} devices,\nstep {step + 1}: "
@@ -277,4 +304,3 @@ def draw(record: DpAdamTrace, path, width: str = "wide", step: int = 0) -> None:
         fig.text(0.5, 0.94, f"each device: {record.rows} rows of the batch, its own "
                  "loss and gradients; params and Adam state replicated",
                  ha="center", fontsize=11, color="#333333")
-    _figure.save(fig, path)
