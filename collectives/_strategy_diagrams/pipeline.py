@@ -234,43 +234,59 @@ def draw(record: PipelineTrace, path, width: str = "wide") -> None:
 
     matplotlib.use("Agg")
     from matplotlib.figure import Figure
-    from matplotlib.patches import Patch
-    from matplotlib.patches import Rectangle
 
     narrow = width == "narrow"
     fs = _figure.font_pt(width, 10.5)  # cells, ticks; 8.9 pt narrow
-    s_count, t = record.stages, record.ticks
-    schedule = record.schedule
-    colours = matplotlib.colormaps["tab10"]
+    if narrow:
+        fig = Figure(figsize=(3.7, 2.0 + 0.205 * 2 * record.ticks))
+        ax = fig.add_axes((0.2, 0.8 / fig.get_figheight(), 0.77,
+                           1 - 1.95 / fig.get_figheight()))
+    else:
+        fig = Figure(figsize=(10, 1.5 + 0.42 * record.stages))
+        ax = fig.add_axes((0.08, 0.2, 0.9, 0.68))
+    palette = matplotlib.colormaps["tab10"]
+    _schedule_cells(ax, record, narrow, fs, palette)
+    _schedule_axes(ax, record, narrow, fs)
+    _title_and_legend(fig, record, narrow, fs, palette)
+    _figure.save(fig, path)
 
-    def colour(m: int, backward: bool):
-        r, g, b, _ = colours(m % 10)
-        mix = 0.35 if backward else 0.6  # backward a shade darker
-        return (mix + r * (1 - mix), mix + g * (1 - mix), mix + b * (1 - mix))
+
+def _colour(palette, m: int, backward: bool):
+    """Microbatch ``m``'s colour; its backward a shade darker."""
+    r, g, b, _ = palette(m % 10)
+    mix = 0.35 if backward else 0.6
+    return (mix + r * (1 - mix), mix + g * (1 - mix), mix + b * (1 - mix))
+
+
+def _schedule_cells(ax, record: PipelineTrace, narrow: bool, fs: float,
+                    palette) -> None:
+    """A cell per (stage, tick): the microbatch it works on, or idle."""
+    from matplotlib.patches import Rectangle
+
+    t = record.ticks
 
     def at(k: int, s: int) -> tuple[int, int]:
         """The cell of tick ``k``, stage ``s``: (x, y)."""
         return (s, k) if narrow else (k, s)
 
-    if narrow:
-        fig = Figure(figsize=(3.7, 2.0 + 0.205 * 2 * t))
-        ax = fig.add_axes((0.2, 0.8 / fig.get_figheight(), 0.77,
-                           1 - 1.95 / fig.get_figheight()))
-    else:
-        fig = Figure(figsize=(10, 1.5 + 0.42 * s_count))
-        ax = fig.add_axes((0.08, 0.2, 0.9, 0.68))
-    for s in range(s_count):
+    for s in range(record.stages):
         for k in range(2 * t):
-            m, backward = int(schedule[s, k]), k >= t
+            m, backward = int(record.schedule[s, k]), k >= t
             if m < 0:
                 ax.add_patch(Rectangle(at(k, s), 1, 1, facecolor="#eeeeee",
                                        edgecolor="white", hatch="///", lw=1))
                 continue
-            ax.add_patch(Rectangle(at(k, s), 1, 1, facecolor=colour(m, backward),
+            ax.add_patch(Rectangle(at(k, s), 1, 1,
+                                   facecolor=_colour(palette, m, backward),
                                    edgecolor="white", lw=1))
             x, y = at(k, s)
             ax.text(x + 0.5, y + 0.5, _cell(m, backward), ha="center",
                     va="center", fontsize=fs)
+
+
+def _schedule_axes(ax, record: PipelineTrace, narrow: bool, fs: float) -> None:
+    """Ticks and stages on the axes, forward and backward apart."""
+    s_count, t = record.stages, record.ticks
     ticks = (np.arange(2 * t) + 0.5, [str(k) for k in range(2 * t)])
     stages = (np.arange(s_count) + 0.5, [str(s) for s in range(s_count)])
     if narrow:
@@ -300,7 +316,14 @@ def draw(record: PipelineTrace, path, width: str = "wide") -> None:
     ax.tick_params(length=0)
     for side in ax.spines.values():
         side.set_visible(False)
-    handles = [Patch(facecolor=colour(m, False), label=f"microbatch {m}")
+
+
+def _title_and_legend(fig, record: PipelineTrace, narrow: bool, fs: float,
+                      palette) -> None:
+    """The title above; a swatch per microbatch and the bubble below."""
+    from matplotlib.patches import Patch
+
+    handles = [Patch(facecolor=_colour(palette, m, False), label=f"microbatch {m}")
                for m in range(record.microbatches)]
     handles.append(Patch(facecolor="#eeeeee", hatch="///", edgecolor="#bbbbbb",
                          label="idle (bubble)"))
@@ -315,4 +338,3 @@ def draw(record: PipelineTrace, path, width: str = "wide") -> None:
         fig.suptitle(_title(record), fontsize=12, y=0.985)
         fig.legend(handles=handles, loc="lower center", ncol=len(handles),
                    fontsize=11, frameon=False, bbox_to_anchor=(0.5, 0.0))
-    _figure.save(fig, path)
