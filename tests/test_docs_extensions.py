@@ -2,7 +2,7 @@
 and the site's browser check on pages made here, which needs Chromium.
 
 Skipped where Sphinx (or Chromium) is not installed; CI runs this file in its
-docs venv (``.ci/run``'s docs step, Chromium installed), and
+docs venv (``.ci/run``'s docs job, Chromium installed), and
 ``tools/never_run.py`` fails CI if no venv runs it.
 """
 
