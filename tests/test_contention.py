@@ -34,9 +34,9 @@ def test_every_recipe_agrees_five_times_beside_busy_processes(request):
     with contention.busy(2):
         ran, wrong = contention.wrong_rows(list(cx.RECIPES), reps=REPS, full=FULL)
     assert ran >= REPS * len(cx.RECIPES)
-    assert not wrong, "\n".join(
-        f"rep {rep}: {row.recipe} mesh={row.mesh} axis={row.axis}: {row.detail}"
-        for rep, row in wrong)
+    assert not wrong, "\n".join(  # each asked again here: its program or its run?
+        f"rep {rep}: {row.recipe} mesh={row.mesh} axis={row.axis}: {row.detail}\n"
+        f"  asked again: {contention.diagnose(row)}" for rep, row in wrong)
 
 
 def _sign_flipped_on(call: int):
@@ -66,6 +66,21 @@ def test_a_form_wrong_on_one_call_of_five_is_reported():
     assert ran == REPS
     assert [(rep, row.recipe) for rep, row in wrong] == [(2, "psum")]
     assert "shard_map" in wrong[0][1].detail
+
+
+def test_a_wrong_row_is_asked_again_in_its_process():
+    # wrong on the first call only: right again, right recompiled, and the
+    # programs' digests the same before and after (the run was wrong)
+    forms = _sign_flipped_on(1)
+    [row] = cx.check(["psum"], configs=[((4, 2), ("i", "j"), "j")], forms=forms)
+    assert not row.ok and (row.mesh, row.axis) == ("4x2", "j")
+    found = contention.diagnose(row, forms=forms)
+    assert found["again"] and found["recompiled"]
+    assert set(found["digests"]) == {"shard_map", "jit", "explicit"}
+    assert found["digests"] == found["digests_recompiled"]
+    # the digest follows the program: another recipe's differs in every form
+    other = contention.program_digests("pmax", contention.config_of(row))
+    assert all(other[form] != found["digests"][form] for form in other)
 
 
 def test_the_busy_processes_end_with_the_block():

@@ -24,8 +24,12 @@ every row that disagreed with the oracle. What varies between tries:
     python tools/contention.py --busy 4 --runs 2          # every recipe
 
 It prints one line per wrong row and a summary; the exit status is 1 when
-any row was wrong. ``tests/test_contention.py`` runs :func:`wrong_rows` inside
-:func:`busy` on every recipe (``-m slow``).
+any row was wrong. The process that saw a wrong row asks it again before it
+goes on (:func:`diagnose`): the same row as it is, then recompiled from
+nothing, with a digest of each form's optimized program both times, so a
+wrong row says whether its program or its run was wrong.
+``tests/test_contention.py`` runs :func:`wrong_rows` inside :func:`busy` on
+every recipe (``-m slow``).
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ import contextlib
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -106,8 +111,82 @@ def wrong_rows(names: Sequence[str], *, reps: int = 5, full: Sequence[str] = (),
     return ran, wrong
 
 
+def config_of(row: Any) -> Any:
+    """The standard configuration ``(shape, names, axis)`` of a ``check`` row."""
+    import collectives as cx
+    from collectives._check import standard_configs
+
+    recipe = cx.RECIPES[row.recipe]
+    for shape, names, axis in standard_configs():
+        axes = recipe.axes(cx.make_mesh(shape, names), axis)
+        if ("x".join(map(str, shape)), ",".join(axes.names)) == (row.mesh, row.axis):
+            return shape, names, axis
+    raise ValueError(f"{row.recipe}: no standard configuration gives mesh "
+                     f"{row.mesh} axis {row.axis}")
+
+
+def program_digests(name: str, config: Any) -> dict[str, str]:
+    """Each placed form's optimized program for ``config``, as a short SHA-256
+    of its HLO text: what this process compiles, to set beside another's."""
+    import hashlib
+
+    import collectives as cx
+    from collectives._recipe import PLACED_FORMS
+
+    recipe = cx.RECIPES[name]
+    shape, names, axis = config
+    mesh = cx.make_mesh(shape, names)
+    axes = recipe.axes(mesh, axis)
+    args = recipe.example_args(mesh, axes.names)
+    digests = {}
+    for form in PLACED_FORMS:
+        if recipe.unrunnable_form(form, axes) is None:
+            placed = recipe.place(*args, axes=axes, form=form)
+            text = recipe.compiled(form, axes).lower(*placed).compile().as_text()
+            digests[form] = hashlib.sha256(
+                program_only(text).encode()).hexdigest()[:12]
+    return digests
+
+
+_SOURCE_TABLE = re.compile(r"^(FileNames|FunctionNames|FileLocations|StackFrames|\d+ )")
+_METADATA = re.compile(r", metadata=\{[^}]*\}")
+
+
+def program_only(text: str) -> str:
+    """Optimized HLO text without where it was traced from: the source
+    tables and each instruction's ``metadata`` (a column of the caller's
+    line differs from one trace to the next; the program does not)."""
+    return "\n".join(_METADATA.sub("", line) for line in text.splitlines()
+                     if not _SOURCE_TABLE.match(line))
+
+
+def diagnose(row: Any, forms: Callable[..., Any] | None = None) -> dict[str, Any]:
+    """What a wrong row is made of, asked in the process that saw it: the
+    row checked again as it is (``again``: right or wrong), then after every
+    compiled program and trace was dropped (``recompiled``), and each placed
+    form's program digest before and after the drop. Wrong again but right
+    recompiled, with other digests, is a program traced or compiled wrong in
+    this process; right again is a wrong run of a right program."""
+    import collectives as cx
+    from collectives._recipe import clear_caches
+
+    config = config_of(row)
+
+    def right() -> bool:
+        return all(r.ok for r in cx.check([row.recipe], configs=[config],
+                                          forms=forms))
+
+    found: dict[str, Any] = {"again": right(),
+                             "digests": program_digests(row.recipe, config)}
+    clear_caches()
+    found["recompiled"] = right()
+    found["digests_recompiled"] = program_digests(row.recipe, config)
+    return found
+
+
 def _child(args: argparse.Namespace) -> None:
-    """One process: ``check`` ``args.reps`` times, a JSON line per row."""
+    """One process: ``check`` ``args.reps`` times, a JSON line per row; a
+    wrong row carries its :func:`diagnose` in that process."""
     import collectives as cx
 
     cx.use_cpu_devices(8)
@@ -122,9 +201,11 @@ def _child(args: argparse.Namespace) -> None:
         cx.check([name])
     for rep in range(args.reps):
         def show(row: Any, rep: int = rep) -> None:  # each row as it comes
-            print(json.dumps({"rep": rep, "recipe": row.recipe, "mesh": row.mesh,
-                              "axis": row.axis, "ok": row.ok,
-                              "detail": row.detail[:600]}), flush=True)
+            line = {"rep": rep, "recipe": row.recipe, "mesh": row.mesh,
+                    "axis": row.axis, "ok": row.ok, "detail": row.detail[:600]}
+            if not row.ok:
+                line["diagnosis"] = diagnose(row)
+            print(json.dumps(line), flush=True)
 
         cx.check(names, progress=show)
 
@@ -201,6 +282,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"WRONG process {row['run']} rep {row['rep']}: {row['recipe']} "
               f"mesh={row['mesh']} axis={row['axis']}: "
               f"{' | '.join(row['detail'].splitlines()[:4])}")
+        if "diagnosis" in row:
+            print(f"  in that process: {json.dumps(row['diagnosis'])}")
     print(f"{len(rows)} rows, {len(wrong)} wrong, in {args.runs} processes "
           f"({args.busy} busy beside them, {time.time() - start:.0f} s)")
     return 1 if wrong else 0
