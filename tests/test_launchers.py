@@ -616,6 +616,52 @@ def test_ranks_in_different_collectives_are_named_each_where_it_waits(
         and "rank 1 at mismatch.py:17 (<module>)" in line for line in said), out
 
 
+SHAPES = textwrap.dedent("""
+    import os, sys
+    import numpy as np
+    import jax
+    from jax.experimental import multihost_utils
+    from jax.sharding import NamedSharding, PartitionSpec as P
+    mesh = jax.make_mesh((jax.device_count(),), ("i",))
+    cols = 4 + jax.process_index()  # rank 1's rows are one longer
+    x = jax.make_array_from_process_local_data(
+        NamedSharding(mesh, P("i")), np.ones((jax.local_device_count(), cols),
+                                             np.float32), (jax.device_count(), cols))
+    total = jax.jit(jax.shard_map(lambda a: jax.lax.psum(a, "i"), mesh=mesh,
+                                  in_specs=P("i"), out_specs=P()))
+    multihost_utils.sync_global_devices("up")
+    open(os.path.join(sys.argv[1], f"in-{jax.process_index()}"), "w").close()
+    print(np.asarray(total(x).addressable_shards[0].data))  # one line, two shapes
+""")
+
+
+@pytest.mark.faults
+@pytest.mark.launchers
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("launcher", ["launch", "mpirun", "srun"])
+def test_ranks_summing_different_shapes_on_one_line_are_both_named(
+        request, tmp_path, job, launcher):
+    # the same psum, another shape on each rank: no JAX frame on the waiting
+    # rank's stack (the value is read in C++); the call's array says it waits
+    _selected(request)
+    _need(launcher)
+    started = _start_two(job, launcher, tmp_path, "shapes.py", SHAPES,
+                         markers=["in-0", "in-1"])
+    entered = time.monotonic()
+    code, out = started.wait(120)
+    seconds = time.monotonic() - entered
+    assert code != 0 and seconds < FAULT_BOUND, f"{seconds:.1f} s:\n{out}"
+    assert not CPP_TRACE.search(out) and "stack trace" not in out, out
+    lines = out.strip().splitlines()
+    said = ([lines[-1]] if launcher == "launch" else  # the launcher's verdict
+            [line for line in lines if line.startswith("error: the ranks wait")])
+    assert said and all(
+        "the ranks wait in different collectives" in line and "rank 0 at " in line
+        and "rank 1 at shapes.py:16 (<module>) in np.asarray() of total" in line
+        and "the same shapes" in line
+        for line in said), out
+
+
 SILENCE = textwrap.dedent("""
     import sys, time
     import jax

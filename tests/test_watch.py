@@ -2,11 +2,14 @@
 is idle (collectives/distributed/_watch.py); the verdicts it leads to are
 tested under every launcher in test_launchers.py."""
 
+import ast
+import sys
 import threading
 import time
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from collectives.distributed import _watch
 
@@ -65,3 +68,33 @@ def test_a_thread_inside_jax_reads_as_inside_and_names_the_caller():
     # (jax may import a module on the way: importlib's frames sit between)
     assert any("test_watch.py" in place for _, place in inside), inside[:5]
 
+
+
+class _Touchy:
+    @property
+    def step(self):  # reading it would run code: the watch never does
+        raise AssertionError("the watch evaluated a property")
+
+
+def test_a_line_waits_inside_jax_where_its_call_is_jaxs_or_takes_a_jax_array():
+    # a rank blocked in `y = step(x)` or `np.asarray(out)` has no JAX frame
+    # on its stack (jit's fast path and the array's value are C++): the
+    # call's own callee and arguments say it waits inside JAX
+    step = jax.jit(lambda a: a + 1)
+    out = step(jnp.ones(3))
+    touchy, plain = _Touchy(), np.ones(3)
+    frame = sys._getframe()  # the lines below are read in this frame
+    named = {"step": step, "out": out, "touchy": touchy, "plain": plain}
+    assert all(frame.f_locals[name] is value for name, value in named.items())
+
+    def said(source):
+        return _watch.jax_in_call(ast.parse(source, mode="eval").body, frame)
+
+    assert said("step(plain)") == "step()"
+    assert said("jax.jit(print)(plain)") is None  # a call's result is not looked up
+    assert said("np.asarray(out)") == "np.asarray() of out"
+    assert said("print(out.sum(), sep=out[0])") == "print() of out"
+    assert said("np.asarray(plain)") is None
+    assert said("time.sleep(0.1)") is None
+    assert said("touchy.step(plain)") is None  # another object's attribute
+    assert said("undefined_name(plain)") is None

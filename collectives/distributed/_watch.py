@@ -570,14 +570,14 @@ some releases: ``out.block_until_ready()`` puts no JAX Python frame on the
 stack, so the line's own call says the rank waits inside JAX."""
 
 
-def calling(code: types.CodeType, at: int) -> str | None:
-    """The name code ``code`` stopped at instruction offset ``at`` (a
-    frame's ``f_lasti``) is calling: ``block_until_ready`` in
-    ``out.block_until_ready()``, ``print`` in ``print(x)``; ``None`` where it
-    is not in a call or the source is not at hand. Read from the call's own
-    source span (``co_positions``), so the arguments' names never count.
-    Reads the source file: call it outside :func:`_where`'s walk (I/O lets
-    the watched thread run, for a whole raised switch interval)."""
+def call_at(code: types.CodeType, at: int) -> ast.Call | None:
+    """The call code ``code`` stopped at instruction offset ``at`` (a
+    frame's ``f_lasti``) is making: ``out.block_until_ready()``, or
+    ``np.asarray(out)`` in ``print(np.asarray(out))``; ``None`` where it is
+    not in a call or the source is not at hand. Read from the call's own
+    source span (``co_positions``). Reads the source file: call it outside
+    :func:`_where`'s walk (I/O lets the watched thread run, for a whole
+    raised switch interval)."""
     if at < 0 or not dis.opname[code.co_code[at]].startswith("CALL"):
         return None
     first, last, start, end = list(code.co_positions())[at // 2]
@@ -591,11 +591,65 @@ def calling(code: types.CodeType, at: int) -> str | None:
         call = ast.parse(source.strip(), mode="eval").body
     except SyntaxError:
         return None
-    if not isinstance(call, ast.Call):
+    return call if isinstance(call, ast.Call) else None
+
+
+def jax_in_call(call: ast.Call | None, frame: types.FrameType) -> str | None:
+    """What makes ``call``, in ``frame``, a wait inside JAX with no JAX frame
+    on the stack: its callee is a function JAX compiled and runs in C++
+    (``step`` in ``y = step(x)``: ``jax.jit``'s), or an argument is a JAX
+    array (``out`` in ``np.asarray(out)`` or ``print(out.sum())``: the call
+    waits for its value). Names are looked up, and attributes of modules
+    only (a property of another object could run code); ``None`` where
+    nothing in the call is JAX's."""
+    if call is None:
         return None
-    func = call.func
-    return (func.attr if isinstance(func, ast.Attribute)
-            else func.id if isinstance(func, ast.Name) else None)
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1.0)  # the frame's namespaces hold still meanwhile
+    try:
+        if _is_jax(_resolve(call.func, frame, modules_only=True)):
+            return f"{ast.unparse(call.func)}()"
+        for arg in (*call.args, *(k.value for k in call.keywords)):
+            root = arg
+            while isinstance(root, (ast.Attribute, ast.Subscript, ast.Call)):
+                root = root.func if isinstance(root, ast.Call) else root.value
+            if isinstance(root, ast.Name) and _is_jax(
+                    _resolve(root, frame, modules_only=True)):
+                return f"{ast.unparse(call.func)}() of {root.id}"
+    except Exception:  # a racing read: no evidence
+        return None
+    finally:
+        sys.setswitchinterval(interval)
+    return None
+
+
+def _resolve(expr: ast.expr, frame: types.FrameType, *, modules_only: bool
+             ) -> Any:
+    path = []
+    while isinstance(expr, ast.Attribute):
+        path.append(expr.attr)
+        expr = expr.value
+    if not isinstance(expr, ast.Name):
+        return _MISSING
+    found: Any = _MISSING
+    for space in (frame.f_locals, frame.f_globals, frame.f_builtins):
+        found = space.get(expr.id, _MISSING)
+        if found is not _MISSING:
+            break
+    for name in reversed(path):
+        if modules_only and not isinstance(found, types.ModuleType):
+            return _MISSING
+        found = getattr(found, name, _MISSING)
+    return found
+
+
+def _is_jax(value: Any) -> bool:
+    """A JAX object implemented in C++: a jitted function, an array."""
+    module = getattr(type(value), "__module__", None) or ""
+    return value is not _MISSING and module.split(".")[0] in ("jax", "jaxlib")
+
+
+_MISSING = object()
 
 
 def _where(thread: int | None) -> tuple[bool, str] | None:
@@ -640,11 +694,15 @@ def _where(thread: int | None) -> tuple[bool, str] | None:
         sys.setswitchinterval(interval)
     if not inside:  # a wait JAX implements in C++ leaves no JAX frame
         try:
-            called = calling(code, at)
+            call = call_at(code, at)
         except Exception:  # source changed or unreadable: no evidence
-            called = None
-        if called in JAX_WAITS:
-            return True, f"{place} in .{called}()"
+            call = None
+        func = None if call is None else call.func
+        if isinstance(func, ast.Attribute) and func.attr in JAX_WAITS:
+            return True, f"{place} in .{func.attr}()"
+        jax_part = jax_in_call(call, frame)
+        if jax_part is not None:
+            return True, f"{place} in {jax_part}"
     return inside, place
 
 
