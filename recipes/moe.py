@@ -238,8 +238,11 @@ def moe_explicit_program(router_w, w_in, w_out, x, mesh, axis=AXIS, top_k=1,
     gate, expert = jax.vmap(lambda g: route(router_w, g, top_k))(groups)
     mask, dropped = jax.vmap(
         lambda ex: assign_slots(ex, n_experts, capacity, x.dtype))(expert)
+    # repeat names its output sharding too: on JAX 0.12.1 it drops "axis"
+    # from a group dimension of size 1 (a 1-device mesh) otherwise
+    picks = jnp.repeat(groups, top_k, axis=1, out_sharding=by_group)
     # buffer: f32[n@axis, E, C, D], each group's own
-    buffer = jnp.einsum("gaec,gad->gecd", mask, jnp.repeat(groups, top_k, axis=1))
+    buffer = jnp.einsum("gaec,gad->gecd", mask, picks)
     by_expert = jax.sharding.reshard(buffer, P(None, axis))  # f32[n, E@axis, C, D]
     out = expert_ffn(by_expert, w_in, w_out)  # f32[n, E@axis, C, D]
     back = jax.sharding.reshard(out, by_group)  # all-to-all back

@@ -48,6 +48,16 @@ def test_dropped_counts_and_outputs_equal_the_oracle(config, top_k, capacity, t,
     assert report.forms
 
 
+@pytest.mark.parametrize("top_k", [1, 2])
+def test_every_form_equals_the_oracle_on_a_one_device_mesh(top_k):
+    # a group dimension of size 1: JAX 0.12.1's repeat drops its sharding
+    # unless the explicit form names it (the einsum then refused the types)
+    mesh = cx.make_mesh((1,), "i")
+    recipe = moe_recipe(top_k=top_k)
+    report = assert_forms_agree(recipe, *_args(1, 3, e=2), mesh=mesh, n_terms=64)
+    assert "explicit" in report.forms
+
+
 def test_small_capacity_drops_later_tokens_first():
     # every token prefers expert 0: on each device, only the first `capacity`
     # tokens keep it; the rest are dropped and output zeros
