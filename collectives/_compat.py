@@ -186,9 +186,26 @@ UNREDUCED_OUTPUT_READS_ONE_DEVICE = JAX_VERSION < (0, 10, 1)
 """An unreduced array returned from jit (spec ``P(..., unreduced={"i"})``)
 reads on the host as device 0's partial sum, silently, up to JAX 0.10.0;
 from 0.10.1 reading it raises (``NotImplementedError: device_indices_map
-doesn't work with unreduced``; 0.12: ``JaxRuntimeError: ... Unreduced
-sharding does not support UniqueIndexDomains``). Measured on 0.8.0 to 0.10.2,
-0.11.2, 0.12.0.1 (pitfall 18). Fix: reshard to ``P()`` inside jit."""
+doesn't work with unreduced``; 0.12.0.1: ``JaxRuntimeError: ... Unreduced
+sharding does not support UniqueIndexDomains``; 0.12.1: ``RuntimeError:
+Fetching value for `jax.Array` that is unreduced is not allowed``). Measured
+on 0.8.0 to 0.10.2, 0.11.2, 0.12.0.1, 0.12.1 (pitfall 18). Fix: reshard to
+``P()`` inside jit."""
+
+UNREDUCED_SUM_PER_AXIS = JAX_VERSION >= (0, 12, 1)
+"""From JAX 0.12.1, a ``reshard`` to ``P()`` of a value unreduced over
+several mesh axes (``P(..., unreduced={"i", "j"})``, a gradient whose sum
+over a data axis pair is deferred) sums it one axis at a time: an all-reduce
+over ``"j"`` (2 devices), then one over ``"i"`` (4) on a ``(4, 2)`` mesh,
+never combined with another value's (a loss beside it gets its own). The
+values are the same; a device sends 2.5 times the value's bytes where one
+all-reduce over the 8 devices sends 1.75 times (ring). Measured on 0.10.2,
+0.12.0.1 (one all-reduce) and 0.12.1 (one per axis): ``dp_grads``,
+``dp_adam`` and ``fsdp_mlp``'s explicit forms, their cost models
+(:func:`collectives._costs.unreduced_sum`), pitfall 21 of
+``recipes/sharp_edges_explicit.py``. Workaround: sum it in a shard_map,
+``jax.shard_map(lambda g: lax.psum(g, ("i", "j")), in_specs=P(unreduced=
+{"i", "j"}), out_specs=P())``: one all-reduce on 0.12.1."""
 
 PARTIAL_MANUAL_GATHERS_FREE_AXES = (0, 10, 1) <= JAX_VERSION < (0, 11, 2)
 """A shard_map manual over some axes of an Explicit mesh (``axis_names={"X"}``

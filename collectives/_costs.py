@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import math
 from collections.abc import Callable
 from collections.abc import Iterator
 from collections.abc import Mapping
+from collections.abc import Sequence
 from typing import Any
 
 import jax
 import numpy as np
 
+from collectives import _compat
 from collectives._layout import Axes
 from collectives.hlo import Expectation
 from collectives.hlo import bytes_moved
@@ -46,6 +49,28 @@ def block_bytes(axes: Axes, x: Any) -> int:
     """Bytes of the block of ``x`` that one device holds, ``x`` sharded over
     every mesh axis (the collective axes and the rest)."""
     return int(np.asarray(x).nbytes) // (axes.size * axes.others_size)
+
+
+def unreduced_sum(size: float, sizes: Sequence[int], *, beside: float = 0
+                  ) -> tuple[int, float]:
+    """The all-reduces of a ``reshard`` to ``P()`` that sums a value of
+    ``size`` bytes unreduced over mesh axes of ``sizes`` devices: their count
+    and the bytes one device sends. ``beside``: the bytes of a value summed
+    over the same devices in the same program (a loss), which XLA combines
+    into that all-reduce where there is one.
+
+    One all-reduce over all the axes; from JAX 0.12.1 one per axis, and the
+    value beside it one of its own
+    (:data:`collectives._compat.UNREDUCED_SUM_PER_AXIS`).
+    """
+    sizes = [s for s in sizes if s > 1]
+    n = math.prod(sizes)
+    if _compat.UNREDUCED_SUM_PER_AXIS and len(sizes) > 1:
+        apart = sum(per_device_bytes("all-reduce", size, s) for s in sizes)
+        if beside:
+            return len(sizes) + 1, apart + per_device_bytes("all-reduce", beside, n)
+        return len(sizes), apart
+    return 1, per_device_bytes("all-reduce", size + beside, n)
 
 
 def per_device_bytes(kind: str, block: float, n: int, *, whole: bool = False

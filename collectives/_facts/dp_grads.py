@@ -32,13 +32,14 @@ import jax
 import jax.numpy as jnp
 
 from collectives import _compat
-from collectives._costs import fixed
+from collectives._costs import unreduced_sum
 from collectives._layout import Axes
 from collectives._layout import make_spec
 from collectives._layout import on_axes
 from collectives._recipe import WIDE_FLOATS
 from collectives._recipe import Recipe
 from collectives._registry import register
+from collectives.hlo import Expectation
 from collectives.recipes import dp_grads as file
 
 mse = file.mse
@@ -149,8 +150,24 @@ def check_grads_args(axes: Axes, args) -> None:
             f"({x_shape[0]}, {o}).")
 
 
+def mesh_sizes(axes: Axes) -> list[int]:
+    """The sizes of the collective axes, in their order."""
+    return [axes.mesh.shape[name] for name in axes.names]
+
+
+def _grads_cost_model(axes: Axes, args, form: str) -> Expectation:
+    """One all-reduce of the gradients (XLA combines dw and db). The explicit
+    form's deferred sum: one per data axis from JAX 0.12.1
+    (:func:`collectives._costs.unreduced_sum`)."""
+    del args
+    if form == "explicit" and _compat.UNREDUCED_GRADIENTS_CHECKED:
+        count, _ = unreduced_sum(0, mesh_sizes(axes))
+        return Expectation({"all-reduce": count})
+    return Expectation({"all-reduce": 1})
+
+
 dp_grads = register(Recipe(
-    name="dp_grads", recipe_file="dp_grads.py", cost_model=fixed({"all-reduce": 1}),
+    name="dp_grads", recipe_file="dp_grads.py", cost_model=_grads_cost_model,
     summary="data-parallel gradient of a linear model's MSE: grads averaged by pmean",
     body=file.dp_grads_body, program=on_axes(file.dp_grads_program),
     # the deferred sum where JAX sums unreduced gradients, else jax.grad's own

@@ -52,6 +52,7 @@ from jax.sharding import PartitionSpec as P
 
 from collectives._costs import compiled_for
 from collectives._costs import per_device_bytes
+from collectives._costs import unreduced_sum
 from collectives._facts.dp_grads import deferred_sum_reason
 from collectives._facts.dp_grads import microbatch_count
 from collectives._facts.dp_tp_mlp import Params
@@ -261,7 +262,8 @@ def _cost_model(model: bool):
                       for b in gathered[0])
         loss = per_device_bytes("all-reduce", x.itemsize, n)
         if form == "explicit":
-            return _deferred_expectations(blocks, n, len(over_model),
+            sizes = [axes.mesh.shape[name] for name in axis_tuple(data)]
+            return _deferred_expectations(blocks, sizes, len(over_model),
                                           microbatch_count(rows), x.itemsize, tp)
         as_written = Expectation(
             {"all-gather": len(gathered[0]) + len(gathered[1]),
@@ -287,8 +289,9 @@ def _cost_model(model: bool):
     return fact
 
 
-def _deferred_expectations(blocks: dict[str, int], n: int, sums: int, m: int,
-                           itemsize: int, tp: float) -> tuple[Expectation, ...]:
+def _deferred_expectations(blocks: dict[str, int], sizes: list[int], sums: int,
+                           m: int, itemsize: int, tp: float
+                           ) -> tuple[Expectation, ...]:
     """The explicit form, the reduce-scatter deferred across ``m``
     microbatches: one all-gather of each parameter's block (to its layout as
     used, typed reduced over the data axis) and one reduce-scatter of each
@@ -296,13 +299,17 @@ def _deferred_expectations(blocks: dict[str, int], n: int, sums: int, m: int,
     ``sums`` activation all-reduces over the model axis per microbatch (as
     many bytes in all, in ``sums`` to ``m * sums`` ops as XLA combines
     them). XLA:CPU writes the reduce-scatters, with the loss, as one
-    all-reduce of the whole gradients plus dynamic-slices."""
+    all-reduce of the whole gradients plus dynamic-slices (from JAX 0.12.1
+    one per data axis of ``sizes``, and the loss's apart:
+    :func:`collectives._costs.unreduced_sum`)."""
+    n = math.prod(sizes)
     gathers = sum(per_device_bytes("all-gather", b, n) for b in blocks.values())
     counts = range(sums, m * sums + 1)
     if compiled_for() == "cpu":
-        grads = per_device_bytes("all-reduce", itemsize + n * sum(blocks.values()), n)
+        reduces, grads = unreduced_sum(n * sum(blocks.values()), sizes,
+                                       beside=itemsize)
         return tuple(Expectation(
-            {"all-gather": len(blocks), "all-reduce": 1 + k},
+            {"all-gather": len(blocks), "all-reduce": reduces + k},
             {"all-gather": gathers, "all-reduce": grads + tp}) for k in counts)
     scatter = sum(per_device_bytes("reduce-scatter", b * n, n, whole=True)
                   for b in blocks.values())

@@ -50,9 +50,11 @@ import jax
 import numpy as np
 
 from collectives._costs import per_device_bytes
+from collectives._costs import unreduced_sum
 from collectives._facts.dp_grads import check_grads_args
 from collectives._facts.dp_grads import deferred_sum_reason
 from collectives._facts.dp_grads import grads_shapes
+from collectives._facts.dp_grads import mesh_sizes
 from collectives._facts.dp_grads import microbatch_count
 from collectives._layout import Axes
 from collectives._layout import make_spec
@@ -143,12 +145,17 @@ def _n_terms(axes: Axes) -> int:
 def _cost_model(axes: Axes, args, form: str) -> Expectation:
     """Inside the scan (one while loop): one all-reduce per step of the loss
     and the gradients together (XLA combines them); the HLO text holds it
-    once. The Adam state never moves: every device updates its copy."""
-    del form
+    once. The Adam state never moves: every device updates its copy. The
+    explicit form's deferred sum of the gradients: one all-reduce per data
+    axis, and the loss's apart, from JAX 0.12.1
+    (:func:`collectives._costs.unreduced_sum`)."""
     params, x, _ = args
-    size = (1 + sum(np.size(v) for v in params.values())) * x.itemsize
-    return Expectation({"all-reduce": 1},
-                       {"all-reduce": per_device_bytes("all-reduce", size, axes.size)})
+    grads = sum(np.size(v) for v in params.values()) * x.itemsize
+    if form == "explicit":
+        count, sent = unreduced_sum(grads, mesh_sizes(axes), beside=x.itemsize)
+        return Expectation({"all-reduce": count}, {"all-reduce": sent})
+    return Expectation({"all-reduce": 1}, {"all-reduce": per_device_bytes(
+        "all-reduce", grads + x.itemsize, axes.size)})
 
 
 dp_adam = register(Recipe(
