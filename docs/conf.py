@@ -56,7 +56,8 @@ myst_heading_anchors = 3
 
 NUMBER_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven",
                 "eight", "nine", "ten", "eleven", "twelve", "thirteen", "fourteen",
-                "fifteen", "sixteen", "seventeen", "eighteen", "nineteen", "twenty")
+                "fifteen", "sixteen", "seventeen", "eighteen", "nineteen", "twenty",
+                "twenty-one")
 
 
 def pitfall_count() -> int:

@@ -26,8 +26,10 @@ real error or the wrong number) and the fix:
       unreduced={'i'})``); reading it on the host returns device 0's partial
       sum, silently, up to JAX 0.10.0, and raises from 0.10.1
       (NotImplementedError "device_indices_map doesn't work with unreduced";
-      0.12: JaxRuntimeError "Unreduced sharding does not support
-      UniqueIndexDomains"). Fix: reshard to ``P()`` before returning.
+      0.12.0.1: JaxRuntimeError "Unreduced sharding does not support
+      UniqueIndexDomains"; 0.12.1: RuntimeError "Fetching value for
+      `jax.Array` that is unreduced is not allowed"). Fix: reshard to
+      ``P()`` before returning.
   19. A shard_map manual over one axis of a 2-D mesh (``axis_names={"X"}``,
       ``"Y"`` left to the compiler), whose input is sharded over both
       (``f32[8@X, 8@Y]``), all-gathers ``"Y"`` before the body on JAX 0.10.1
@@ -39,6 +41,13 @@ real error or the wrong number) and the fix:
       raises: "ValueError: The context mesh ... should match the mesh passed
       to shard_map" (every release; ``jax.pmap`` too). Fix: ``with
       jax.set_mesh(other):`` around the call (then ``mesh=`` may be left out).
+  21. From JAX 0.12.1, a value unreduced over two axes (a gradient whose sum
+      over the data axes ``("X", "Y")`` is deferred) is summed by
+      ``reshard(g, P())`` one axis at a time: an all-reduce over ``"Y"``,
+      then one over ``"X"``, 2.5 times the gradient's bytes per device where
+      one all-reduce over both sends 1.75 times. Fix: sum it in a shard_map,
+      ``lax.psum(g, ("X", "Y"))`` with ``in_specs=P(unreduced={"X", "Y"})``:
+      one all-reduce on every release.
 
 Which form when: the explicit form is the jit form with the shardings in the
 types, so every one of these is the compiler asking the program to say what
@@ -227,6 +236,42 @@ def partial_products_returned(a, b, mesh):
             a, b, out_sharding=P(None, None, unreduced={"i"})))(a, b)
 
 
+DEFERRED_GRADIENT_SINCE = (0, 9, 1)  # before, a reduced parameter's grad raises
+
+
+def grad_summed_by_reshard(mesh_2d):
+    # Pitfall 21: w: f32[d, o], typed reduced over both axes; x: f32[b@(X,Y),
+    # d]. The gradient of sum(x @ w) is unreduced over ("X", "Y"), and one
+    # reshard to P() sums it: JAX 0.12.1 compiles one all-reduce per axis.
+    # Call it, and place its inputs (deferred_inputs), inside
+    # `with jax.set_mesh(mesh_2d)`.
+    return _deferred_grad(lambda g: jax.sharding.reshard(g, P()))
+
+
+def grad_summed_by_psum(mesh_2d):
+    # Fix 21: the same sum said in a shard_map: one all-reduce over both axes.
+    def psum_both(g):
+        unreduced = P(*[None] * g.ndim, unreduced=set(mesh_2d.axis_names))
+        return jax.shard_map(lambda g: lax.psum(g, mesh_2d.axis_names),
+                             in_specs=unreduced, out_specs=P())(g)
+    return _deferred_grad(psum_both)
+
+
+def _deferred_grad(total):
+    @jax.jit
+    def f(w, x):
+        names = set(jax.typeof(x).sharding.spec[0])  # the batch's axes
+        held = jax.sharding.reshard(w, P(None, None, reduced=names))
+        return total(jax.grad(lambda w: jnp.sum(x @ w))(held))
+    return f
+
+
+def deferred_inputs(w, x, mesh_2d):
+    """w replicated, x's rows split over both axes of ``mesh_2d``."""
+    return (jax.device_put(w, NamedSharding(mesh_2d, P())),
+            jax.device_put(x, NamedSharding(mesh_2d, P(mesh_2d.axis_names))))
+
+
 def sum_over_x_jit(mesh):
     # Fix 19 without shard_map: x: f32[8@X, 8@Y] -> [4@X, 2, 8@Y] -> sum over
     # the "X" blocks: one all-reduce of f32[2, 4], "Y" stays sharded.
@@ -358,6 +403,26 @@ def main():
                                       err_msg=fix.__name__)
     assert jax.sharding.get_abstract_mesh() == mesh.abstract_mesh
     print("    with jax.set_mesh(mesh_2d): ... ->", [float(x.sum())])
+
+    if jax.__version_info__[:3] < DEFERRED_GRADIENT_SINCE:
+        print("21. a gradient unreduced over two axes: JAX",
+              jax.__version__, "refuses a reduce_sum of an unreduced value")
+    else:
+        w, rows = np.ones((5, 3), np.float32), y[:, :5]  # rows: [8@(X,Y), 5]
+        with jax.set_mesh(mesh_2d):
+            inputs = deferred_inputs(w, rows, mesh_2d)
+            for label, program in (("21. a gradient unreduced over ('X', 'Y'), "
+                                    "reshard to P() (one per axis from JAX 0.12.1) ->",
+                                    grad_summed_by_reshard),
+                                   ("    the same sum in a shard_map, psum ->",
+                                    grad_summed_by_psum)):
+                f = program(mesh_2d)
+                np.testing.assert_array_equal(np.asarray(f(*inputs))[:, 0],
+                                              rows.sum(0), err_msg=program.__name__)
+                text = f.lower(*inputs).compile().as_text()
+                count = text.count(" all-reduce(") + text.count(" all-reduce-start(")
+                print(label, count, "all-reduce(s)")
+
     print("ok: every fix agrees with NumPy on Explicit axes (auto_axes, "
           "out_sharding, reshard, partial sums reduced before they leave jit, "
           "shard_maps manual over every sharded axis and run on their own mesh)")

@@ -91,8 +91,9 @@ def test_pitfall_18_unreduced_array_out_of_jit(edges, mesh):
         np.testing.assert_array_equal(np.asarray(out), A[:, :2] @ B[:2])
         assert np.asarray(out)[:, 0].tolist() == [1.0, 33.0]
     else:
-        with pytest.raises((NotImplementedError, jax.errors.JaxRuntimeError),
-                           match=r"[Uu]nreduced"):
+        # NotImplementedError (0.10.1 to 0.11.2), JaxRuntimeError (0.12.0.1),
+        # RuntimeError (0.12.1): each names the unreduced state
+        with pytest.raises((NotImplementedError, RuntimeError), match=r"[Uu]nreduced"):
             np.asarray(out)
     np.testing.assert_array_equal(
         np.asarray(edges.partial_products_reduced(A, B, mesh)), want)
@@ -171,6 +172,35 @@ def test_pitfall_20_needs_a_context_mesh(edges, mesh_2d):
     assert jax.sharding.get_abstract_mesh().empty
     np.testing.assert_array_equal(np.asarray(edges.total_shard_map(X, mesh_2d)),
                                   [X.sum()])
+
+
+@pytest.mark.skipif(not _compat.UNREDUCED_GRADIENTS_CHECKED,
+                    reason="a reduce_sum of an unreduced value is refused before "
+                           "JAX 0.9.1: no deferred gradient to sum")
+def test_pitfall_21_a_sum_deferred_over_two_axes_is_one_all_reduce_per_axis(
+        edges, mesh_2d):
+    w = np.ones((5, 3), np.float32)
+    x = np.arange(40.0, dtype=np.float32).reshape(8, 5)  # [8@(X,Y), 5]
+    want = np.repeat(x.sum(0)[:, None], 3, axis=1)  # d/dw sum(x @ w)
+    assert want[:, 0].tolist() == [140.0, 148.0, 156.0, 164.0, 172.0]
+    with jax.set_mesh(mesh_2d):
+        inputs = edges.deferred_inputs(w, x, mesh_2d)
+        found = {}
+        for program in (edges.grad_summed_by_reshard, edges.grad_summed_by_psum):
+            f = program(mesh_2d)
+            got = f(*inputs)
+            np.testing.assert_array_equal(np.asarray(got), want, program.__name__)
+            assert got.sharding.spec == P(None, None)
+            found[program.__name__] = [
+                (op.kind, op.mesh_axes(mesh_2d), op.operand_bytes)
+                for op in collective_stats(f, *inputs).ops]
+    one = [("all-reduce", ("X", "Y"), 5 * 3 * 4)]
+    assert found["grad_summed_by_psum"] == one
+    if _compat.UNREDUCED_SUM_PER_AXIS:  # JAX 0.12.1 and later
+        assert found["grad_summed_by_reshard"] == [
+            ("all-reduce", ("Y",), 5 * 3 * 4), ("all-reduce", ("X",), 5 * 3 * 4)]
+    else:
+        assert found["grad_summed_by_reshard"] == one
 
 
 def test_error_line_names_the_exception(edges, mesh):
