@@ -353,6 +353,42 @@ def test_unknown_names_fail_clearly(capsys):
     assert "--budget: '-1': expected seconds, 0 or more" in capsys.readouterr().err
 
 
+
+@pytest.mark.parametrize("sizes, error, message", [
+    ([0], ValueError, "sizes: 0 bytes is no buffer"),
+    ([64, -8], ValueError, "sizes: -8 bytes is no buffer"),
+    ([1.5], TypeError, "sizes: 1.5 is not a whole number of bytes"),
+    ([True], TypeError, "sizes: True is not a whole number"),
+    (1024, TypeError, r"sizes=1024: expected a list of sizes in bytes\. Fix: e\.g\."),
+    ("1K", TypeError, "sizes='1K': expected a list"),
+    ([], ValueError, r"sizes=\[\]: no size to time"),
+    ([10**15], ValueError, r"sizes: \S+ a device over 8 devices needs [\d,]+ GiB"),
+])
+def test_sizes_are_refused_before_any_work(sizes, error, message, capsys):
+    with pytest.raises(error, match=message):
+        bench.run(("psum",), ("jit",), sizes=sizes, out=sys.stdout, **FAST)
+    assert capsys.readouterr().out == ""  # no heading, no row
+
+
+def test_a_narrowed_dtype_is_refused_and_a_name_alone_is_one_name():
+    if not jax.config.jax_enable_x64:
+        with pytest.raises(ValueError, match=r"--dtype complex128: computed as "
+                           r"complex64 while 64-bit types are off.*Fix: --x64"):
+            bench.run(("psum",), ("jit",), sizes=(64,), dtype="complex128", **FAST)
+    doc = bench.run("psum", "jit", sizes=(64,), **FAST)
+    assert [(r["collective"], r["form"]) for r in doc["results"]] == [
+        ("psum", "copy"), ("psum", "jit")]
+    assert all(r["wrong"] == 0 for r in doc["results"])
+
+
+def test_a_size_beyond_memory_is_refused_on_the_command_line(capsys):
+    assert main(["bench", "-c", "psum", "-b", "4096G", "-e", "4096G", "-q"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert err[0].startswith(
+        "error: sizes: 4096G a device over 8 devices needs 65,536 GiB"), err
+
+
 # Per device: psum's argument and output are the buffer S; all_gather's
 # argument is S / 8 (S is the gathered output); the copy row has no program.
 MEMORY = {"psum": (1, 1), "all_gather": (1 / 8, 1), "psum_scatter": (1, 1 / 8)}

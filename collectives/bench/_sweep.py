@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import platform
 import re
+from collections.abc import Iterable
 from collections.abc import Sequence
 from typing import Any
 from typing import TextIO
@@ -12,6 +13,8 @@ from typing import TextIO
 import jax
 import numpy as np
 
+from collectives._args import memory_bytes
+from collectives._arrays import narrowed
 from collectives._devices import make_mesh
 from collectives.bench import _cases
 from collectives.bench import _report
@@ -116,12 +119,67 @@ def _row(case: _cases.Case, form: str, timing: Timing, wrong: int,
 
 
 def dtype_name_of(dtype: Any) -> str:
+    """The name of the dtype every buffer is made of.
+
+    Raises:
+      ValueError: ``dtype`` is no dtype, or a 64-bit one JAX would compute in
+        its 32-bit twin (``jax_enable_x64`` off): a row would be labelled
+        with a type it never ran.
+    """
     try:
-        return np.dtype(jax.dtypes.canonicalize_dtype(dtype)).name
+        wanted = np.dtype(dtype)
     except TypeError:
         raise ValueError(
             f"--dtype: {dtype!r} is not a dtype; use a NumPy name such as "
             "float32, bfloat16 or int32.") from None
+    twin = narrowed(wanted)
+    if twin:
+        raise ValueError(
+            f"--dtype {wanted.name}: computed as {twin} while 64-bit types are "
+            "off, and its rows would say otherwise. Fix: --x64 (in Python, "
+            "jax.config.update('jax_enable_x64', True) before any JAX "
+            f"operation), or {twin}.")
+    return wanted.name
+
+
+def _names(given: str | Sequence[str]) -> list[str]:
+    """A name alone or a list of names, as a list (a string is one name)."""
+    return [given] if isinstance(given, str) else list(given)
+
+
+def checked_sizes(sizes: Sequence[int], n_devices: int) -> list[int]:
+    """``sizes`` as a list of byte counts a device, checked before any work.
+
+    Raises:
+      TypeError: ``sizes`` is not a list of whole numbers.
+      ValueError: it is empty, a size is below 1 byte, or the largest size's
+        buffers (an input and a result on every device, at least) would not
+        fit this machine's memory.
+    """
+    if isinstance(sizes, (str, bytes)) or not isinstance(sizes, Iterable):
+        raise TypeError(
+            f"sizes={sizes!r}: expected a list of sizes in bytes. Fix: e.g. "
+            "sizes=[1024, 65536] (bench.parse_size('64K') reads a size's text).")
+    sizes = list(sizes)
+    if not sizes:
+        raise ValueError("sizes=[]: no size to time. Fix: e.g. sizes=[1024].")
+    for size in sizes:
+        if isinstance(size, bool) or not isinstance(size, (int, np.integer)):
+            raise TypeError(
+                f"sizes: {size!r} is not a whole number of bytes. Fix: e.g. "
+                "sizes=[1024] (bench.parse_size('1K') reads a size's text).")
+        if size < 1:
+            raise ValueError(
+                f"sizes: {size} bytes is no buffer. Fix: sizes of 1 byte or more "
+                "(a row holds at least one element a device).")
+    need, have = 2 * max(sizes) * n_devices, memory_bytes()
+    if need > have:
+        raise ValueError(
+            f"sizes: {format_size(max(sizes))} a device over {n_devices} devices "
+            f"needs {need / 2**30:,.0f} GiB at least (an input and a result); "
+            f"this machine has {have / 2**30:,.0f} GiB. Fix: a smaller size "
+            "(-e on the command line).")
+    return [int(size) for size in sizes]
 
 
 def _check_names(collectives: Sequence[str], forms: Sequence[str]) -> None:
@@ -145,10 +203,13 @@ def run(collectives: Sequence[str] = DEFAULT_COLLECTIVES,
     """Run the sweep on a 1-D mesh over every device; return the JSON document.
 
     Args:
-      collectives: recipe names (``psum``, ``all_gather``, ...).
+      collectives: recipe names (``psum``, ``all_gather``, ...); one name
+        alone is one collective.
       forms: among ``pmap``, ``shard_map``, ``jit``, ``ring``.
-      dtype: element type of every buffer.
-      sizes: target sizes ``S`` in bytes (rounded to whole elements per device).
+      dtype: element type of every buffer (a 64-bit type needs
+        ``jax_enable_x64``).
+      sizes: target sizes ``S`` in bytes a device, whole numbers of 1 or more
+        (rounded to whole elements per device).
       samples: timed calls per row at least (the median and its interval
         are over them); more are taken until every row's interval is within
         ``precision`` or ``budget`` runs out.
@@ -172,7 +233,10 @@ def run(collectives: Sequence[str] = DEFAULT_COLLECTIVES,
       collective and form swept over 3 sizes or more.
 
     Raises:
-      ValueError: an unknown collective or form, or bad sampling settings.
+      ValueError: an unknown collective or form, a dtype JAX would narrow,
+        a size below 1 byte or beyond this machine's memory, or bad sampling
+        settings.
+      TypeError: ``sizes`` is not a list of whole numbers.
 
     Examples:
       >>> from collectives import bench
@@ -183,8 +247,10 @@ def run(collectives: Sequence[str] = DEFAULT_COLLECTIVES,
       >>> bench.schema_errors(doc)
       []
     """
+    collectives, forms = _names(collectives), _names(forms)
     _check_names(collectives, forms)
     dtype_name = dtype_name_of(dtype)
+    sizes = checked_sizes(sizes, jax.device_count())
     axes = _cases.RECIPES["psum"].axes(make_mesh((jax.device_count(),), "i"))
     stopping = Stopping(precision=precision, budget=budget, min_samples=samples,
                         max_samples=max(samples, max_samples))
