@@ -109,7 +109,8 @@ def check(
 
     Args:
       names: recipe names, or one name (default: all of :data:`RECIPES`).
-      dtypes: input dtypes to try; recipes skip dtypes they do not accept.
+      dtypes: input dtypes to try, or one dtype; recipes skip dtypes they do
+        not accept.
       configs: ``(mesh_shape, mesh_names, axis)`` triples; default
         :func:`standard_configs`.
       seed: seed for the random inputs.
@@ -136,7 +137,9 @@ def check(
     Raises:
       KeyError: a name is not a registered recipe.
       ValueError: a 64-bit dtype while ``jax_enable_x64`` is off (JAX would
-        compute in its 32-bit twin).
+        compute in its 32-bit twin); ``dims`` below 1 or whose inputs cannot
+        fit this machine's memory.
+      TypeError: ``dims`` is not a list of whole numbers.
       TypeError: ``forms`` does not take ``(recipe, axes)``; the message
         names the hook and the fix (read ``axes.mesh`` and ``axes.axis``).
       KernelTimeout: a kernel was stopped but still holds XLA:CPU's threads
@@ -156,6 +159,8 @@ def check(
         if name not in RECIPES:
             raise KeyError(
                 no_recipe(name))
+    if isinstance(dtypes, str):  # one dtype's name
+        dtypes = [dtypes]
     for dtype in dtypes:
         twin = narrowed(dtype)
         if twin:
@@ -164,6 +169,9 @@ def check(
                 "types are off, and its rows would say otherwise. Fix: call "
                 "jax.config.update('jax_enable_x64', True) before any JAX "
                 f"operation (or set JAX_ENABLE_X64=1), or pass {twin!r}.")
+    if dims is not None:
+        dims = _checked_dims(dims)
+        _fits_in_memory(dims, dtypes, configs or standard_configs())
     forms_for = _forms_hook(forms)
     rows = []
     for name in chosen:
@@ -424,6 +432,29 @@ def _fits_in_memory(dims: Sequence[int] | None, dtypes: Sequence[str],
             f"{COPIES} copies, need {need / 2**30:,.0f} GiB; this machine has "
             f"{have / 2**30:,.0f} GiB. Fix: smaller --dims (256 1024 is 1 MiB of "
             "float32 a device).")
+
+
+def _checked_dims(dims: Sequence[int]) -> tuple[int, ...]:
+    """``check(dims=...)`` as a tuple of block sizes, each a whole number >= 1.
+
+    Raises:
+      TypeError, ValueError: naming the value and the fix.
+    """
+    example = "Fix: e.g. dims=(256, 1024) (--dims 256 1024 on the command line)."
+    if isinstance(dims, (str, bytes)) or not isinstance(dims, Iterable):
+        raise TypeError(f"check(dims={dims!r}): expected a list of block sizes. "
+                        + example)
+    dims = tuple(dims)
+    if not dims:
+        raise ValueError("check(dims=()): no block size. " + example)
+    for size in dims:
+        if isinstance(size, bool) or not isinstance(size, (int, np.integer)):
+            raise TypeError(f"check(dims={dims!r}): {size!r} is not a whole "
+                            "number. " + example)
+        if size < 1:
+            raise ValueError(f"check(dims={dims!r}): {size} elements is no block. "
+                             + example)
+    return tuple(int(size) for size in dims)
 
 
 def _positive_int(text: str) -> int:

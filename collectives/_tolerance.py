@@ -19,6 +19,8 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
+from collectives._arrays import as_dtype
+
 
 def tolerance(dtype: Any, n_terms: int = 1) -> tuple[float, float]:
     """``(rtol, atol)`` for a result of ``dtype`` built from ``n_terms`` roundings.
@@ -36,6 +38,7 @@ def tolerance(dtype: Any, n_terms: int = 1) -> tuple[float, float]:
 
     Raises:
       ValueError: ``n_terms`` is negative.
+      TypeError: ``dtype`` is not a dtype, or ``n_terms`` not an int.
 
     Examples:
       >>> from collectives.testing import tolerance
@@ -54,7 +57,7 @@ def tolerance(dtype: Any, n_terms: int = 1) -> tuple[float, float]:
     if n_terms < 0:
         raise ValueError(
             f"n_terms: expected a count of rounded operations (>= 0), got {n_terms}.")
-    dtype = np.dtype(dtype)
+    dtype = as_dtype(dtype)
     if not jnp.issubdtype(dtype, jnp.inexact) or n_terms == 0:
         return 0.0, 0.0
     eps = float(jnp.finfo(dtype).eps)

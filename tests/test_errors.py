@@ -106,6 +106,29 @@ def test_check_refuses_a_64_bit_dtype_jax_would_narrow(dtype, twin):
         cx.check(["psum"], dtypes=[dtype], configs=[((8,), ("i",), None)])
 
 
+
+def test_check_takes_one_dtype_by_name_and_refuses_bad_dims_before_any_row():
+    one = [((8,), ("i",), None)]
+    rows = cx.check("psum", dtypes="float32", configs=one)
+    assert [(r.recipe, r.dtype, r.ok) for r in rows] == [("psum", "float32", True)]
+    for dims, error, words in [
+            ([0], ValueError, r"check\(dims=\(0,\)\): 0 elements is no block\. Fix:"),
+            ([4, -1], ValueError, "-1 elements is no block"),
+            ([2.5], TypeError, "2.5 is not a whole number"),
+            (256, TypeError, r"check\(dims=256\): expected a list of block sizes"),
+            ((), ValueError, "no block size"),
+            ([100000, 100000], ValueError, r"GiB.*Fix: smaller --dims")]:
+        with pytest.raises(error, match=words):
+            cx.check("psum", dims=dims, configs=one)
+
+
+def test_tolerance_names_a_dtype_it_cannot_read():
+    from collectives.testing import tolerance
+
+    with pytest.raises(TypeError, match=r"dtype 'floaty': not a NumPy or JAX "
+                                        r"dtype\. Fix:"):
+        tolerance("floaty")
+
 def test_a_check_row_of_an_error_without_a_message_says_where_it_was_raised():
     # A bare ``assert`` (JAX has some) reads "AssertionError: " and nothing
     # more; the row names the file, line and function instead.
