@@ -102,6 +102,10 @@ def compare_arrays(got: Any, want: Any, *, rtol: float, atol: Any
       ``(max_abs_difference, description)`` naming how many elements differ,
       the worst index, both values, the difference and what was allowed.
 
+    Raises:
+      ValueError: ``rtol`` or ``atol`` is not a finite number >= 0 (or an
+        array of them).
+
     Examples:
       >>> import numpy as np
       >>> from collectives.testing import compare_arrays
@@ -112,6 +116,14 @@ def compare_arrays(got: Any, want: Any, *, rtol: float, atol: Any
       >>> print(why)
       1 of 2 elements differ; worst at index (1,): got 2.5, want 2.0 (|diff| 0.5 ...
     """
+    check_tolerances("compare_arrays", rtol=rtol, atol=atol)
+    return _compare_arrays(got, want, rtol=rtol, atol=atol)
+
+
+def _compare_arrays(got: Any, want: Any, *, rtol: float, atol: Any
+                    ) -> tuple[float, str | None]:
+    # compare_arrays on tolerances this package derived (an infinite input
+    # scales a per-element atol to infinity, which must still compare)
     g = np.asarray(got)
     w = np.asarray(want)
     if g.shape != w.shape:
@@ -511,7 +523,7 @@ def _compare_results(name: str, result: Any, other: str, other_result: Any,
     worst = 0.0
     problems = []
     for (path, a), (_, b), leaf_atol in zip(leaves, other_leaves, atols, strict=True):
-        err, why = compare_arrays(a, b, rtol=rtol, atol=leaf_atol)
+        err, why = _compare_arrays(a, b, rtol=rtol, atol=leaf_atol)
         worst = max(worst, err)
         if why:
             reshaped = np.size(a) == np.size(b) and np.shape(a) != np.shape(b)

@@ -302,6 +302,21 @@ def test_check_kernel_names_a_kernel_that_is_not_a_function():
         check_kernel(None, np.ones(8))
     with pytest.raises(ValueError, match=r"check_kernel\(rtol=-0.5\)"):
         check_kernel(np.sum, np.ones(8), rtol=-0.5)
+    for limit in (-1, 0, float("inf"), float("nan"), "60", True):
+        with pytest.raises(ValueError, match=r"check_kernel\(limit_s=.*\): expected "
+                                             r"seconds.*Fix: pass e\.g\. limit_s=60"):
+            check_kernel(np.sum, np.ones(8), limit_s=limit)
+
+
+def test_compare_arrays_refuses_a_tolerance_that_is_no_tolerance():
+    from collectives.testing import compare_arrays
+
+    for given in ({"rtol": -1, "atol": 0}, {"rtol": 0, "atol": float("nan")},
+                  {"rtol": 0, "atol": np.array([0.0, -1.0])}):
+        with pytest.raises(ValueError, match=r"compare_arrays\((rtol|atol)=.*>= 0"):
+            compare_arrays(np.ones(2), np.ones(2), **given)
+    assert compare_arrays(np.ones(2), np.ones(2), rtol=0,
+                          atol=np.array([0.0, 1.0])) == (0.0, None)
 
 
 def test_check_takes_one_recipe_name_as_a_string():

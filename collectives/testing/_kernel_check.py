@@ -120,8 +120,8 @@ def check_kernel(fn: Callable[..., Any], *args: Any, expected: Any = None,
     Raises:
       KernelBugError: any run found anything; the message lists each finding
         under its DMA mode.
-      ValueError: a mode is not one of :data:`DMA_MODES`, or ``rtol`` or
-        ``atol`` is not a finite number >= 0.
+      ValueError: a mode is not one of :data:`DMA_MODES`, ``rtol`` or
+        ``atol`` is not a finite number >= 0, or ``limit_s`` not one above 0.
       TypeError: ``fn`` is not callable.
       NotImplementedError: this JAX predates the interpret mode the kernels
         need (0.10.2).
@@ -131,6 +131,11 @@ def check_kernel(fn: Callable[..., Any], *args: Any, expected: Any = None,
             f"check_kernel(fn={fn!r}): expected the function that runs the kernel "
             "(a callable taking *args). Fix: pass it first, then its arguments.")
     check_tolerances("check_kernel", rtol=rtol, atol=atol)
+    if limit_s is not None and (isinstance(limit_s, bool) or not isinstance(
+            limit_s, (int, float)) or not 0 < limit_s < float("inf")):
+        raise ValueError(
+            f"check_kernel(limit_s={limit_s!r}): expected seconds, a finite number "
+            "above 0. Fix: pass e.g. limit_s=60, or leave it out for the default.")
     unknown = [mode for mode in modes if mode not in DMA_MODES]
     if unknown or not modes:
         raise ValueError(
