@@ -233,10 +233,11 @@ def test_ranks_named_by_hand(ranks):
 
 
 def test_incomplete_options_are_refused(ranks):
+    # a usage error (exit 2, as parsed), not a job that could not be joined
     proc = ranks.start({}, "--coordinator", "127.0.0.1:1", "--", "check")
     code, out = ranks.wait(proc, bound=60)
-    assert code == _cluster.EXIT_NOT_JOINED
-    assert "--num-processes, --process-id missing" in out
+    assert code == 2, out
+    assert "--num-processes, --process-id missing" in out and "Fix:" in out
 
 
 # -- the benchmark across processes ------------------------------------------

@@ -61,6 +61,10 @@ REFUSED = {  # command line: words the one line must hold (flag, value, fix)
     "bench -r 10000000": ["--samples", "1,000,000", "Fix:"],
     "worker --coordinator 127.0.0.1:1234 --num-processes 2 --process-id 5 -- check": [
         "--process-id 5", "from 0 to 1", "Fix:"],
+    "worker --process-id 5 --num-processes 2 -- check psum": [
+        "--coordinator missing", "together", "Fix:"],
+    "worker --coordinator 127.0.0.1:1234 -- check": [
+        "--num-processes, --process-id missing", "Fix:"],
     "launch -n 2 -- python no_such_script.py": ["no script 'no_such_script.py'",
                                                 "Fix:"],
     "worker -- python no_such_script.py --flag": ["no script", "Fix:"],
