@@ -154,7 +154,7 @@ def checked_sizes(sizes: Sequence[int], n_devices: int) -> list[int]:
       TypeError: ``sizes`` is not a list of whole numbers.
       ValueError: it is empty, a size is below 1 byte, or the largest size's
         buffers (an input and a result on every device, at least) would not
-        fit this machine's memory.
+        fit this machine's memory (``n_devices``: those of this process).
     """
     if isinstance(sizes, (str, bytes)) or not isinstance(sizes, Iterable):
         raise TypeError(
@@ -250,7 +250,7 @@ def run(collectives: Sequence[str] = DEFAULT_COLLECTIVES,
     collectives, forms = _names(collectives), _names(forms)
     _check_names(collectives, forms)
     dtype_name = dtype_name_of(dtype)
-    sizes = checked_sizes(sizes, jax.device_count())
+    sizes = checked_sizes(sizes, jax.local_device_count())  # its buffers
     axes = _cases.RECIPES["psum"].axes(make_mesh((jax.device_count(),), "i"))
     stopping = Stopping(precision=precision, budget=budget, min_samples=samples,
                         max_samples=max(samples, max_samples))
