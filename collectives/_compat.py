@@ -207,6 +207,16 @@ all-reduce over the 8 devices sends 1.75 times (ring). Measured on 0.10.2,
 ``jax.shard_map(lambda g: lax.psum(g, ("i", "j")), in_specs=P(unreduced=
 {"i", "j"}), out_specs=P())``: one all-reduce on 0.12.1."""
 
+CACHED_PROGRAM_HANGS_ACROSS_PROCESSES = JAX_VERSION >= (0, 12, 1)
+"""From JAX 0.12.1, a multi-process CPU job (gloo collectives) whose rank 0
+reads a program back from the persistent compilation cache
+(``JAX_COMPILATION_CACHE_DIR``) waits forever in that program's first
+collective: the first run of a job (every rank compiles, rank 0 writes the
+entry) passes, the second hangs. Measured with two ranks of 4 CPU devices, a
+shard_map ``psum`` over 8: rank 0 reading the entry with rank 1 compiling
+hangs, rank 1 reading it with rank 0 compiling passes; 0.10.2 and 0.12.0.1
+pass every way. ``distributed`` joins such a job with the cache off."""
+
 PARTIAL_MANUAL_GATHERS_FREE_AXES = (0, 10, 1) <= JAX_VERSION < (0, 11, 2)
 """A shard_map manual over some axes of an Explicit mesh (``axis_names={"X"}``
 on a ``("X", "Y")`` mesh) whose input is sharded over a free axis too

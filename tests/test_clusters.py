@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from collectives import _compat
 from collectives.distributed import _cluster
 from collectives.distributed import _watch
 from helpers import ROOT
@@ -149,6 +150,24 @@ def test_two_ranks_of_a_faked_cluster_pass_check(ranks, cluster, tmp_path):
     for rank in range(2):
         assert "0 disagree" in (logs / f"rank-{rank}.log").read_text()
 
+
+@pytest.mark.multiprocess
+def test_a_job_run_again_with_a_warm_compilation_cache_passes(ranks, tmp_path):
+    # JAX 0.12.1: rank 0 reading a program back from the persistent cache
+    # waited forever in its first collective, so the second run hung; the
+    # ranks now join with the cache off there (and use it elsewhere)
+    cache = {"JAX_COMPILATION_CACHE_DIR": str(tmp_path / "cache"),
+             "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
+    for attempt in range(2):
+        port = _free_port()
+        procs = [ranks.start({**slurm_env(rank, 2, port), **cache}, "--cpu-devices",
+                             "4", "--", "check", "psum", rank=rank)
+                 for rank in range(2)]
+        (code0, out0), (code1, out1) = [ranks.wait(p, bound=60) for p in procs]
+        assert (code0, code1) == (0, 0), (attempt, out0 + out1)
+        assert "ok: all 2 ranks passed" in out0
+        noted = "persistent compilation cache" in out0
+        assert noted == _compat.CACHED_PROGRAM_HANGS_ACROSS_PROCESSES, out0
 
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("rank", [0, 1])

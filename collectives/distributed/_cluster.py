@@ -206,6 +206,7 @@ def join(target: Plan, *, startup_timeout: int, heartbeat_timeout: int,
     if target.loopback:
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
         _compat.use_loopback_gloo()
+    _cache_off_if_it_hangs(target)
     joined = threading.Event()
     _start_watchdog(target, startup_timeout, joined)
     _compat.initialize_distributed(
@@ -215,6 +216,22 @@ def join(target: Plan, *, startup_timeout: int, heartbeat_timeout: int,
         heartbeat_timeout=heartbeat_timeout, shutdown_timeout=shutdown_timeout,
         local_device_ids=target.local_device_ids)
     joined.set()
+
+
+def _cache_off_if_it_hangs(target: Plan) -> None:
+    """Turn JAX's persistent compilation cache off for a multi-process CPU job
+    on the releases where a program read back from it hangs
+    (:data:`collectives._compat.CACHED_PROGRAM_HANGS_ACROSS_PROCESSES`),
+    saying so in one line."""
+    cache = jax.config.jax_compilation_cache_dir
+    on_cpu = target.loopback or jax.config.jax_platforms == "cpu"
+    if not (_compat.CACHED_PROGRAM_HANGS_ACROSS_PROCESSES and cache and on_cpu
+            and target.num_processes > 1 and jax.config.jax_enable_compilation_cache):
+        return
+    jax.config.update("jax_enable_compilation_cache", False)
+    print(f"note: the persistent compilation cache ({cache}) is off for this job: "
+          f"on JAX {jax.__version__} a multi-process CPU program that rank 0 "
+          "reads back from it waits forever in its first collective.", flush=True)
 
 
 def not_joined_message(target: Plan, seconds: float) -> str:
