@@ -8,6 +8,7 @@ import sys
 from typing import Any
 
 from collectives import _args
+from collectives.distributed import _cluster
 from collectives.distributed import _launcher
 from collectives.distributed import _worker
 from collectives.distributed._results import LaunchError
@@ -134,16 +135,11 @@ def run_worker_command(args: argparse.Namespace) -> int:
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    given = {"--coordinator": args.coordinator,
-             "--num-processes": args.num_processes, "--process-id": args.process_id}
-    missing = [flag for flag, value in given.items() if value is None]
-    if 0 < len(missing) < len(given):  # a usage error: refused as parsed
-        raise _args.Refused(
-            f"{', '.join(missing)} missing: naming the job by hand needs "
-            "--coordinator HOST:PORT, --num-processes N and --process-id I "
-            "together (the same on every process but the id). Fix: give all "
-            "three, or none where a launcher (srun, mpirun) names the job.")
-    if not missing and not args.process_id < args.num_processes:
+    missing = _cluster.missing_options(args.coordinator, args.num_processes,
+                                       args.process_id)
+    if missing:  # a usage error: refused as parsed
+        raise _args.Refused(missing)
+    if args.process_id is not None and not args.process_id < args.num_processes:
         raise _args.Refused(
             f"--process-id {args.process_id}: expected a rank from 0 to "
             f"{args.num_processes - 1} (--num-processes {args.num_processes}). "

@@ -144,6 +144,21 @@ class Plan:
                 f"{self.coordinator}")
 
 
+def missing_options(coordinator: str | None, num_processes: int | None,
+                    process_id: int | None) -> str | None:
+    """Why options that name the job by hand are incomplete (some of the
+    three given, not all), or ``None``."""
+    given = {"--coordinator": coordinator, "--num-processes": num_processes,
+             "--process-id": process_id}
+    missing = [flag for flag, value in given.items() if value is None]
+    if not 0 < len(missing) < len(given):
+        return None
+    return (f"{', '.join(missing)} missing: naming the job by hand needs "
+            "--coordinator HOST:PORT, --num-processes N and --process-id I "
+            "together (the same on every process but the id). Fix: give all "
+            "three, or none where a launcher (srun, mpirun) names the job.")
+
+
 def plan(*, coordinator: str | None = None, num_processes: int | None = None,
          process_id: int | None = None, timeout: int = 60) -> Plan | None:
     """Whom this process should join; ``None`` if it runs alone.
@@ -156,17 +171,11 @@ def plan(*, coordinator: str | None = None, num_processes: int | None = None,
         options are incomplete.
     """
     seen = cluster_variables()
-    given = {"--coordinator": coordinator, "--num-processes": num_processes,
-             "--process-id": process_id}
-    if any(value is not None for value in given.values()):
-        missing = [flag for flag, value in given.items() if value is None]
-        if missing:
-            raise ClusterError(
-                f"{', '.join(missing)} missing: naming the job by hand needs "
-                "--coordinator HOST:PORT, --num-processes N and --process-id I "
-                "together (the same on every process but the id).")
-        assert coordinator is not None and num_processes is not None
-        assert process_id is not None
+    missing = missing_options(coordinator, num_processes, process_id)
+    if missing:
+        raise ClusterError(missing)
+    if coordinator is not None:  # all three given
+        assert num_processes is not None and process_id is not None
         if not 0 <= process_id < num_processes:
             raise ClusterError(
                 f"--process-id: expected 0 <= id < --num-processes "
