@@ -11,12 +11,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
+import numbers
 import os
 import shutil
 import stat
 import sys
 import tempfile
 from collections.abc import Callable
+from collections.abc import Iterable
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -53,6 +55,29 @@ def memory_bytes() -> int:
     except (ValueError, OSError, AttributeError):  # not a POSIX system
         return 2**40
 
+
+
+def counts(value: Any, *, label: str, unit: str, each: str, fix: str) -> list[int]:
+    """``value`` as a list of whole numbers of ``unit``, each 1 or more (an
+    API argument such as ``bench.run(sizes=...)``), checked before any work.
+
+    Raises:
+      TypeError: ``value`` is no list, or an item is no whole number.
+      ValueError: the list is empty, or an item is below 1; each message
+        names ``label``, the value, and ends with ``fix``.
+    """
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise TypeError(f"{label}={value!r}: expected a list of {each}s. {fix}")
+    items = list(value)
+    if not items:
+        raise ValueError(f"{label}={value!r}: no {each}. {fix}")
+    for item in items:
+        if isinstance(item, bool) or not isinstance(item, numbers.Integral):
+            raise TypeError(
+                f"{label}: {item!r} is not a whole number of {unit}. {fix}")
+        if item < 1:
+            raise ValueError(f"{label}: {item} {unit} is no {each}. {fix}")
+    return [int(item) for item in items]
 
 MAX_SEED = 2**32 - 1
 """NumPy's and JAX's seeds are unsigned 32-bit integers."""

@@ -170,7 +170,9 @@ def check(
                 "jax.config.update('jax_enable_x64', True) before any JAX "
                 f"operation (or set JAX_ENABLE_X64=1), or pass {twin!r}.")
     if dims is not None:
-        dims = _checked_dims(dims)
+        dims = _args.counts(dims, label="dims", unit="elements",
+                            each="block size", fix="Fix: e.g. dims=(256, 1024) "
+                            "(--dims 256 1024 on the command line).")
         _fits_in_memory(dims, dtypes, configs or standard_configs())
     forms_for = _forms_hook(forms)
     rows = []
@@ -432,29 +434,6 @@ def _fits_in_memory(dims: Sequence[int] | None, dtypes: Sequence[str],
             f"{COPIES} copies, need {need / 2**30:,.0f} GiB; this machine has "
             f"{have / 2**30:,.0f} GiB. Fix: smaller --dims (256 1024 is 1 MiB of "
             "float32 a device).")
-
-
-def _checked_dims(dims: Sequence[int]) -> tuple[int, ...]:
-    """``check(dims=...)`` as a tuple of block sizes, each a whole number >= 1.
-
-    Raises:
-      TypeError, ValueError: naming the value and the fix.
-    """
-    example = "Fix: e.g. dims=(256, 1024) (--dims 256 1024 on the command line)."
-    if isinstance(dims, (str, bytes)) or not isinstance(dims, Iterable):
-        raise TypeError(f"check(dims={dims!r}): expected a list of block sizes. "
-                        + example)
-    dims = tuple(dims)
-    if not dims:
-        raise ValueError("check(dims=()): no block size. " + example)
-    for size in dims:
-        if isinstance(size, bool) or not isinstance(size, (int, np.integer)):
-            raise TypeError(f"check(dims={dims!r}): {size!r} is not a whole "
-                            "number. " + example)
-        if size < 1:
-            raise ValueError(f"check(dims={dims!r}): {size} elements is no block. "
-                             + example)
-    return tuple(int(size) for size in dims)
 
 
 def _positive_int(text: str) -> int:

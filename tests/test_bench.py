@@ -355,13 +355,13 @@ def test_unknown_names_fail_clearly(capsys):
 
 
 @pytest.mark.parametrize("sizes, error, message", [
-    ([0], ValueError, "sizes: 0 bytes is no buffer"),
-    ([64, -8], ValueError, "sizes: -8 bytes is no buffer"),
+    ([0], ValueError, r"sizes: 0 bytes is no buffer size\. Fix: e\.g\."),
+    ([64, -8], ValueError, "sizes: -8 bytes is no buffer size"),
     ([1.5], TypeError, "sizes: 1.5 is not a whole number of bytes"),
     ([True], TypeError, "sizes: True is not a whole number"),
-    (1024, TypeError, r"sizes=1024: expected a list of sizes in bytes\. Fix: e\.g\."),
+    (1024, TypeError, r"sizes=1024: expected a list of buffer sizes\. Fix: e\.g\."),
     ("1K", TypeError, "sizes='1K': expected a list"),
-    ([], ValueError, r"sizes=\[\]: no size to time"),
+    ([], ValueError, r"sizes=\[\]: no buffer size\. Fix:"),
     ([10**15], ValueError, r"sizes: \S+ a device over 8 devices needs [\d,]+ GiB"),
 ])
 def test_sizes_are_refused_before_any_work(sizes, error, message, capsys):

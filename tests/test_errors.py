@@ -112,11 +112,12 @@ def test_check_takes_one_dtype_by_name_and_refuses_bad_dims_before_any_row():
     rows = cx.check("psum", dtypes="float32", configs=one)
     assert [(r.recipe, r.dtype, r.ok) for r in rows] == [("psum", "float32", True)]
     for dims, error, words in [
-            ([0], ValueError, r"check\(dims=\(0,\)\): 0 elements is no block\. Fix:"),
-            ([4, -1], ValueError, "-1 elements is no block"),
-            ([2.5], TypeError, "2.5 is not a whole number"),
-            (256, TypeError, r"check\(dims=256\): expected a list of block sizes"),
-            ((), ValueError, "no block size"),
+            ([0], ValueError, r"dims: 0 elements is no block size\. Fix: e\.g\. "
+                              r"dims=\(256, 1024\)"),
+            ([4, -1], ValueError, "dims: -1 elements is no block size"),
+            ([2.5], TypeError, "dims: 2.5 is not a whole number of elements"),
+            (256, TypeError, r"dims=256: expected a list of block sizes\. Fix:"),
+            ((), ValueError, r"dims=\(\): no block size\. Fix:"),
             ([100000, 100000], ValueError, r"GiB.*Fix: smaller --dims")]:
         with pytest.raises(error, match=words):
             cx.check("psum", dims=dims, configs=one)

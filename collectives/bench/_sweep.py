@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import platform
 import re
-from collections.abc import Iterable
 from collections.abc import Sequence
 from typing import Any
 from typing import TextIO
@@ -13,6 +12,7 @@ from typing import TextIO
 import jax
 import numpy as np
 
+from collectives._args import counts
 from collectives._args import memory_bytes
 from collectives._arrays import narrowed
 from collectives._devices import make_mesh
@@ -156,22 +156,9 @@ def checked_sizes(sizes: Sequence[int], n_devices: int) -> list[int]:
         buffers (an input and a result on every device, at least) would not
         fit this machine's memory (``n_devices``: those of this process).
     """
-    if isinstance(sizes, (str, bytes)) or not isinstance(sizes, Iterable):
-        raise TypeError(
-            f"sizes={sizes!r}: expected a list of sizes in bytes. Fix: e.g. "
-            "sizes=[1024, 65536] (bench.parse_size('64K') reads a size's text).")
-    sizes = list(sizes)
-    if not sizes:
-        raise ValueError("sizes=[]: no size to time. Fix: e.g. sizes=[1024].")
-    for size in sizes:
-        if isinstance(size, bool) or not isinstance(size, (int, np.integer)):
-            raise TypeError(
-                f"sizes: {size!r} is not a whole number of bytes. Fix: e.g. "
-                "sizes=[1024] (bench.parse_size('1K') reads a size's text).")
-        if size < 1:
-            raise ValueError(
-                f"sizes: {size} bytes is no buffer. Fix: sizes of 1 byte or more "
-                "(a row holds at least one element a device).")
+    sizes = counts(sizes, label="sizes", unit="bytes", each="buffer size",
+                   fix="Fix: e.g. sizes=[1024, 65536], sizes of 1 byte or more "
+                   "(bench.parse_size('64K') reads a size's text).")
     need, have = 2 * max(sizes) * n_devices, memory_bytes()
     if need > have:
         raise ValueError(
@@ -179,7 +166,7 @@ def checked_sizes(sizes: Sequence[int], n_devices: int) -> list[int]:
             f"needs {need / 2**30:,.0f} GiB at least (an input and a result); "
             f"this machine has {have / 2**30:,.0f} GiB. Fix: a smaller size "
             "(-e on the command line).")
-    return [int(size) for size in sizes]
+    return sizes
 
 
 def _check_names(collectives: Sequence[str], forms: Sequence[str]) -> None:
