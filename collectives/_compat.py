@@ -215,7 +215,13 @@ collective: the first run of a job (every rank compiles, rank 0 writes the
 entry) passes, the second hangs. Measured with two ranks of 4 CPU devices, a
 shard_map ``psum`` over 8: rank 0 reading the entry with rank 1 compiling
 hangs, rank 1 reading it with rank 0 compiling passes; 0.10.2 and 0.12.0.1
-pass every way. ``distributed`` joins such a job with the cache off."""
+pass every way. The cause, read from jaxlib's launch log
+(``TF_CPP_VMODULE=py_executable=1``): a program read back from the cache has
+another fingerprint than the same program compiled, and each launch's ID is
+counted from the fingerprint, so rank 0 launches with one ID and rank 1 with
+another; 0.12.1's CPU collectives match the ranks of a collective by that ID
+(0.12.0.1 shows the same two IDs and passes). ``distributed`` joins such a
+job with the cache off."""
 
 PARTIAL_MANUAL_GATHERS_FREE_AXES = (0, 10, 1) <= JAX_VERSION < (0, 11, 2)
 """A shard_map manual over some axes of an Explicit mesh (``axis_names={"X"}``
