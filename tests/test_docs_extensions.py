@@ -203,3 +203,23 @@ def test_the_browser_check_refuses_a_command_line_or_table_cut_on_a_desktop():
         WIDE_COMMAND, "python -m collectives check")
     narrow = narrow.replace(WIDE_TABLE, "<table><tr><td>a</td><td>1</td></tr></table>")
     assert _problems_at(narrow, (1400,)) == {1400: []}
+
+
+def test_every_kernels_dma_cost_is_found_in_the_facts_module_of_its_file(docs_ext):
+    # the kernels page reads each kernel's DmaCost from the facts module named
+    # like its recipe file, whatever that module calls the recipe itself
+    from kernel_diagrams import dma_cost_function
+
+    import collectives as cx
+    from collectives._facts._kernel import DmaCost
+
+    kernels = [name for name, recipe in RECIPES.items() if recipe.family == "kernel"]
+    assert len(kernels) >= 7, kernels
+    for name in kernels:
+        recipe = RECIPES[name]
+        mesh = cx.make_mesh((8,), "i")
+        axes = recipe.axes(mesh)
+        cost = dma_cost_function(name)(axes, recipe.example_args(mesh))
+        assert isinstance(cost, DmaCost) and cost.steps >= 1, (name, cost)
+        assert dma_cost_function(name).__module__ == (
+            f"collectives._facts.{Path(recipe.recipe_file).stem}"), name

@@ -26,7 +26,6 @@ from __future__ import annotations
 import ast
 import contextlib
 import importlib
-import pkgutil
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -69,20 +68,19 @@ def trace(name: str, srcdir: str | Path) -> tuple[Any, str]:
 
 def dma_cost_function(name: str) -> Any:
     """The ``dma_cost`` of the facts module that registers kernel ``name``
-    (``collectives._facts.kernel_*``): ``NAME_dma_cost`` where a module
-    registers several kernels, else ``dma_cost``."""
-    from collectives import _facts
+    (``collectives._facts.<file>``, named like the recipe file):
+    ``NAME_dma_cost`` where a module registers several kernels, else
+    ``dma_cost``."""
+    from collectives import RECIPES
 
-    for info in pkgutil.iter_modules(_facts.__path__):
-        if not info.name.startswith("kernel_"):
-            continue
-        module = importlib.import_module(f"collectives._facts.{info.name}")
-        if hasattr(module, name):
-            found = getattr(module, f"{name}_dma_cost", None) or getattr(
-                module, "dma_cost", None)
-            if found is not None:
-                return found
-    raise LookupError(f"kernel recipe {name!r}: no dma_cost in its facts module")
+    stem = Path(RECIPES[name].recipe_file).stem
+    module = importlib.import_module(f"collectives._facts.{stem}")
+    found = getattr(module, f"{name}_dma_cost", None) or getattr(
+        module, "dma_cost", None)
+    if found is None:
+        raise LookupError(f"kernel recipe {name!r}: no dma_cost in "
+                          f"collectives/_facts/{stem}.py")
+    return found
 
 
 def lax_recipe(name: str) -> Any:
