@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import sys
@@ -16,6 +17,7 @@ from collectives._registry import RECIPES
 from collectives.plan import _book as book
 from collectives.plan._model import DEFAULT_MODEL
 from collectives.plan._model import MODELS
+from collectives.plan._model import Model
 from collectives.plan._model import model_from
 from collectives.plan._plan import MAX_DEVICES
 from collectives.plan._plan import PRECISIONS
@@ -279,15 +281,40 @@ def _main(args: argparse.Namespace) -> int:
         return 0
     if args.scaling_book:
         return _scaling_book(args)
+    wanted = request(args, profiles)
+    return report(wanted, plans(wanted))
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    """One ``plan`` command, read from its flags once: what to plan on which
+    meshes and networks (``links[i]`` for ``meshes[i]``), with which options,
+    and where the report goes. Everything a flag can get wrong is refused
+    while it is built, before any compile."""
+
+    models: tuple[Model, ...]
+    meshes: tuple[dict[str, int], ...]
+    links: tuple[dict[str, Profile], ...]
+    recipes: tuple[str, ...]
+    options: dict[str, Any]
+    search: bool = False
+    memory: float | None = None
+    versus_bench: bool = False
+    json: str | None = None
+    plot: str | None = None
+
+
+def request(args: argparse.Namespace, profiles: dict[str, Profile]) -> Request:
+    """The :class:`Request` that ``args`` (parsed flags) make.
+
+    Raises:
+      ValueError: a flag's value, or flags that contradict each other.
+    """
     compiled_here = not (args.topology or args.target)
     for n in args.devices if not args.mesh and compiled_here else ():
         if n > MAX_DEVICES:
             raise ValueError(f"--devices: {n}; at most {MAX_DEVICES} (XLA's CPU "
                              "client refuses more).")
-    if args.mesh:
-        meshes = [args.mesh]
-    else:
-        meshes = [dict(zip(*default_mesh(n), strict=True)) for n in args.devices]
     if args.versus_bench and args.interconnect not in (None, MEASURED):
         raise ValueError("--versus-bench: compares bench's times here with the "
                          "measured profile; drop --interconnect.")
@@ -295,55 +322,95 @@ def _main(args: argparse.Namespace) -> int:
                                          else _target_interconnect(args))
     overrides = {f: getattr(args, f) for f in
                  ("width", "layers", "seq", "batch", "heads", "ffn", "dtype")}
-    models = [model_from(name, **overrides) for name in args.model]
+    models = tuple(model_from(name, **overrides) for name in args.model)
     recipes = _strategies(args.strategies)
+    options = {"form": args.form, "topology": args.topology, "target": args.target,
+               "precision": args.precision, "schedule": args.schedule,
+               "microbatches": args.microbatches, "timeout": args.timeout}
+    outputs = {"memory": args.memory_per_device, "json": args.json}
     if args.search:
-        return _search(args, models, recipes, interconnect, profiles)
-    links = interconnect_for(interconnect, meshes[0], profiles, args.remeasure)
-    plans: list[Plan] = []
+        meshes = _search_meshes(args)
+        # a strategy over every axis plans alike on each split: only those
+        # that use the model axis are searched
+        return Request(models, meshes, tuple(
+            interconnect_for(interconnect, mesh, profiles, args.remeasure)
+            for mesh in meshes),
+            tuple(n for n in recipes if RECIPES[n].plan.scope == "model"),
+            options, search=True, **outputs)
+    meshes = ((args.mesh,) if args.mesh else
+              tuple(dict(zip(*default_mesh(n), strict=True)) for n in args.devices))
     # --mesh gives one mesh; --devices gives data x model meshes: one set of
     # axis names, so one interconnect serves every plan of the run
-    for model in models:
-        for mesh in meshes:
-            result = plan(model, mesh, interconnect=links, recipes=recipes,
-                          **_plan_options(args))
-            plans.append(result)
-            if len(plans) > 1:
-                print()
-            print("\n".join(table_lines(result)), flush=True)
-    if len(plans) > 1 or args.memory_per_device:
-        print()
-        memory = args.memory_per_device
-        if memory:
-            print(f"# which strategy has the fastest predicted step among those "
-                  f"whose step fits in {size(memory)} per device:")
-        for line in crossovers(plans, memory):
-            print(line)
+    links = interconnect_for(interconnect, meshes[0], profiles, args.remeasure)
+    return Request(models, meshes, (links,) * len(meshes), tuple(recipes), options,
+                   versus_bench=args.versus_bench, plot=args.plot, **outputs)
+
+
+def _search_meshes(args: argparse.Namespace) -> tuple[dict[str, int], ...]:
+    """``plan --search``'s meshes: every data x model split of its devices."""
+    if args.mesh or len(args.devices) != 1:
+        raise ValueError("--search: give one --devices N (it tries every data x "
+                         "model split of them), not --mesh or several counts.")
+    devices = args.devices[0]
+    splits = [m for m in SEARCH_MODEL_AXES if devices % m == 0 and m < devices]
+    if not splits:
+        raise ValueError(f"--search: {devices} devices have no model axis of "
+                         f"{', '.join(map(str, SEARCH_MODEL_AXES))} with data "
+                         "beside it. Fix: pick a device count divisible by 4 or "
+                         "more.")
+    return tuple({"data": devices // m, "model": m} for m in splits)
+
+
+def plans(wanted: Request) -> list[Plan]:
+    """Every model on every mesh of ``wanted``, planned; each plan's table
+    printed as it is made (not for a search, which ranks them all at the
+    end)."""
+    out: list[Plan] = []
+    for model in wanted.models:
+        for mesh, links in zip(wanted.meshes, wanted.links, strict=True):
+            out.append(plan(model, mesh, interconnect=links,
+                            recipes=list(wanted.recipes), **wanted.options))
+            if not wanted.search:
+                if len(out) > 1:
+                    print()
+                print("\n".join(table_lines(out[-1])), flush=True)
+    return out
+
+
+def report(wanted: Request, made: Sequence[Plan]) -> int:
+    """What ``plan`` prints and writes after its plans: the search's ranking,
+    or the crossovers, the comparison with bench; the JSON and the plot. The
+    exit status: 1 where a cost model differs from XLA:CPU's program."""
     versus = []
-    if args.versus_bench:
-        for p in plans:
+    if wanted.search:
+        for line in search_lines(made, wanted.memory):
+            print(line)
+    else:
+        if len(made) > 1 or wanted.memory:
+            print()
+            if wanted.memory:
+                print(f"# which strategy has the fastest predicted step among "
+                      f"those whose step fits in {size(wanted.memory)} per device:")
+            for line in crossovers(made, wanted.memory):
+                print(line)
+        for p in made if wanted.versus_bench else ():
             mine = versus_bench(p)
             versus.append(mine)
             print(f"\n# {p.model.name} on {mesh_text(p.mesh)}: per compiled unit, "
                   "predicted (measured profile) and measured by bench here")
             print("\n".join(versus_lines(mine)))
-    if args.json:
-        _args.write_text_atomic(args.json, json.dumps(
-            _doc(plans) | ({"versus_bench": versus} if versus else {}), indent=1))
-    if args.plot:
-        plot(plans, args.plot, args.memory_per_device)
+    if wanted.json:
+        _args.write_text_atomic(wanted.json, json.dumps(
+            _doc(made) | ({"versus_bench": versus} if versus else {}), indent=1))
+    if wanted.plot:
+        plot(made, wanted.plot, wanted.memory)
+    if wanted.search:
+        return 0
     # a cost model that differs from XLA:CPU's program is a bug to fix; the
     # TPU compiler's own choices (combined, all-reduce-based gathers) are news
-    bad = [row for p in plans for row in p.rows if row.cost_model and not row.skipped
+    bad = [row for p in made for row in p.rows if row.cost_model and not row.skipped
            and p.compiler.startswith("XLA:CPU")]
     return 1 if bad else 0
-
-
-def _plan_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The flags :func:`plan` takes as they are, for every plan of a run."""
-    return {"form": args.form, "topology": args.topology, "target": args.target,
-            "precision": args.precision, "schedule": args.schedule,
-            "microbatches": args.microbatches, "timeout": args.timeout}
 
 
 def _target_interconnect(args: argparse.Namespace) -> str:
@@ -359,35 +426,6 @@ def _target_interconnect(args: argparse.Namespace) -> str:
             "ships. Fix: give --interconnect with a profile of yours (--profiles "
             "FILE; --list-profiles shows the fields).")
     return target.interconnect
-
-
-def _search(args: argparse.Namespace, models: Sequence[Any], recipes: list[str],
-            interconnect: str, profiles: dict[str, Profile]) -> int:
-    """``plan --search``: every data x model split, ranked by step time."""
-    if args.mesh or len(args.devices) != 1:
-        raise ValueError("--search: give one --devices N (it tries every data x "
-                         "model split of them), not --mesh or several counts.")
-    devices = args.devices[0]
-    splits = [m for m in SEARCH_MODEL_AXES if devices % m == 0 and m < devices]
-    if not splits:
-        raise ValueError(f"--search: {devices} devices have no model axis of "
-                         f"{', '.join(map(str, SEARCH_MODEL_AXES))} with data "
-                         "beside it. Fix: pick a device count divisible by 4 or "
-                         "more.")
-    whole = [name for name in recipes if RECIPES[name].plan.scope == "model"]
-    plans: list[Plan] = []
-    for model in models:
-        for m in splits:
-            mesh = {"data": devices // m, "model": m}
-            links = interconnect_for(interconnect, mesh, profiles, args.remeasure)
-            plans.append(plan(model, mesh, interconnect=links, recipes=whole,
-                              **_plan_options(args)))
-    memory = args.memory_per_device
-    for line in search_lines(plans, memory):
-        print(line)
-    if args.json:
-        _args.write_text_atomic(args.json, json.dumps(_doc(plans), indent=1))
-    return 0
 
 
 def search_lines(plans: Sequence[Plan], memory: float | None) -> list[str]:
