@@ -171,7 +171,7 @@ def _in_default_suite(file_name, found):
 
 
 @pytest.mark.parametrize("file_name,bug,old,new,found", [
-    pytest.param(*case, id=f"{case[0][7:-3]}: {case[1]}",
+    pytest.param(*case, id=f"{case[0][:-3]}: {case[1]}",
                  marks=() if _in_default_suite(case[0], case[4]) else pytest.mark.slow)
     for case in PLANTED])
 def test_each_planted_bug_is_caught(file_name, bug, old, new, found, monkeypatch,

@@ -4,7 +4,8 @@ strategy, kernel), each added by the steps that section lists and nothing
 else.
 
 ``python tools/contributing_trial.py DEST`` makes the copy at ``DEST`` and
-prints the recipes' names; CI runs the whole suite, the documentation build
+prints the recipe files' names (``recipes/<name>.py``; each recipe is
+``throwaway_<name>``); CI runs the whole suite, the documentation build
 (warnings as errors) and the browser check there, and
 ``tests/test_contributing.py`` runs ``list``, ``check``, ``show``, the
 gallery, the bench and the registry-driven suite on the recipes. A step that
@@ -777,7 +778,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.dest.exists():
         parser.error(f"dest: {args.dest} exists. Fix: name a path that does not")
     build(args.dest)
-    print(" ".join(NAMES))
+    print(" ".join(STEMS))
     return 0
 
 
