@@ -124,6 +124,11 @@ class Collective:
         opcode, else empty: the TPU compiler writes a large gather as an
         all-reduce of a zero-padded buffer (each device's block in place,
         zeros elsewhere), which moves a gather's bytes and counts as one.
+      phase: the pass of a training step that runs it, from the name JAX
+        gives the op (its ``op_name`` metadata): ``"backward"`` where the
+        op belongs to a VJP's transpose (JAX names those
+        ``transpose(jvp(...))``), ``"forward"`` for any other named op,
+        empty where the program names none.
     """
 
     kind: str
@@ -136,6 +141,7 @@ class Collective:
     axis_names: tuple[str, ...] = ()
     dtype: str = ""
     written: str = ""
+    phase: str = ""
 
     def mesh_axes(self, mesh: jax.sharding.Mesh) -> tuple[str, ...]:
         """The axes of ``mesh`` (the one the program was compiled for) that
@@ -282,6 +288,16 @@ _INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*)$")
 _ARRAY = re.compile(r"\b([a-z]+[0-9]*[a-z0-9]*)\[([^\]]*)\]")
 _OPCODE = re.compile(r"\s*([a-z][\w\-]*)\(")
 _NAME = re.compile(r"%([\w.\-]+)\s*$")
+_OP_NAME = re.compile(r'op_name="([^"]*)"')
+
+
+def _phase(attrs: str) -> str:
+    """The pass an op's ``op_name`` metadata places it in (see
+    :attr:`Collective.phase`)."""
+    named = _OP_NAME.search(attrs)
+    if not named:
+        return ""
+    return "backward" if "transpose(" in named.group(1) else "forward"
 _PARTITIONS = re.compile(r"\bnum_partitions=(\d+)")
 _REPLICAS = re.compile(r"\breplica_count=(\d+)")
 
@@ -456,7 +472,7 @@ def parse_collectives(text: str) -> CollectiveStats:
             n = len(groups[0]) if groups else devices
             size = in_bytes * n if kind in ("all-gather", "all-to-all") else in_bytes
         common = {"name": name, "group_size": n, "groups": groups,
-                  "axis_names": axis_names, "dtype": dtype}
+                  "axis_names": axis_names, "dtype": dtype, "phase": _phase(attrs)}
         if kind == "all-reduce":
             # the operands that are gathers written as sums (several, where
             # the compiler combined them): one gather, the rest one sum

@@ -297,3 +297,23 @@ def test_the_schedule_says_what_each_async_collective_runs_beside():
     assert found == {"ag": 2 * 2 * 8 * 4 * 16, "rs": 0.0}
     names = {op.name for op in parse_collectives(SCHEDULED).ops}
     assert set(found) <= names and "ar" in names
+
+
+def test_each_collective_names_the_pass_of_a_step_that_runs_it():
+    """JAX names a VJP's transposed ops ``transpose(jvp(...))``: a gather in
+    the forward pass, its transpose (a reduce-scatter) in the backward."""
+    mesh = cx.make_mesh((8,), "i")
+
+    def loss(w):
+        gathered = jax.lax.all_gather(w, "i", tiled=True)
+        return jax.lax.psum((gathered ** 2).sum(), "i")
+
+    step = jax.jit(jax.shard_map(jax.grad(loss), mesh=mesh, in_specs=jax.P("i"),
+                                 out_specs=jax.P("i")))
+    w = jax.device_put(np.ones(16, np.float32),
+                       jax.sharding.NamedSharding(mesh, jax.P("i")))
+    phases = {op.kind: op.phase for op in collective_stats(step, w).ops}
+    assert phases["all-gather"] == "forward"
+    assert phases["reduce-scatter"] == "backward"
+    # a program that names no op: no pass
+    assert {op.phase for op in parse_collectives(GPU_LIKE).ops} == {""}

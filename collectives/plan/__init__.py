@@ -17,6 +17,7 @@ from collectives.plan._plan import PlanRow
 from collectives.plan._plan import compile_units
 from collectives.plan._plan import default_mesh
 from collectives.plan._plan import plan
+from collectives.plan._plan import plan_each
 from collectives.plan._plan import planned_recipes
 from collectives.plan._profiles import Link
 from collectives.plan._profiles import Profile
@@ -44,6 +45,7 @@ __all__ = [
     "measured_profile",
     "model_from",
     "plan",
+    "plan_each",
     "planned_recipes",
     "read_profiles",
 ]

@@ -97,7 +97,8 @@ def compile_unit(recipe: Recipe, mesh: jax.sharding.Mesh, form: str, *,
 
     Returns:
       A JSON-ready dict: ``ops`` (one per compiled collective: ``kind``,
-      ``axes``, ``bytes``, ``group``), ``memory`` (the compiler's argument,
+      ``axes``, ``bytes``, ``group``, ``phase``: the pass that runs it,
+      :attr:`collectives.hlo.Collective.phase`), ``memory`` (the compiler's argument,
       output and temp bytes per device; ``params``: the parameters' shards),
       ``overlap_flops``: the matmul FLOPs the compiled schedule runs between
       an asynchronous op's start and done, ``None`` for a synchronous one),
@@ -148,7 +149,7 @@ def compile_unit(recipe: Recipe, mesh: jax.sharding.Mesh, form: str, *,
         "dtype": jnp.dtype(dtype).name,
         "ops": [{"kind": op.kind, "axes": list(op.mesh_axes(mesh)),
                  "bytes": op.bytes, "group": op.group_size, "dtype": op.dtype,
-                 "overlap_flops": overlap.get(op.name),
+                 "phase": op.phase, "overlap_flops": overlap.get(op.name),
                  **({"written": op.written} if op.written else {})}
                 for op in stats.ops],
         "memory": memory,

@@ -279,6 +279,11 @@ class PlanRow:
         time on the interconnect), ``hidden_s`` (the part the matmuls the
         compiler placed between an op's start and done can hide, at the
         chip's peak) and ``exposed_s`` (the rest).
+      phases: ``serial_s`` and the overlapped ``hidden_s`` of each pass of
+        the step, ``"forward"`` and ``"backward"``, by the name JAX gives
+        each compiled collective (:attr:`collectives.hlo.Collective.phase`;
+        what the compiled unit takes as data, its input's gradient, is the
+        backward's); ``"unnamed"`` for those the program does not name.
     """
 
     label: str
@@ -315,6 +320,8 @@ class PlanRow:
     gather_sent_by_axes: Mapping[str, float] = dataclasses.field(
         default_factory=dict)
     schedule: Mapping[str, float] | None = None
+    phases: Mapping[str, Mapping[str, float]] = dataclasses.field(
+        default_factory=dict)
     accumulation: int = 1
     remat: bool = False
     cost_model: str | None = None
@@ -393,6 +400,12 @@ PHASED = ("all-reduce", "all-gather", "reduce-scatter")
 """The kinds that run over several mesh axes in phases, one per axis."""
 
 
+def _unbounded(kind: str) -> float:
+    """``bus_factor(kind, n)`` as ``n`` grows without bound: a collective's
+    bytes with the ring's ``(n - 1)/n`` left out."""
+    return 2.0 if kind == "all-reduce" else 1.0
+
+
 def collective_seconds(kind: str, axes: Sequence[str], sent: float, count: float,
                        mesh: Mapping[str, int],
                        interconnect: Mapping[str, Profile]) -> float:
@@ -412,11 +425,19 @@ def collective_seconds(kind: str, axes: Sequence[str], sent: float, count: float
     (two axes given the same profile, a torus's excepted: each of its axes
     has its own links) take turns on its links: their bandwidth terms add
     up, over one profile to the flat collective's.
+
+    A profile with ``whole_buffers`` charges each collective (each phase)
+    its whole buffer, the ring's ``(n - 1)/n`` left out, as the scaling
+    book counts.
     """
+    n = math.prod(mesh[axis] for axis in (axes or mesh))
     if len(axes) < 2 or kind not in PHASED:
-        link = link_for(axes, interconnect).for_kind(kind)
+        profile = link_for(axes, interconnect)
+        link = profile.for_kind(kind)
+        if profile.whole_buffers and bus_factor(kind, n):
+            sent *= _unbounded(kind) / bus_factor(kind, n)
         return count * link.alpha + sent / link.busbw
-    factor = bus_factor(kind, math.prod(mesh[axis] for axis in axes))
+    factor = bus_factor(kind, n)
     if not factor:
         return 0.0
     whole, inner, alphas = sent / factor, 1, 0.0
@@ -425,7 +446,9 @@ def collective_seconds(kind: str, axes: Sequence[str], sent: float, count: float
         profile = interconnect[axis]
         link = profile.for_kind(kind)
         network = f"{profile.name} ({axis})" if profile.torus else profile.name
-        phase = bus_factor(kind, mesh[axis]) * whole / inner
+        ring = (_unbounded(kind) if profile.whole_buffers
+                else bus_factor(kind, mesh[axis]))
+        phase = ring * whole / inner
         on_links[network] = on_links.get(network, 0.0) + phase / link.busbw
         alphas += link.alpha
         inner *= mesh[axis]
@@ -438,7 +461,9 @@ def target_ops(unit: Mapping[str, Any], axes: Sequence[str]) -> list[dict[str, A
     (``unit["target"]``) where XLA:CPU compiled another. A kind's ops keep
     the mesh axes XLA:CPU ran them over; a kind it did not compile runs
     over the recipe's ``axes``. Each op: ``kind``, ``axes``, ``bytes``,
-    ``count``, ``dtype``."""
+    ``count``, ``dtype``, and the ``phase`` of a compiled op (none for
+    those the target adds: which pass runs them XLA:CPU's program does not
+    show)."""
     compiled = [dict(op, count=1) for op in unit["ops"]]
     written = unit.get("target")
     if not written:
@@ -454,6 +479,15 @@ def target_ops(unit: Mapping[str, Any], axes: Sequence[str]) -> list[dict[str, A
             continue
         if len(mine) == count and math.isclose(have, want, rel_tol=1e-6):
             out += mine
+        elif mine and count > len(mine) and want > have:
+            # more than XLA:CPU keeps (a re-gather it merges into the
+            # gather): its ops as compiled, the rest spread over the axes it
+            # ran this kind over, in a pass its program cannot name
+            out += mine
+            for op in mine:
+                share = op["bytes"] / have if have else 1 / len(mine)
+                out.append(dict(op, bytes=(want - have) * share, phase="",
+                                count=(count - len(mine)) / len(mine)))
         elif mine:  # spread over the axes XLA:CPU ran this kind over
             for op in mine:
                 share = op["bytes"] / have if have else 1 / len(mine)
@@ -502,11 +536,13 @@ class _Comm:
         self.serial = self.hidden = 0.0
         self.gathers = {"serial": 0.0, "hidden": 0.0}
         self.gathered: dict[str, float] = {}
+        self.phases: dict[str, dict[str, float]] = {}
 
     def add(self, kind: str, axes: Sequence[str], sent: float, count: float,
-            times: float) -> None:
+            times: float, phase: str = "") -> None:
         """``times`` ops of ``count`` collectives of ``kind`` over ``axes``,
-        sending ``sent`` bytes a device in all ``count`` together."""
+        sending ``sent`` bytes a device in all ``count`` together, in the
+        step's ``phase`` (``"forward"``, ``"backward"``; empty: unnamed)."""
         self.counts[kind] = self.counts.get(kind, 0.0) + count * times
         key = ",".join(axes)
         self.by_axes[key] = self.by_axes.get(key, 0.0) + sent * times
@@ -518,6 +554,9 @@ class _Comm:
             self.serial += seconds
         else:
             self.hidden += seconds
+        by_phase = self.phases.setdefault(phase or "unnamed",
+                                          {"serial_s": 0.0, "hidden_s": 0.0})
+        by_phase["serial_s" if waited else "hidden_s"] += seconds
         if kind == "all-gather":  # weights gathered again per microbatch
             self.gathers["serial" if waited else "hidden"] += seconds
             self.gathered[key] = self.gathered.get(key, 0.0) + sent * times
@@ -547,14 +586,16 @@ def step_row(unit: Mapping[str, Any], model: Model, mesh: Mapping[str, int],
     comm = _Comm(spec, mesh, interconnect)
     ops = target_ops(unit, recipe_axes)
     for op in ops:
-        comm.add(op["kind"], op["axes"], at_model_dtype(op), op["count"], repeats)
+        comm.add(op["kind"], op["axes"], at_model_dtype(op), op["count"], repeats,
+                 op.get("phase", ""))
     # each unit after the model's first also runs what its input, an
     # activation there, needs (the compiled unit takes it as data)
     joined = max(0.0, repeats - 1)
     boundary = (spec.boundary(axes, model, unit["form"]) if spec.boundary
                 else UnitBoundary())
-    for kind, sent, over in boundary.ops if joined else ():
-        comm.add(kind, recipe_axes if over is None else over, sent, 1, joined)
+    for kind, sent, over in boundary.ops if joined else ():  # the input's gradient
+        comm.add(kind, recipe_axes if over is None else over, sent, 1, joined,
+                 "backward")
     params = unit["memory"]["params"] * stored * scale
     added = _replicas_sum(spec, unit, mesh, axes, params, comm)
     flops = (None if unit.get("flops") is None else
@@ -578,6 +619,7 @@ def step_row(unit: Mapping[str, Any], model: Model, mesh: Mapping[str, int],
         unit=spec.unit, repeats=repeats,
         collectives={kind: round(n) for kind, n in comm.counts.items()},
         sent=sum(comm.by_axes.values()), sent_by_axes=comm.by_axes,
+        phases=comm.phases,
         gather_sent_by_axes=comm.gathered, remat=bool(
             kept is not None and kept_remat is not None and kept <= kept_remat),
         cpu_sent=sum(map(at_model_dtype, unit["ops"])) * repeats,
@@ -641,7 +683,7 @@ def _replicas_sum(spec: Any, unit: Mapping[str, Any], mesh: Mapping[str, int],
     if not (spec.replicas_sum_gradients and others and axes.others_size > 1):
         return None
     comm.add("all-reduce", others, bytes_moved("all-reduce", params, axes.others_size),
-             1, 1)
+             1, 1, "backward")
     return (f"one all-reduce of its {params / 1e9:.2f} GB of gradients over "
             f"{','.join(others)} (its replicas' sum, which the recipe leaves out; "
             "by the cost model, not compiled)")
@@ -824,16 +866,34 @@ def plan(model: Model, mesh: Mapping[str, int], *,
       >>> row.params == 4 * (256 * 256 + 256) * 4 / 8, row.cost_model
       (True, None)
     """
+    return plan_each(model, mesh, interconnects=[interconnect], form=form,
+                     recipes=recipes, topology=topology, target=target,
+                     precision=precision, schedule=schedule,
+                     microbatches=microbatches, timeout=timeout)[0]
+
+
+def plan_each(model: Model, mesh: Mapping[str, int], *,
+              interconnects: Sequence[Profile | Mapping[str, Profile]],
+              form: str = "shard_map", recipes: Sequence[str] | None = None,
+              topology: str | None = None, target: str | None = None,
+              precision: str = "mixed", schedule: str = "gpipe",
+              microbatches: int | None = None, timeout: float = 600
+              ) -> tuple[Plan, ...]:
+    """:func:`plan` on each of ``interconnects``, from one compile: the same
+    programs on other networks (or other conventions of counting them)."""
     names, shape = tuple(mesh), tuple(mesh.values())
     target, topology = resolve_target(target, topology, math.prod(shape))
     check_mesh(names, shape, limit=None if topology else MAX_DEVICES)
-    links = (dict.fromkeys(names, interconnect) if isinstance(interconnect, Profile)
-             else dict(interconnect))
-    if set(links) != set(names):
-        raise ValueError(f"interconnect: names axes {sorted(links)}, the mesh has "
-                         f"{list(names)}. Fix: give one profile for every mesh axis.")
-    spans = torus_spans(mesh, links, topology)
-    links = {axis: spanned(p, spans[axis]) for axis, p in links.items()}
+    each = []
+    for interconnect in interconnects:
+        links = (dict.fromkeys(names, interconnect)
+                 if isinstance(interconnect, Profile) else dict(interconnect))
+        if set(links) != set(names):
+            raise ValueError(f"interconnect: names axes {sorted(links)}, the mesh "
+                             f"has {list(names)}. Fix: give one profile for every "
+                             "mesh axis.")
+        spans = torus_spans(mesh, links, topology)
+        each.append({axis: spanned(p, spans[axis]) for axis, p in links.items()})
     if form not in ("shard_map", "jit"):
         raise ValueError(f"form: expected 'shard_map' or 'jit', got {form!r}.")
     state_bytes_per_parameter(precision, model.itemsize)  # a bad name raises
@@ -851,13 +911,17 @@ def plan(model: Model, mesh: Mapping[str, int], *,
                         # XLA:CPU widens 16-bit float collectives: compile in
                         # float32 there and count them at the model's dtype
                         dtype=model.dtype if topology else "float32")
-    chip = links[names[-1]]
-    peak = chip.peak(model.dtype)
-    rows = tuple(step_row(unit, model, dict(mesh), links, precision=precision,
-                          peak=peak, schedule=schedule, microbatches=microbatches)
-                 for unit in doc["units"])
-    return Plan(model=model, mesh=dict(mesh), form=form, interconnect=links,
-                rows=rows, jax=doc["jax"], seconds=doc["seconds"],
-                compiler=doc["compiler"], precision=precision,
-                chip=chip.chip, peak_flops=peak, schedule=schedule,
-                microbatches=microbatches)
+    plans = []
+    for links in each:
+        chip = links[names[-1]]
+        peak = chip.peak(model.dtype)
+        rows = tuple(step_row(unit, model, dict(mesh), links, precision=precision,
+                              peak=peak, schedule=schedule,
+                              microbatches=microbatches)
+                     for unit in doc["units"])
+        plans.append(Plan(model=model, mesh=dict(mesh), form=form,
+                          interconnect=links, rows=rows, jax=doc["jax"],
+                          seconds=doc["seconds"], compiler=doc["compiler"],
+                          precision=precision, chip=chip.chip, peak_flops=peak,
+                          schedule=schedule, microbatches=microbatches))
+    return tuple(plans)

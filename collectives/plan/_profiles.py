@@ -76,6 +76,10 @@ class Profile:
         axis of (a key of :data:`collectives.plan.TARGETS`, e.g. ``"v5p"``):
         a plan gives a mesh axis that spans ``k`` of the torus's axes ``k``
         times the bandwidth; empty for other links.
+      whole_buffers: charge a collective over ``n`` devices for its whole
+        buffer, leaving out the ring's ``(n - 1)/n`` (the scaling book's
+        approximation: "an AllGather costs V / W"); ``False`` (every
+        profile a file gives): what a device really sends.
 
     Examples:
       >>> from collectives.plan import load_profiles
@@ -93,6 +97,7 @@ class Profile:
     peak_flops: Mapping[str, float] = dataclasses.field(default_factory=dict)
     peak_source: str = ""
     torus: str = ""
+    whole_buffers: bool = False
 
     def peak(self, dtype: str) -> float | None:
         """The chip's peak FLOP/s in ``dtype``, or ``None`` where the profile
@@ -119,7 +124,8 @@ class Profile:
         return Profile(name=f"{self.name}+{other.name}",
                        link=_worse(self.link, other.link), kinds=kinds,
                        chip=self.chip, peak_flops=self.peak_flops,
-                       peak_source=self.peak_source)
+                       peak_source=self.peak_source,
+                       whole_buffers=self.whole_buffers or other.whole_buffers)
 
 
 def profile_json(profile: Profile) -> dict[str, Any]:
@@ -134,7 +140,8 @@ def profile_json(profile: Profile) -> dict[str, Any]:
             "peak_TFLOPs": {dtype: flops / 1e12
                             for dtype, flops in profile.peak_flops.items()},
             "peak_source": profile.peak_source,
-            **({"torus": profile.torus} if profile.torus else {})}
+            **({"torus": profile.torus} if profile.torus else {}),
+            **({"whole_buffers": True} if profile.whole_buffers else {})}
 
 
 def _worse(a: Link, b: Link) -> Link:
@@ -179,7 +186,15 @@ def profile_from(name: str, entry: Mapping[str, Any], where: str) -> Profile:
                    source=str(entry.get("source", "")),
                    chip=str(entry.get("chip", "")), peak_flops=peaks,
                    peak_source=str(entry.get("peak_source", "")),
-                   torus=_torus(entry.get("torus", ""), here))
+                   torus=_torus(entry.get("torus", ""), here),
+                   whole_buffers=_flag(entry.get("whole_buffers", False),
+                                       f"{here}: whole_buffers"))
+
+
+def _flag(value: Any, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"{where}={value!r}; expected true or false.")
+    return value
 
 
 def _torus(value: Any, where: str) -> str:

@@ -174,11 +174,12 @@ class PlanScalingBook(_FromFile):
     def run(self) -> list[nodes.Node]:
         doc = self.document()
         rows = [[c["name"], f"{c['book']:,.0f} ({c['book_formula']})",
-                 f"{c['counted'] or c['book']:,.0f}", f"{c['plan']:,.0f}",
-                 f"{c['ratio']:.3f}", c["plan_how"], c["why"]]
+                 f"{c['plan']:,.0f}", f"{c['ratio']:.3f}", c["plan_how"],
+                 f"{c['compiled']:,.0f}", c["why"]]
                 for c in doc["cases"]]
-        return [_table(["layout", "book", "book, counted as the plan counts", "plan",
-                        "plan / that", "the plan's figure", "why they differ"],
+        return [_table(["layout", "book", "plan, as the book counts", "plan / book",
+                        "the plan's figure", "a step as sent",
+                        "how that differs from the book"],
                        rows, code_columns=())]
 
 
