@@ -27,9 +27,9 @@ What differs across that span, and what each name here papers over:
     (the sum over the axis deferred to a ``reshard``): checked from 0.10.2
     (:data:`UNREDUCED_GRADIENTS_CHECKED`).
 * Bugs of single releases, with the recipe's workaround
-    (``recipes/sharp_edges_versions.py``): :data:`VMAP_OF_SHARD_MAP_PSUM_FAILS`
+    (``guides/sharp_edges_versions.py``): :data:`VMAP_OF_SHARD_MAP_PSUM_FAILS`
     (0.8.1 to 0.8.3), :data:`PSUM_SCATTER_ACCEPTS_NEGATIVE_DIMENSION` (0.11+);
-    of Explicit axes' unreduced values (``recipes/sharp_edges_explicit.py``):
+    of Explicit axes' unreduced values (``guides/sharp_edges_explicit.py``):
     :data:`UNREDUCED_RESHARD_SCALES_BY_N` (0.8.0, 0.8.1),
     :data:`UNREDUCED_OUTPUT_READS_ONE_DEVICE` (up to 0.10.0); of shard_map
     manual over part of an Explicit mesh:
@@ -179,7 +179,7 @@ on an Explicit mesh copies all of ``x`` to every device (its value becomes
 ``n * x``), so resharding it on to ``P()`` returns ``n * x``, silently; from
 0.8.2 each device holds its own block and zeros (the sum is ``x``). Measured
 on 0.8.0 to 0.8.3, 0.9.0, 0.9.1, 0.9.2, 0.10.2, 0.12.0.1 (pitfall 17 of
-``recipes/sharp_edges_explicit.py``). Workaround: reshard to ``P()``
+``guides/sharp_edges_explicit.py``). Workaround: reshard to ``P()``
 directly; take partial sums from the op that makes them."""
 
 UNREDUCED_OUTPUT_READS_ONE_DEVICE = JAX_VERSION < (0, 10, 1)
@@ -203,7 +203,7 @@ all-reduce over the 8 devices sends 1.75 times (ring). Measured on 0.10.2,
 0.12.0.1 (one all-reduce) and 0.12.1 (one per axis): ``dp_grads``,
 ``dp_adam`` and ``fsdp_mlp``'s explicit forms, their cost models
 (:func:`collectives._costs.unreduced_sum`), pitfall 21 of
-``recipes/sharp_edges_explicit.py``. Workaround: sum it in a shard_map,
+``guides/sharp_edges_explicit.py``. Workaround: sum it in a shard_map,
 ``jax.shard_map(lambda g: lax.psum(g, ("i", "j")), in_specs=P(unreduced=
 {"i", "j"}), out_specs=P())``: one all-reduce on 0.12.1."""
 
@@ -230,7 +230,7 @@ on a ``("X", "Y")`` mesh) whose input is sharded over a free axis too
 collectives carry the whole of it (twice the bytes of the all-reduce here);
 other releases keep the free axis sharded. Measured on every release 0.8.0
 to 0.12.0.1: 0.10.1, 0.10.2, 0.11.0, 0.11.1 gather (pitfall 19 of
-``recipes/sharp_edges_explicit.py``). Fix: a shard_map manual over every
+``guides/sharp_edges_explicit.py``). Fix: a shard_map manual over every
 axis the input is sharded on."""
 
 AVAL_VARYING_IN_MAT = JAX_VERSION >= (0, 10, 0)

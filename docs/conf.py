@@ -107,6 +107,7 @@ nitpick_ignore_regex = [
 
 # -- the recipe gallery ---------------------------------------------------------
 gallery_recipes_dir = "../recipes"
+gallery_guides_dir = "../guides"
 # The gallery's sections, cards and diagrams come from the registry: each
 # recipe names its file (``source``), its family and its diagram.
 

@@ -12,7 +12,7 @@ Which form when:
     (``lax.pcast(p, "i", to="varying")``; ``lax.pvary`` on JAX 0.8.0 and 0.8.1), or
     differentiate the whole program: ``jax.grad(shard_map(pmean(loss)))``.
     Porting the pmap body as is (``check_vma=True``, parameters ``P()``)
-    returns gradients n times too large; ``sharp_edges_grads.py`` shows why.
+    returns gradients n times too large; ``guides/sharp_edges_grads.py`` shows why.
   * jit: ``jax.grad`` of the global loss with the batch sharded; XLA inserts
     the all-reduce of the partial gradients.
   * explicit: the global program on Explicit axes, where the types show the

@@ -7,9 +7,29 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 RECIPES_DIR = ROOT / "recipes"
-RECIPE_FILES = sorted(path for path in RECIPES_DIR.glob("*.py")
-                      if path.name != "__init__.py")
-"""Every standalone recipe file; tests/test_recipe_files.py runs each."""
+GUIDES_DIR = ROOT / "guides"
+
+
+def _files(folder):
+    return sorted(path for path in folder.glob("*.py") if path.name != "__init__.py")
+
+
+RECIPE_FILES = _files(RECIPES_DIR)
+"""Every recipe file: the files in recipes/, each the source of registered
+recipes."""
+GUIDE_FILES = _files(GUIDES_DIR)
+"""Every guide file: the files in guides/, which hold no registered recipe."""
+STANDALONE_FILES = sorted([*RECIPE_FILES, *GUIDE_FILES], key=lambda path: path.name)
+"""Every standalone file, recipe or guide; tests/test_recipe_files.py runs
+each."""
+
+
+def standalone_file(stem):
+    """``recipes/<stem>.py`` or ``guides/<stem>.py``, whichever there is."""
+    for folder in (RECIPES_DIR, GUIDES_DIR):
+        if (folder / f"{stem}.py").exists():
+            return folder / f"{stem}.py"
+    raise FileNotFoundError(f"no recipes/{stem}.py or guides/{stem}.py")
 
 
 def runnable_configs(recipe):
@@ -72,8 +92,9 @@ def load_file(path, name):
 
 
 def load_recipe(stem):
-    """Import ``recipes/<stem>.py`` as a module (recipes/ is not a package)."""
-    return load_file(RECIPES_DIR / f"{stem}.py", f"recipe_{stem}")
+    """Import ``recipes/<stem>.py`` or ``guides/<stem>.py`` as a module, as
+    ``python`` runs it (the folder's package is not imported)."""
+    return load_file(standalone_file(stem), f"recipe_{stem}")
 
 
 def load_matrix():

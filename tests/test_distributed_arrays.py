@@ -1,4 +1,4 @@
-"""recipes/distributed_arrays.py: layouts, constraints and committed arrays."""
+"""guides/distributed_arrays.py: layouts, constraints and committed arrays."""
 
 
 import jax

@@ -18,9 +18,9 @@ import pytest
 
 from collectives import RECIPES
 from collectives._diagram import diagram_names
-from helpers import RECIPE_FILES
-from helpers import RECIPES_DIR
 from helpers import ROOT
+from helpers import STANDALONE_FILES
+from helpers import standalone_file
 
 DIAGRAM_NAMES = diagram_names()
 
@@ -80,11 +80,11 @@ def test_no_page_names_a_private_module():
 
 def test_migration_guide_points_at_functions_and_tests_that_exist():
     text = (DOCS / "migration.md").read_text()
-    shown = re.findall(r"\{literalinclude\} \.\./recipes/(\w+)\.py\s+"
+    shown = re.findall(r"\{literalinclude\} \.\./(?:recipes|guides)/(\w+)\.py\s+"
                        r":language: python\s+:pyobject: (\w+)", text)
     assert len(shown) == text.count(":pyobject:")
     for stem, name in shown:
-        recipe = ast.parse((RECIPES_DIR / f"{stem}.py").read_text())
+        recipe = ast.parse(standalone_file(stem).read_text())
         assert name in {n.name for n in recipe.body
                         if isinstance(n, ast.FunctionDef)}, (stem, name)
     tests = "".join((ROOT / "tests" / f"test_{stem}.py").read_text()
@@ -102,7 +102,7 @@ def test_migration_guide_points_at_functions_and_tests_that_exist():
 def test_links_into_the_gallery_name_recipe_files(page):
     text = (DOCS / page).read_text()
     for stem in re.findall(r"_generated/gallery/(\w+)\.md", text):
-        assert (RECIPES_DIR / f"{stem}.py").exists(), (page, stem)
+        assert standalone_file(stem).exists(), (page, stem)
     for name in re.findall(r"\{collective-diagram\} (\w+)", text):
         assert name in DIAGRAM_NAMES, (page, name)
 
@@ -153,7 +153,7 @@ def test_every_recipe_file_tags_the_forms_the_gallery_shows_in_tabs():
     import collectives as cx
 
     sources = {recipe.recipe_file for recipe in cx.RECIPES.values()}
-    for path in RECIPE_FILES:
+    for path in STANDALONE_FILES:
         text = path.read_text()
         # a file that holds registered recipes shows their per-device body
         tags = ("body", "shard_map", "jit", "pmap", "numpy") if (

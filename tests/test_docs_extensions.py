@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from collectives import RECIPES
-from helpers import RECIPE_FILES
 from helpers import ROOT
+from helpers import STANDALONE_FILES
 
 DOCS = ROOT / "docs"
 
@@ -36,7 +36,7 @@ def test_gallery_pages_are_titled_by_their_recipes_and_index_them(docs_ext):
 
     core = {name for name, recipe in RECIPES.items() if recipe.family == "core"}
     seen = set()
-    for _, members in sections(RECIPE_FILES):
+    for _, members in sections(STANDALONE_FILES):
         for path, names in members:
             doc = ast.get_docstring(ast.parse(path.read_text()))
             title = gallery.page_title(gallery.docstring_markdown(doc)[0],

@@ -1,4 +1,4 @@
-"""``recipes/dp_training.py``: data-parallel SGD keeps the parameters
+"""``guides/dp_training.py``: data-parallel SGD keeps the parameters
 identical on every device and equal to single-device training."""
 
 import functools

@@ -74,7 +74,7 @@ def metadata(wheel):
         return Parser().parsestr(archive.read(name).decode())
 
 
-def test_the_wheel_is_jax_collectives_with_its_extras_and_recipe_files(wheel):
+def test_the_wheel_is_jax_collectives_with_its_extras_recipe_and_guide_files(wheel):
     meta = metadata(wheel)
     assert meta["Name"] == DIST
     assert set(meta.get_all("Provides-Extra")) >= {"train", "test", "bench", "docs",
@@ -83,8 +83,9 @@ def test_the_wheel_is_jax_collectives_with_its_extras_and_recipe_files(wheel):
     assert re.search(r"\bjax>=0\.8", requires) and "numpy" in requires
     with zipfile.ZipFile(wheel) as archive:
         names = set(archive.namelist())
-    for recipe in sorted((ROOT / "recipes").glob("*.py")):
-        assert f"collectives/recipes/{recipe.name}" in names, recipe.name
+    for folder in ("recipes", "guides"):
+        for path in sorted((ROOT / folder).glob("*.py")):
+            assert f"collectives/{folder}/{path.name}" in names, path.name
     # the data files the package reads at run time
     for data in ("collectives/bench/schema.json", "collectives/plan/profiles.toml"):
         assert data in names, data
@@ -101,9 +102,11 @@ def test_no_line_installs_the_unrelated_collectives_project():
 def test_no_message_of_the_package_names_the_unrelated_project():
     # error messages and docstrings that tell users what to install
     for path in sorted([*(ROOT / "collectives").rglob("*.py"),
-                        *(ROOT / "recipes").glob("*.py")]):
-        if path.is_symlink() or "recipes" in path.relative_to(ROOT).parts[1:2]:
-            continue  # collectives/recipes is recipes/, read once
+                        *(ROOT / "recipes").glob("*.py"),
+                        *(ROOT / "guides").glob("*.py")]):
+        if path.is_symlink() or path.relative_to(ROOT).parts[1:2] in (
+                ("recipes",), ("guides",)):
+            continue  # collectives/recipes is recipes/, read once (guides too)
         for number, line in enumerate(path.read_text().splitlines(), 1):
             assert not re.search(r"(?<![\w-])collectives\[", line), (
                 f"{path.relative_to(ROOT)}:{number}: `collectives[...]` is the "

@@ -1,4 +1,4 @@
-"""recipes/migrate_pmap.py: each pmap idiom equals its replacement and NumPy."""
+"""guides/migrate_pmap.py: each pmap idiom equals its replacement and NumPy."""
 
 
 import jax

@@ -1,4 +1,4 @@
-"""recipes/migrate_removed_apis.py: each removed or deprecated API that old
+"""guides/migrate_removed_apis.py: each removed or deprecated API that old
 tutorials teach is gone (or fails) as the guide says, and its replacement
 agrees with NumPy."""
 

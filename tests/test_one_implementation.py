@@ -23,8 +23,10 @@ from collectives import _compat
 from collectives._recipe import clear_caches
 from helpers import RECIPE_FILES
 from helpers import RECIPES_DIR
+from helpers import STANDALONE_FILES
 from helpers import load_recipe
 from helpers import runnable_configs
+from helpers import standalone_file
 
 NAMES = list(cx.RECIPES)
 ROLES = ("body", "program", "oracle", "pmap_body")
@@ -134,17 +136,19 @@ def _region(path, tag):
 @pytest.mark.parametrize("tag", sorted(COPIES))
 def test_every_copy_of_a_helper_is_the_reference(tag):
     reference = _region(RECIPES_DIR / COPIES[tag], tag)
-    copies = {path.name: _region(path, tag) for path in RECIPE_FILES}
+    copies = {f"{path.parent.name}/{path.name}": _region(path, tag)
+              for path in STANDALONE_FILES}
     copies = {name: text for name, text in copies.items() if text is not None}
     assert len(copies) >= 2, copies.keys()
     for name, text in copies.items():
         assert text == reference, (
-            f"recipes/{name}'s [start:{tag}] region differs from "
+            f"{name}'s [start:{tag}] region differs from "
             f"recipes/{COPIES[tag]}'s: fix both the same way")
-    for path in RECIPE_FILES:  # an untagged copy would escape this test
+    for path in STANDALONE_FILES:  # an untagged copy would escape this test
+        shown = f"{path.parent.name}/{path.name}"
         defines = f"\ndef {tag}(" in path.read_text()
-        assert not defines or path.name in copies or path.name == "ppermute.py", (
-            f"recipes/{path.name} defines {tag} outside a [start:{tag}] region")
+        assert not defines or shown in copies or shown == "recipes/ppermute.py", (
+            f"{shown} defines {tag} outside a [start:{tag}] region")
 
 
 @pytest.mark.parametrize("axis", ["i", "j", ("i", "j"), ("j", "i")])
@@ -166,8 +170,7 @@ def test_the_ring_shift_copy_moves_blocks_as_the_public_utility(axis, shift):
 
 @pytest.mark.parametrize("stem", ["all_gather", "sharp_edges_sharding"])
 def test_the_invariant_gather_in_recipe_files_follows_compat(stem):
-    path = RECIPES_DIR / f"{stem}.py"
-    source = path.read_text()
+    source = standalone_file(stem).read_text()
     (fn,) = [node for node in ast.parse(source).body
              if isinstance(node, ast.FunctionDef)
              and node.name == "all_gather_invariant"]

@@ -1,5 +1,7 @@
-"""Every file in recipes/ runs standalone and imports only jax and numpy
-(and optax, in the training files whose docstring says ``Requires: optax``)."""
+"""Every file in recipes/ and guides/ runs standalone and imports only jax
+and numpy (and optax, in the training files whose docstring says
+``Requires: optax``); recipes/ holds the registered recipes, guides/ the
+rest, and each file has its own test module."""
 
 import ast
 import os
@@ -8,24 +10,33 @@ import re
 import pytest
 
 import collectives as cx
+from helpers import GUIDE_FILES
 from helpers import RECIPE_FILES
+from helpers import ROOT
+from helpers import STANDALONE_FILES
 from helpers import run_python
 
 ALLOWED_IMPORTS = {"jax", "numpy", "functools", "math", "os", "time", "__future__"}
 
 
-def test_every_recipe_file_shows_a_registered_recipe_or_a_sharp_edge():
-    # A file no recipe names as its source must be a sharp-edge or migration
-    # page (they show pitfalls, not registered recipes) or a multi-process or
-    # sharding demo.
+def test_recipes_hold_the_registered_recipes_and_guides_the_rest():
     sources = {recipe.recipe_file for recipe in cx.RECIPES.values()}
-    for path in RECIPE_FILES:
-        if path.name not in sources:
-            assert path.stem.startswith(("sharp_edges_", "migrate_", "multi_process",
-                                         "distributed_", "dp_training")), path.name
+    unused = {path.name for path in RECIPE_FILES} - sources
+    assert not unused, (f"{sorted(unused)}: no registered recipe comes from "
+                        "these files in recipes/; a file that shows no recipe "
+                        "(a sharp edge, a migration, a walk-through) goes in "
+                        "guides/")
+    assert not sources & {path.name for path in GUIDE_FILES}, (
+        "a registered recipe's file is in guides/; it goes in recipes/")
 
 
-@pytest.mark.parametrize("path", RECIPE_FILES, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", STANDALONE_FILES, ids=lambda p: p.name)
+def test_each_file_has_its_own_test_module(path):
+    assert (ROOT / "tests" / f"test_{path.stem}.py").exists(), (
+        f"{path.parent.name}/{path.name} has no tests/test_{path.stem}.py")
+
+
+@pytest.mark.parametrize("path", STANDALONE_FILES, ids=lambda p: p.name)
 def test_recipe_imports_only_jax_and_numpy(path):
     tree = ast.parse(path.read_text())
     allowed = ALLOWED_IMPORTS | (
@@ -40,7 +51,7 @@ def test_recipe_imports_only_jax_and_numpy(path):
         assert roots <= allowed, f"{path.name} imports {roots}"
 
 
-@pytest.mark.parametrize("path", RECIPE_FILES, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", STANDALONE_FILES, ids=lambda p: p.name)
 def test_recipe_skeleton(path):
     text = path.read_text()
     doc = ast.get_docstring(ast.parse(text))
@@ -72,7 +83,7 @@ def test_the_recipe_interpreter_lacks_this_package(tmp_path):
         result.stderr), result.stderr
 
 
-@pytest.mark.parametrize("path", RECIPE_FILES, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", STANDALONE_FILES, ids=lambda p: p.name)
 def test_recipe_runs_standalone(path, tmp_path):
     # A fresh process in an empty directory, as a user who copied the file.
     result = run_python(str(path), cwd=tmp_path, python=RECIPE_PYTHON,

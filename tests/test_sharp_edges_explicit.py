@@ -1,4 +1,4 @@
-"""The sharp edges of ``recipes/sharp_edges_explicit.py`` (Explicit mesh axes:
+"""The sharp edges of ``guides/sharp_edges_explicit.py`` (Explicit mesh axes:
 rolls, ambiguous dots, with_sharding_constraint, unreduced values, shard_maps
 manual over part of a mesh or over another mesh than the context's): the wrong
 way fails as docs/sharp_edges.md says (the real exception, or the exact wrong

@@ -1,4 +1,4 @@
-"""The sharp edges of ``recipes/sharp_edges_nan.py`` (a cross-device max drops
+"""The sharp edges of ``guides/sharp_edges_nan.py`` (a cross-device max drops
 NaN): the wrong way fails as docs/sharp_edges.md says (the real exception, or
 the exact wrong number) and the fix agrees with NumPy. Where a pitfall behaves
 differently across JAX versions the test branches on a named flag in

@@ -1,4 +1,4 @@
-"""The sharp edges of ``recipes/sharp_edges_sharding.py`` (explicit-axis meshes,
+"""The sharp edges of ``guides/sharp_edges_sharding.py`` (explicit-axis meshes,
 the invariant all-gather, psum of an invariant value, axis_index_groups): the
 wrong way fails as docs/sharp_edges.md says (the real exception, or the exact
 wrong number) and the fix agrees with NumPy. Where a pitfall behaves differently

@@ -1,4 +1,4 @@
-"""recipes/sharp_edges_versions.py: each single-release bug bites exactly where
+"""guides/sharp_edges_versions.py: each single-release bug bites exactly where
 collectives._compat says, and its workaround agrees with NumPy on every JAX."""
 
 import jax

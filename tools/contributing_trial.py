@@ -686,6 +686,63 @@ KERNEL_TEST = '''
             np.testing.assert_array_equal(got, want, err_msg=mode)
 '''
 
+LAW_TEST = '''
+    """{doc}"""
+
+    {imports}import numpy as np
+
+    import collectives as cx
+    from helpers import load_recipe
+
+    file = load_recipe("{stem}")
+
+
+    def test_{test}():
+        mesh = cx.make_mesh((8,), ("i",))
+        {body}
+'''
+"""Step 6's test module of a recipe: its law, ``{body}`` indented 4."""
+
+LAWS = {
+    "double_psum": ("twice the sum of the blocks, by hand",
+                    "twice_the_sum_of_the_blocks", """
+        x = np.arange(16.0, dtype=np.float32).reshape(8, 2)  # device d: [2d, 2d+1]
+        got = file.double_psum_shard_map(x, mesh)
+        np.testing.assert_array_equal(np.asarray(got), [[112.0, 128.0]])"""),
+    "max_abs": ("a block's sign does not change the largest magnitude",
+                "a_blocks_sign_does_not_matter", """
+        x = np.random.default_rng(0).normal(size=(8, 3)).astype(np.float32)
+        got = np.asarray(file.max_abs_shard_map(x, mesh))
+        np.testing.assert_array_equal(got, np.asarray(file.max_abs_shard_map(-x, mesh)))
+        np.testing.assert_array_equal(got[0], np.abs(x).max(0))"""),
+    "centre": ("the centred blocks sum to zero over the devices",
+               "the_centred_blocks_sum_to_zero", """
+        x = np.arange(16.0, dtype=np.float32).reshape(8, 2) ** 2
+        got = np.asarray(file.centre_shard_map(x, mesh))
+        np.testing.assert_allclose(got.sum(0), 0.0, atol=1e-4)"""),
+    "weighted_sum": ("equal blocks c sum to (1 + 2 + ... + 8) c = 36 c",
+                     "equal_blocks_sum_to_36_times_one", """
+        x = np.full((8, 2), 3.0, np.float32)
+        got = file.weighted_sum_shard_map(x, mesh)
+        np.testing.assert_array_equal(np.asarray(got), [[108.0, 108.0]])"""),
+    "dp_square": ("the gradient jax.grad takes of the whole batch on one device",
+                  "the_gradient_of_the_whole_batch", """
+        w = np.arange(3.0, dtype=np.float32)
+        x = np.random.default_rng(0).normal(size=(16, 3)).astype(np.float32)
+        want = jax.grad(lambda w: 0.5 * jnp.sum((x @ w) ** 2))(w)
+        np.testing.assert_allclose(np.asarray(file.dp_square_shard_map(w, x, mesh)),
+                                   want, rtol=1e-5)"""),
+    "dp_mean_square": ("8 devices' mean of their gradients is an eighth of the "
+                       "whole batch's", "an_eighth_of_the_whole_batchs_gradient", """
+        w = np.arange(3.0, dtype=np.float32)
+        x = np.random.default_rng(0).normal(size=(16, 3)).astype(np.float32)
+        want = jax.grad(lambda w: 0.5 * jnp.sum((x @ w) ** 2))(w) / 8
+        got = file.dp_mean_square_shard_map(w, x, mesh)
+        np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5)"""),
+}
+"""Each lax recipe's law, for its test module: (what it says, the test's
+name, its body)."""
+
 KERNELS = {"kernel_shift_up": 1, "kernel_shift_down": -1}
 KERNEL_BUG = ("right = lax.rem(me + SHIFT + n, n)", "right = me", "wrong values")
 """The bug each kernel gets in tests/test_kernel_bugs.py: its block sent to
@@ -768,6 +825,18 @@ def build(dest: Path, source: Path = ROOT) -> Path:
                 f"     {old!r}, {new!r}, ({found!r},)),\n")
         planted = planted.replace("PLANTED = [\n", "PLANTED = [\n" + case, 1)
     bugs.write_text(planted)
+    # Step 6, its test module (the kernels' came with step 5).
+    _step(steps, "**Its test module**, `tests/test_<file>.py`")
+    for stem, (law, test, body) in LAWS.items():
+        body = textwrap.dedent(body).strip().replace("\n", "\n" + " " * 8)
+        doc = textwrap.fill(f"``recipes/{stem}.py``: {law} (every form against "
+                            "the NumPy oracle: the registry-driven suites).", 72)
+        imports = "".join(f"{line}\n    " for name, line in (
+            ("jax.", "import jax"), ("jnp.", "import jax.numpy as jnp"))
+            if name in body)
+        _write(dest / "tests" / f"test_{stem}.py", LAW_TEST.format(
+            stem=stem, doc=doc.replace("\n", "\n    "), test=test, body=body,
+            imports=imports))
     return dest
 
 

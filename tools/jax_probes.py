@@ -259,7 +259,7 @@ def shard_map_checks_explicit_input_specs():
     """On an Explicit mesh, shard_map rejects an input not placed as `in_specs` says.
 
     Instead: `jax.device_put(x, NamedSharding(mesh, spec))` first, or an Auto mesh
-    (`recipes/sharp_edges_sharding.py`, 1).
+    (`guides/sharp_edges_sharding.py`, 1).
     """
     mesh = jax.make_mesh((8,), ("i",),
                          axis_types=(jax.sharding.AxisType.Explicit,))
@@ -276,7 +276,7 @@ def shard_map_checks_explicit_input_specs():
 def ppermute_checks_axis_order():
     """`lax.ppermute` over axes out of mesh order raises (not silently reorders).
 
-    Instead: pass the axes in mesh order (`recipes/sharp_edges_ppermute.py`, 10).
+    Instead: pass the axes in mesh order (`guides/sharp_edges_ppermute.py`, 10).
     """
     mesh = jax.make_mesh((4, 2), ("i", "j"),
                          axis_types=(jax.sharding.AxisType.Auto,) * 2)
@@ -295,7 +295,7 @@ def vmap_of_shard_map_psum():
     """`vmap` of a shard_map'd psum (check_vma on) runs and is right (jax#34249).
 
     Instead: `check_vma=False` on that shard_map, or the jit form
-    (`recipes/sharp_edges_versions.py`, 12).
+    (`guides/sharp_edges_versions.py`, 12).
     """
     f = jax.shard_map(lambda x: lax.psum(x, "i"), mesh=_mesh(),
                       in_specs=P("i"), out_specs=P())
@@ -308,7 +308,7 @@ def vmap_of_shard_map_psum():
 def psum_scatter_negative_dimension():
     """`lax.psum_scatter(..., scatter_dimension=-1)` lowers (jax#20125).
 
-    Instead: `scatter_dimension=dim % x.ndim` (`recipes/sharp_edges_versions.py`, 13).
+    Instead: `scatter_dimension=dim % x.ndim` (`guides/sharp_edges_versions.py`, 13).
     """
     f = jax.shard_map(
         lambda x: lax.psum_scatter(x, "i", scatter_dimension=-1, tiled=True),

@@ -1,9 +1,10 @@
-"""The recipe gallery: one page per file in ``recipes/``, made at build time.
+"""The recipe gallery: one page per file in ``recipes/`` and ``guides/``,
+made at build time.
 
 Each page is written from the file itself: its docstring, its tagged regions
 (``# [start:NAME]`` ... ``# [end:NAME]``, pulled in with ``literalinclude``),
 its ``main()``, and what it printed when this build ran it in a subprocess.
-A new file in ``recipes/`` gets a page with no change here. A recipe that
+A new file in either folder gets a page with no change here. A recipe that
 fails, or prints no ``ok:`` line, is a build warning (an error under ``-W``).
 
 Outputs are cached in ``_generated/gallery/.cache`` by the file's content and
@@ -216,11 +217,11 @@ def _page(path: Path, run: dict, diagrams: list[str], rel: str,
     text = path.read_text()
     tree = ast.parse(text)
     title, body = docstring_markdown(ast.get_docstring(tree) or path.stem)
-    name = path.stem
+    name, shown = path.stem, _shown(path)
     lines = [f"(recipe-{name})=", f"# {_escape(page_title(title, names, name))}", "",
              *index_entries(names), f"{_escape(title)}.", "",
-             f"{{download}}`Download recipes/{name}.py <{rel}>`; run it with "
-             f"`python recipes/{name}.py` (it needs only jax and numpy"
+             f"{{download}}`Download {shown} <{rel}>`; run it with "
+             f"`python {shown}` (it needs only jax and numpy"
              f"{' and optax' if 'Requires: optax.' in text else ''}).", "",
              body, ""]
     if family == "strategy":
@@ -229,7 +230,7 @@ def _page(path: Path, run: dict, diagrams: list[str], rel: str,
         lines += ["```{container} strategy-page", "",
                   "{bdg-primary}`parallelism strategy`", "```", ""]
         if not strategy_diagram:
-            logger.warning(f"recipes/{name}.py holds a parallelism strategy but "
+            logger.warning(f"{shown} holds a parallelism strategy but "
                            "has no diagram: add collectives/_strategy_diagrams/"
                            f"{name}.py (trace, draw, text, CAPTION)",
                            location=str(path))
@@ -244,7 +245,7 @@ def _page(path: Path, run: dict, diagrams: list[str], rel: str,
             lines += ["```{collective-diagram} " + collective, "```", ""]
     regions = _regions(text)
     if names and "body" not in regions:
-        logger.warning(f"recipes/{name}.py holds the recipe(s) {', '.join(names)} "
+        logger.warning(f"{shown} holds the recipe(s) {', '.join(names)} "
                        "but no '# [start:body]' region: tag the per-device body "
                        "its pmap and shard_map forms run",
                        location=str(path))
@@ -273,7 +274,7 @@ def _page(path: Path, run: dict, diagrams: list[str], rel: str,
         lines += ["`````", ""]
     output = run["stdout"].rstrip() or "(no output)"
     lines += ["## Output", "",
-              f"What `python recipes/{name}.py` printed when this page was built "
+              f"What `python {shown}` printed when this page was built "
               f"({run['seconds']:.1f} s, simulated CPU devices):", "",
               "```{code-block} text", ":class: recipe-output", "", output, "```", ""]
     if _has_main(tree):
@@ -309,7 +310,7 @@ def _listing(groups, thumbnails: dict[str, str], prefix: str,
                 rest = rest[:1].upper() + rest[1:]
             if heading != title:
                 lines += [f"{_escape(rest)}.", ""]
-            lines += [f"{{bdg-secondary-line}}`recipes/{path.stem}.py`", ":::", ""]
+            lines += [f"{{bdg-secondary-line}}`{_shown(path)}`", ":::", ""]
         lines += ["::::", ""]
     if not toctree:
         return "\n".join(lines)
@@ -317,6 +318,20 @@ def _listing(groups, thumbnails: dict[str, str], prefix: str,
     lines += [f"{prefix}{path.stem}" for _, members in groups for path, _ in members]
     lines += ["```", ""]
     return "\n".join(lines)
+
+
+def _shown(path: Path) -> str:
+    """A file as a user runs it from the repository: ``recipes/psum.py``."""
+    return f"{path.parent.name}/{path.name}"
+
+
+def standalone_files(srcdir: Path, config) -> list[Path]:
+    """The files the gallery shows: every ``.py`` in the recipes' and the
+    guides' folders (each folder's ``__init__.py`` makes it a subpackage of
+    ``collectives``, not a page)."""
+    return [path for folder in (config.gallery_recipes_dir, config.gallery_guides_dir)
+            for path in sorted((srcdir / folder).resolve().glob("*.py"))
+            if path.name != "__init__.py"]
 
 
 def _write_if_changed(path: Path, text: str) -> None:
@@ -327,14 +342,12 @@ def _write_if_changed(path: Path, text: str) -> None:
 def generate(app: Sphinx) -> None:
     config = app.config
     srcdir = Path(app.srcdir)
-    recipes = (srcdir / config.gallery_recipes_dir).resolve()
     out = srcdir / "_generated" / "gallery"
     cache_dir = out / ".cache"
     cache_dir.mkdir(parents=True, exist_ok=True)
-    # (recipes/__init__.py makes the folder the package collectives.recipes)
-    paths = sorted(p for p in recipes.glob("*.py") if p.name != "__init__.py")
+    paths = standalone_files(srcdir, config)
     if not paths:
-        logger.warning(f"gallery: no recipe files in {recipes}")
+        logger.warning(f"gallery: no recipe files in {config.gallery_recipes_dir}")
         return
     start = time.perf_counter()
     jobs = config.gallery_jobs or max(2, os.cpu_count() or 2)
@@ -362,7 +375,7 @@ def generate(app: Sphinx) -> None:
     for path, run in runs.items():
         if run["returncode"] != 0 or "ok:" not in run["stdout"]:
             logger.warning(
-                f"gallery: recipes/{path.name} failed (exit {run['returncode']}, "
+                f"gallery: {_shown(path)} failed (exit {run['returncode']}, "
                 f"ok: line {'present' if 'ok:' in run['stdout'] else 'missing'}):\n"
                 f"{run['stdout'][-2000:]}\n{run['stderr']}",
                 location=None)
@@ -390,11 +403,12 @@ def generate(app: Sphinx) -> None:
                                toctree=False))
 
 
-_RECIPE_LINK = re.compile(r"\]\(\.\./recipes/([A-Za-z0-9_]+\.py)?\)")
+_RECIPE_LINK = re.compile(r"\]\(\.\./(recipes|guides)/([A-Za-z0-9_]+\.py)?\)")
 
 
 def link_recipes(app: Sphinx, docname: str, source: list[str]) -> None:
-    """In the hand-written pages, links into ``../recipes/`` open the gallery.
+    """In the hand-written pages, links into ``../recipes/`` and
+    ``../guides/`` open the gallery.
 
     ``[text](../recipes/NAME.py)`` goes to NAME's gallery page and
     ``[text](../recipes/)`` to the gallery itself; the files keep the plain
@@ -403,13 +417,13 @@ def link_recipes(app: Sphinx, docname: str, source: list[str]) -> None:
     if docname.startswith("_generated/"):
         return
     up = "../" * docname.count("/")
-    recipes = (Path(app.srcdir) / app.config.gallery_recipes_dir).resolve()
+    shown = {_shown(path) for path in standalone_files(Path(app.srcdir), app.config)}
 
     def target(match: re.Match) -> str:
-        file = match.group(1)
+        folder, file = match.groups()
         if file is None:
             return f"]({up}gallery.md)"
-        if not (recipes / file).exists():
+        if f"{folder}/{file}" not in shown:
             return match.group(0)
         return f"]({up}_generated/gallery/{file[:-3]}.md)"
 
@@ -418,6 +432,7 @@ def link_recipes(app: Sphinx, docname: str, source: list[str]) -> None:
 
 def setup(app: Sphinx) -> dict:
     app.add_config_value("gallery_recipes_dir", "../recipes", "env")
+    app.add_config_value("gallery_guides_dir", "../guides", "env")
     app.add_config_value("gallery_jobs", 0, "env")
     app.add_config_value("gallery_timeout", 600, "env")
     app.connect("builder-inited", generate)

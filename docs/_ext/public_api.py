@@ -35,14 +35,15 @@ from sphinx.util.nodes import make_refnode
 logger = logging.getLogger(__name__)
 
 
-# The recipe files (``collectives.recipes``, the files in ``recipes/``) are
+# The recipe and guide files (``collectives.recipes`` and
+# ``collectives.guides``, the files in ``recipes/`` and ``guides/``) are
 # documented whole, one gallery page each (docs/_ext/gallery.py), not here.
-GALLERY_PACKAGES = ("recipes",)
+GALLERY_PACKAGES = ("recipes", "guides")
 
 
 def public_modules(package: str) -> list[str]:
     """The package and its submodules whose dotted paths have no ``_`` part,
-    less the recipe files the gallery documents."""
+    less the recipe and guide files the gallery documents."""
     root = importlib.import_module(package)
     found = [package]
     for info in pkgutil.walk_packages(root.__path__, prefix=package + "."):

@@ -27,7 +27,7 @@ legacy form (it maps one axis, so tuples of axes do not arise there).
 
 Devices: 8 (simulated on CPU by ``main()``).
 JAX versions checked: 0.8.0, 0.10.2, 0.12.0.
-Run: ``python recipes/sharp_edges_ppermute.py``
+Run: ``python guides/sharp_edges_ppermute.py``
 """
 
 import os

@@ -22,7 +22,7 @@ What it shows, each as the wrong way and the fix:
 
 Devices: 8 (simulated on CPU by ``main()``).
 JAX versions checked: 0.8.0, 0.10.2, 0.12.0.
-Run: ``python recipes/sharp_edges_pmap.py``
+Run: ``python guides/sharp_edges_pmap.py``
 """
 
 import os

@@ -58,7 +58,7 @@ Devices: 8 (simulated on CPU by ``main()``).
 JAX versions checked: 0.8.0, 0.8.1, 0.8.2, 0.9.2, 0.10.2, 0.12.0.1 (17 and 18
 also 0.8.3, 0.9.0, 0.9.1, 0.10.0, 0.10.1, 0.11.2; 19 and 20 every release
 0.8.0 to 0.12.0.1).
-Run: ``python recipes/sharp_edges_explicit.py``
+Run: ``python guides/sharp_edges_explicit.py``
 """
 
 import os

@@ -16,7 +16,7 @@ one extra all-reduce of a mask in shard_map, one ``any`` in jit.
 
 Devices: 8 (simulated on CPU by ``main()``).
 JAX versions checked: 0.8.0, 0.10.2, 0.12.0.
-Run: ``python recipes/sharp_edges_nan.py``
+Run: ``python guides/sharp_edges_nan.py``
 """
 
 import os

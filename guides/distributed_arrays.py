@@ -29,7 +29,7 @@ simulated CPU devices; see the benchmarks page for what the collectives cost.
 
 Devices: 8 (simulated on CPU by ``main()``), as a 4 x 2 mesh.
 JAX versions checked: 0.8.0, 0.10.2, 0.12.0.
-Run: ``python recipes/distributed_arrays.py``
+Run: ``python guides/distributed_arrays.py``
 """
 
 import os

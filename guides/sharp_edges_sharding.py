@@ -28,7 +28,7 @@ types, so ported pmap code is where these edges appear.
 
 Devices: 8 (simulated on CPU by ``main()``).
 JAX versions checked: 0.8.0, 0.10.2, 0.12.0.
-Run: ``python recipes/sharp_edges_sharding.py``
+Run: ``python guides/sharp_edges_sharding.py``
 """
 
 import os

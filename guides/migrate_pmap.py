@@ -31,7 +31,7 @@ the explicit ``psum`` over one axis of the mesh).
 
 Devices: 8 (simulated on CPU by ``main()``): a 1-D mesh of 8 and a 4 x 2 mesh.
 JAX versions checked: 0.8.0, 0.10.2, 0.12.0.
-Run: ``python recipes/migrate_pmap.py``
+Run: ``python guides/migrate_pmap.py``
 """
 
 import functools

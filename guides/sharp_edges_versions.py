@@ -23,7 +23,7 @@ the workarounds in shard_map and pmap code that must run on older releases.
 
 Devices: 8 (simulated on CPU by ``main()``).
 JAX versions checked: every release 0.8.0 to 0.12.0.1 (docs/compatibility.md).
-Run: ``python recipes/sharp_edges_versions.py``
+Run: ``python guides/sharp_edges_versions.py``
 """
 
 import os

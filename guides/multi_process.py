@@ -16,18 +16,18 @@ and maps over every device of every process.
 How to start it:
   * several processes on one machine (CPU devices, gloo over 127.0.0.1):
     ``python -m collectives launch -n 2 --devices-per-process 4 --
-    python recipes/multi_process.py``;
+    python guides/multi_process.py``;
   * on a cluster, one copy per host (``srun``, ``mpirun``, a Kubernetes
     Job...): ``jax.distributed.initialize()`` finds the processes itself; if
     cluster variables are set but JAX cannot join (e.g. Open MPI 5 before JAX
     0.11.2), it stops with an error instead of running alone;
-  * plainly, ``python recipes/multi_process.py``: one process with 8
+  * plainly, ``python guides/multi_process.py``: one process with 8
     simulated devices runs the very same code (``jax.process_count() == 1``).
 
 Devices: 8 in all: 2 processes x 4 simulated CPU devices under the launcher,
 or 1 process x 8 when run plainly.
 JAX versions checked: 0.8.0, 0.10.2, 0.12.0.
-Run: ``python recipes/multi_process.py``
+Run: ``python guides/multi_process.py``
 """
 
 import os

@@ -26,7 +26,7 @@ collectives; jit with shardings where it only placed data.
 
 Devices: 8 (simulated on CPU by ``main()``).
 JAX versions checked: every release 0.8.0 to 0.12.0.1 (docs/compatibility.md).
-Run: ``python recipes/migrate_removed_apis.py``
+Run: ``python guides/migrate_removed_apis.py``
 """
 
 import os

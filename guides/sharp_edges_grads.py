@@ -19,7 +19,7 @@ Fixes (each agrees with NumPy below):
 
 Devices: 8 (simulated on CPU by ``main()``).
 JAX versions checked: 0.8.0, 0.10.2, 0.12.0 (the wrong factor is the same on all).
-Run: ``python recipes/sharp_edges_grads.py``
+Run: ``python guides/sharp_edges_grads.py``
 """
 
 import os

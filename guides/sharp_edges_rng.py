@@ -17,7 +17,7 @@ derive per-device keys with ``jax.random.fold_in(key, lax.axis_index(...))``.
 
 Devices: 8 (simulated on CPU by ``main()``).
 JAX versions checked: 0.8.0, 0.10.2, 0.12.0 (same values and ops on all three).
-Run: ``python recipes/sharp_edges_rng.py``
+Run: ``python guides/sharp_edges_rng.py``
 """
 
 import os

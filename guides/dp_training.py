@@ -26,7 +26,7 @@ single-device run and the float64 NumPy run alike.
 
 Devices: 8 (simulated on CPU by ``main()``).
 JAX versions checked: 0.8.0, 0.10.2, 0.12.0.
-Run: ``python recipes/dp_training.py``
+Run: ``python guides/dp_training.py``
 """
 
 import os
