@@ -609,6 +609,15 @@ def test_fsdp_x_tp_meets_the_books_inequality_at_every_split():
     assert all(forward[y] > step[y] for y in forward)
 
 
+def test_plan_each_wants_a_list_of_interconnects():
+    from collectives.plan import plan_each
+
+    ib = load_profiles()["ib-ndr"]
+    for bad in ([], ib, {"data": ib}):
+        with pytest.raises(ValueError, match=r"interconnects: .*Fix: pass"):
+            plan_each(MODELS["laptop"], {"data": 8}, interconnects=bad)
+
+
 def test_a_whole_buffers_profile_leaves_the_ring_out():
     from collectives.plan._plan import collective_seconds
 

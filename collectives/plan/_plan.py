@@ -881,6 +881,10 @@ def plan_each(model: Model, mesh: Mapping[str, int], *,
               ) -> tuple[Plan, ...]:
     """:func:`plan` on each of ``interconnects``, from one compile: the same
     programs on other networks (or other conventions of counting them)."""
+    if isinstance(interconnects, (Profile, Mapping)) or not interconnects:
+        raise ValueError(f"interconnects: {interconnects!r}; expected a list of "
+                         "one or more interconnects (each a Profile, or one per "
+                         "mesh axis). Fix: pass [profile], or call plan().")
     names, shape = tuple(mesh), tuple(mesh.values())
     target, topology = resolve_target(target, topology, math.prod(shape))
     check_mesh(names, shape, limit=None if topology else MAX_DEVICES)
