@@ -36,6 +36,7 @@ from collectives._recipe import Recipe
 from collectives._recipe import RecipeUnavailable
 from collectives._recipe import UnsupportedDtypeError
 from collectives._registry import RECIPES
+from collectives._registry import file_changed
 from collectives._registry import no_recipe
 from collectives._tolerance import can_fail
 from collectives._tolerance import tolerance
@@ -132,7 +133,11 @@ def check(
       progress: called with each result as soon as it is known.
 
     Returns:
-      One :class:`CheckResult` per recipe, mesh, axis and dtype.
+      One :class:`CheckResult` per recipe, mesh, axis and dtype. A row is
+      about the recipe's file: where that file changed on disk after this
+      process imported it (edited in a notebook's session, swapped by a
+      checkout), its rows fail with ``RecipeFileChanged`` and the fix
+      instead of reporting on the code imported before.
 
     Raises:
       KeyError: a name is not a registered recipe.
@@ -300,8 +305,12 @@ def _agreement(recipe: Recipe, mesh: Any, axis: Any, dtype: Any, *, seed: int,
     Raises:
       UnsupportedDtypeError: ``exact`` inputs leave the range ``dtype`` keeps
         exact, or the tolerance for ``dtype`` could not fail.
+      RecipeFileChanged: the recipe's file is not what this process imported.
       Exception: whatever the recipe or the comparison raises.
     """
+    changed = file_changed(recipe)
+    if changed is not None:  # a row is about the file: not about an old import
+        raise changed
     bitwise = exact and recipe.bitwise
     body_reason = recipe.unrunnable_form("shard_map", recipe.axes(mesh, axis))
     if body_reason is not None:  # the body is the recipe: nothing to compare

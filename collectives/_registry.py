@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import difflib
+import hashlib
+import sys
 from collections.abc import Iterator
 from collections.abc import Mapping
+from pathlib import Path
 
 from collectives._recipe import FAMILIES
 from collectives._recipe import Recipe
@@ -40,16 +43,77 @@ def core_names() -> tuple[str, ...]:
     return tuple(name for name, recipe in RECIPES.items() if recipe.family == "core")
 
 
+class RecipeFileChanged(RuntimeError):
+    """A recipe's file changed on disk after this process imported it: its
+    forms would run the code imported then, not the file as it is."""
+
+
+_IMPORTED: dict[Path, str | None] = {}
+"""Each recipe file's digest when this process imported it."""
+
+
+def _file_of(recipe: Recipe) -> Path | None:
+    """The file of the module ``collectives.recipes.<file>`` the recipe's
+    functions come from, where this process imported one."""
+    stem = Path(recipe.recipe_file).stem if recipe.recipe_file else None
+    module = sys.modules.get(f"collectives.recipes.{stem}") if stem else None
+    where = getattr(module, "__file__", None)
+    return Path(where) if where else None
+
+
+def _digest(path: Path) -> str | None:
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:  # gone, or unreadable
+        return None
+
+
+def _as_imported(path: Path) -> str | None:
+    """``path``'s digest as this process imported it: taken the first time
+    it is asked (at registration, or for a file imported on first use,
+    ``optax_training.py``, when a row first asks)."""
+    if path not in _IMPORTED:
+        _IMPORTED[path] = _digest(path)
+    return _IMPORTED[path]
+
+
 def register(recipe: Recipe) -> Recipe:
-    """Add ``recipe`` to :data:`RECIPES`; names are unique."""
+    """Add ``recipe`` to :data:`RECIPES`; names are unique. Its recipe file's
+    digest is taken now, as imported (:func:`file_changed` compares)."""
     if recipe.name in RECIPES:
         raise ValueError(
             f"a recipe named {recipe.name!r} is already registered. Fix: choose "
             "another name.")
+    path = _file_of(recipe)
+    if path is not None:
+        _as_imported(path)
     rank = {family: index for index, family in enumerate(FAMILIES)}
     ordered = sorted([*RECIPES.values(), recipe], key=lambda r: rank[r.family])
     RECIPES._recipes = {r.name: r for r in ordered}  # type: ignore[attr-defined]
     return recipe
+
+
+def file_changed(recipe: Recipe) -> RecipeFileChanged | None:
+    """The error to report where ``recipe``'s file is no longer what this
+    process imported (edited, replaced or deleted since), else ``None``.
+
+    A process runs the code it imported: a recipe file edited while a
+    notebook or a long ``check`` holds the old import would otherwise be
+    reported on as if its new text had run (``importlib.reload`` does not
+    reach the functions the registry holds).
+    """
+    path = _file_of(recipe)
+    if path is None:  # not imported (yet): nothing ran from it
+        return None
+    then, now = _as_imported(path), _digest(path)
+    if now == then:
+        return None
+    state = "is gone" if now is None else "changed on disk"
+    return RecipeFileChanged(
+        f"{recipe.name}: {path} {state} since this process imported it (sha256 "
+        f"{(then or '?')[:12]} then, {(now or 'none')[:12]} now): its forms would "
+        "run the code imported then, not the file as it is. Fix: run check in a "
+        "new process (importlib.reload does not reach the registered recipe).")
 
 
 def no_recipe(name: str) -> str:

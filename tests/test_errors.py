@@ -150,3 +150,37 @@ def test_a_check_row_of_an_error_without_a_message_says_where_it_was_raised():
     except Exception as err:  # JAX's own message is kept as it is
         detail = error_detail(err)
         assert detail.startswith(f"{type(err).__name__}: "), detail
+
+
+def test_every_recipe_file_is_recorded_as_imported():
+    from collectives import _registry
+
+    for name, recipe in cx.RECIPES.items():
+        path = _registry._file_of(recipe)
+        if path is None:  # imported on first use: recorded when first asked
+            assert recipe.recipe_file == "optax_training.py", name
+            continue
+        assert path.name == recipe.recipe_file, name
+        assert _registry.file_changed(recipe) is None, name
+        assert _registry._IMPORTED[path] == _registry._digest(path), name
+
+
+def test_a_recipe_file_changed_since_import_fails_its_rows_naming_the_fix(monkeypatch):
+    # a file edited (or replaced) after this process imported it: its rows
+    # would report on the code imported then; other files' rows run as usual
+    from collectives import _registry
+
+    path = _registry._file_of(cx.RECIPES["psum"])
+    monkeypatch.setitem(_registry._IMPORTED, path, "0" * 64)
+    config = [((8,), ("i",), None)]
+    [changed] = cx.check(["psum"], configs=config)
+    assert not changed.ok and not changed.skipped and changed.forms == ()
+    assert changed.detail.startswith(f"RecipeFileChanged: psum: {path} changed on "
+                                     "disk since this process imported it")
+    assert "sha256 000000000000 then" in changed.detail
+    assert "Fix: run check in a new process" in changed.detail
+    [other] = cx.check(["ppermute_ring"], configs=config)
+    assert other.ok, other.detail
+    monkeypatch.setattr(_registry, "_digest", lambda path: None)  # deleted
+    [gone] = cx.check(["psum"], configs=config)
+    assert f"{path} is gone since this process imported it" in gone.detail
