@@ -76,7 +76,7 @@ def test_a_wrong_row_is_asked_again_in_its_process():
     assert not row.ok and (row.mesh, row.axis) == ("4x2", "j")
     found = contention.diagnose(row, forms=forms)
     assert found["again"] and found["recompiled"]
-    assert set(found["digests"]) == {"shard_map", "jit", "explicit"}
+    assert set(found["digests"]) == {"pmap", "shard_map", "jit", "explicit"}
     assert found["digests"] == found["digests_recompiled"]
     # the digest follows the program: another recipe's differs in every form
     other = contention.program_digests("pmax", contention.config_of(row))
@@ -89,3 +89,21 @@ def test_the_busy_processes_end_with_the_block():
     for pid in pids:  # each was ended and waited for: its pid is gone
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+def test_recompiled_programs_are_compared_form_by_form(monkeypatch):
+    assert contention.unstable_programs(["pmax"], recompiles=2) == {}
+    # a digest that changes from one compile to the next is reported, by
+    # recipe and mesh
+    calls = []
+    digests = contention.program_digests
+
+    def drifting(name, config):
+        calls.append(None)
+        return {**digests(name, config), "shard_map": str(len(calls))}
+
+    monkeypatch.setattr(contention, "program_digests", drifting)
+    unstable = contention.unstable_programs(["pmax"], recompiles=2)
+    assert set(unstable) == {("pmax", "8/i"), ("pmax", "4x2/i,j"),
+                             ("pmax", "4x2/i"), ("pmax", "4x2/j")}
+    assert all(len(found) == 2 for found in unstable.values())

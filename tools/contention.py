@@ -22,6 +22,11 @@ every row that disagreed with the oracle. What varies between tries:
     python tools/contention.py ring_attention ring_attention_causal pipeline_mlp \\
         --busy 6 --runs 20 --parallel 2 --reps 3 --shuffle
     python tools/contention.py --busy 4 --runs 2          # every recipe
+    python tools/contention.py ring_attention --busy 8 --recompile 8
+
+``--recompile N`` asks the other question: whether tracing and XLA's
+compiler give one program every time (each form compiled ``N`` times from
+nothing, beside the busy processes; :func:`unstable_programs`).
 
 It prints one line per wrong row and a summary; the exit status is 1 when
 any row was wrong. The process that saw a wrong row asks it again before it
@@ -126,26 +131,58 @@ def config_of(row: Any) -> Any:
 
 
 def program_digests(name: str, config: Any) -> dict[str, str]:
-    """Each placed form's optimized program for ``config``, as a short SHA-256
-    of its HLO text: what this process compiles, to set beside another's."""
+    """Each form's optimized program for ``config`` (pmap's too), as a short
+    SHA-256 of its HLO text: what this process compiles, to set beside
+    another's."""
     import hashlib
 
     import collectives as cx
     from collectives._recipe import PLACED_FORMS
+    from collectives._recipe import pmap_callable
+    from collectives._stacked import stack_args
 
     recipe = cx.RECIPES[name]
     shape, names, axis = config
     mesh = cx.make_mesh(shape, names)
     axes = recipe.axes(mesh, axis)
     args = recipe.example_args(mesh, axes.names)
-    digests = {}
+    lowered = {}
     for form in PLACED_FORMS:
         if recipe.unrunnable_form(form, axes) is None:
             placed = recipe.place(*args, axes=axes, form=form)
-            text = recipe.compiled(form, axes).lower(*placed).compile().as_text()
-            digests[form] = hashlib.sha256(
-                program_only(text).encode()).hexdigest()[:12]
-    return digests
+            lowered[form] = recipe.compiled(form, axes).lower(*placed)
+    if recipe.unrunnable_form("pmap", axes) is None:
+        lowered["pmap"] = pmap_callable(recipe, axes).lower(
+            *stack_args(recipe, axes, args))
+    return {form: hashlib.sha256(program_only(low.compile().as_text()).encode()
+                                 ).hexdigest()[:12]
+            for form, low in lowered.items()}
+
+
+def unstable_programs(names: Sequence[str], recompiles: int
+                      ) -> dict[tuple[str, str], set[tuple]]:
+    """Each form of ``names`` at every standard mesh compiled ``recompiles``
+    times, every trace and compiled program dropped in between: the
+    ``(recipe, mesh/axis)`` whose programs differed, with the digests seen.
+    Empty: tracing and XLA's compiler gave the same program every time."""
+    import collectives as cx
+    from collectives._check import standard_configs
+    from collectives._recipe import clear_caches
+
+    seen: dict[tuple[str, str], set[tuple]] = {}
+    for _ in range(recompiles):
+        for name in names:
+            recipe = cx.RECIPES[name]
+            for config in standard_configs():
+                shape, mesh_names, axis = config
+                axes = recipe.axes(cx.make_mesh(shape, mesh_names), axis)
+                if recipe.unsupported_reason(axes) is not None:
+                    continue
+                where = f"{'x'.join(map(str, shape))}/{','.join(axes.names)}"
+                digests = tuple(sorted(program_digests(name, config).items()))
+                seen.setdefault((name, where), set()).add(digests)
+            clear_caches()
+    return {key: found for key, found in seen.items() if len(found) > 1}
 
 
 _SOURCE_TABLE = re.compile(r"^(FileNames|FunctionNames|FileLocations|StackFrames|\d+ )")
@@ -242,6 +279,24 @@ def _run_child(args: argparse.Namespace, index: int) -> list[dict]:
     return rows
 
 
+def _recompile(args: argparse.Namespace) -> int:
+    """``--recompile N``: :func:`unstable_programs` beside the busy
+    processes; exit 1 where a program differed."""
+    import collectives as cx
+
+    cx.use_cpu_devices(8)
+    names = list(args.names) or list(cx.RECIPES)
+    start = time.time()
+    with busy(args.busy):
+        unstable = unstable_programs(names, args.recompile)
+    for (name, where), found in sorted(unstable.items()):
+        print(f"DIFFERENT PROGRAMS {name} {where}: {sorted(found)}")
+    print(f"{len(names)} recipes compiled {args.recompile} times at every standard "
+          f"mesh, {len(unstable)} with programs that differed ({args.busy} busy "
+          f"beside, {time.time() - start:.0f} s)")
+    return 1 if unstable else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("names", nargs="*", help="recipes (default: all)")
@@ -256,6 +311,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--cache", default="")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--recompile", type=int, default=0, metavar="N",
+                        help="instead: compile each form N times from nothing "
+                             "(in this process) and report programs that differ")
     parser.add_argument("--timeout", type=float, default=1800,
                         help="seconds per process")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -263,6 +321,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         _child(args)
         return 0
+    if args.recompile:
+        return _recompile(args)
     # a timeout's SIGTERM still ends the busy processes and the checks
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     start = time.time()
