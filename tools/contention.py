@@ -282,6 +282,7 @@ def _run_child(args: argparse.Namespace, index: int) -> list[dict]:
 def _recompile(args: argparse.Namespace) -> int:
     """``--recompile N``: :func:`unstable_programs` beside the busy
     processes; exit 1 where a program differed."""
+    sys.path.insert(0, str(ROOT))  # this checkout's package, as the checks run
     import collectives as cx
 
     cx.use_cpu_devices(8)
