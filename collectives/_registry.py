@@ -54,11 +54,12 @@ _IMPORTED: dict[Path, str | None] = {}
 
 def _file_of(recipe: Recipe) -> Path | None:
     """The file of the module ``collectives.recipes.<file>`` the recipe's
-    functions come from, where this process imported one."""
+    functions come from, where this process imported one (in a checkout,
+    ``recipes/<file>``: the file a user edits, not the package's link)."""
     stem = Path(recipe.recipe_file).stem if recipe.recipe_file else None
     module = sys.modules.get(f"collectives.recipes.{stem}") if stem else None
     where = getattr(module, "__file__", None)
-    return Path(where) if where else None
+    return Path(where).resolve() if where else None
 
 
 def _digest(path: Path) -> str | None:
